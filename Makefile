@@ -1,0 +1,49 @@
+# transformer-nmt: one entry point per pipeline stage.
+#   make install            venv + editable install with dev extras (CPU torch pinned unless torch is already there)
+#   make test               the whole test suite
+#   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+EXP ?= multi30k_en_de
+ARGS ?=
+
+.PHONY: install test data train average eval table lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+install: $(BIN)/python
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "torch $$($(BIN)/python -c 'import torch; print(torch.__version__)') already installed; keeping it"; \
+	else \
+		$(BIN)/python -m pip install "$(TORCH_SPEC)"; \
+	fi
+	$(BIN)/python -m pip install -e ".[dev]"
+
+test:
+	$(BIN)/python -m pytest -q tests
+
+data:
+	$(BIN)/nmt-prepare experiment=$(EXP) $(ARGS)
+
+train: data
+	$(BIN)/nmt-train experiment=$(EXP) $(ARGS)
+
+average:
+	$(BIN)/nmt-average experiment=$(EXP) $(ARGS)
+
+eval: average
+	$(BIN)/nmt-evaluate experiment=$(EXP) $(ARGS)
+
+table:
+	$(BIN)/nmt-table $(ARGS)
+
+lint:
+	$(BIN)/ruff check src tests scripts
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

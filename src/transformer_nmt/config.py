@@ -1,0 +1,313 @@
+"""Typed configuration for every stage, registered in Hydra's ConfigStore.
+
+Each config group under ``configs/`` (``data/``, ``model/``, ``trainer/``,
+``decode/``, ``experiment/``) fills one of the dataclasses below. Because the
+primary config starts from the ``config_schema`` node stored here, a misspelt key
+(``trainer.max_stepz=10``) fails at start-up with Hydra's message naming the key,
+and a value of the wrong type (``trainer.max_steps=abc``) fails with the value
+and the expected type.
+
+Units are part of the names: ``max_tokens`` is tokens per GPU per micro-batch,
+``update_freq`` micro-batches per optimizer step, ``warmup_steps`` optimizer
+steps, ``save_every_minutes`` wall-clock minutes.
+
+The semantic checks that Hydra cannot express (d_model divisible by heads,
+dropout in [0, 1), ...) live in :func:`validate`, which every entry point calls
+before doing any work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+# Special ids shared by SentencePiece, binarization, the model and decoding
+# (DESIGN.md: pad=0, unk=1, bos=2, eos=3). Defined here only.
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+
+@dataclass
+class DataConfig:
+    """Where a parallel corpus comes from and how it is cleaned, tokenized and binarized.
+
+    Outputs: ``<root>/raw/<name>/``, ``<root>/spm/<name>/``, ``<root>/bin/<name>/``.
+    """
+
+    name: str = MISSING
+    """Corpus name; also the folder name under data/raw, data/spm, data/bin."""
+    corpus: str = MISSING
+    """Source kind: ``multi30k``, ``wmt14`` or ``custom``."""
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    root: str = "data"
+    """Folder that holds raw/, spm/ and bin/ (relative to the working directory)."""
+
+    # --- sources -----------------------------------------------------------------
+    mirror: Optional[str] = None
+    """Local folder holding the corpus files (Multi30k: ``train.en.gz`` ...); stands in
+    for the network. Environment variable ``NMT_MULTI30K_MIRROR`` overrides it when unset."""
+    url: Optional[str] = None
+    """Base URL of the official files (Multi30k)."""
+    hf_dataset: Optional[str] = None
+    """Hugging Face ``datasets`` name (WMT14: ``wmt/wmt14``)."""
+    hf_config: Optional[str] = None
+    """Its configuration (``de-en`` or ``fr-en``)."""
+    custom_files: dict = field(default_factory=dict)
+    """data=custom: split -> path prefix; files are ``<prefix>.<src_lang>`` and ``<prefix>.<tgt_lang>``."""
+    max_train_pairs: Optional[int] = None
+    """Keep only the first N training pairs (dry runs, slices). None = all."""
+
+    # --- splits --------------------------------------------------------------------
+    train_split: str = "train"
+    valid_split: str = "valid"
+    test_splits: List[str] = field(default_factory=list)
+    """Test sets evaluated by nmt-evaluate, e.g. newstest2014 and newstest2014_filtered."""
+
+    # --- cleaning (training split only; test sets are never filtered) ---------------
+    unicode_form: str = "NFKC"
+    """Unicode normalisation form applied to every line (NFC, NFKC, NFD, NFKD or none)."""
+    encoding_errors: str = "strict"
+    """Invalid UTF-8: ``strict`` fails naming file and line; ``replace`` substitutes U+FFFD."""
+    max_len: int = 250
+    """Drop training pairs with more whitespace-separated words than this on either side."""
+    max_ratio: float = 1.5
+    """Drop training pairs whose word-length ratio (longer / shorter) exceeds this."""
+    ratio_min_len: int = 10
+    """The ratio rule only applies when the longer side has at least this many words
+    (short captions vary a lot in relative length). Set 0 to apply it to all pairs."""
+    dedup: bool = False
+    """Drop exact duplicate (source, target) pairs."""
+
+    # --- SentencePiece ----------------------------------------------------------------
+    vocab_size: int = 8000
+    """Shared BPE vocabulary size (37000 WMT14 EN-DE, 32000 EN-FR)."""
+    spm_model_type: str = "bpe"
+    spm_character_coverage: float = 1.0
+    spm_sample_sentences: int = 2_000_000
+    """Sentences (source and target counted separately) sampled to train SentencePiece."""
+    spm_seed: int = 1
+
+    # --- binarization -------------------------------------------------------------------
+    num_workers: int = 2
+    """Encoder worker processes for binarization."""
+
+
+@dataclass
+class ModelConfig:
+    """Transformer sizes and options (paper sections 3.1-3.5, Table 3)."""
+
+    name: str = "base"
+    encoder_layers: int = 6
+    """N in the paper."""
+    decoder_layers: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    heads: int = 8
+    """h in the paper."""
+    d_k: Optional[int] = None
+    """Per-head query/key size; None = d_model / heads (Table 3 row B changes it)."""
+    d_v: Optional[int] = None
+    """Per-head value size; None = d_model / heads."""
+    dropout: float = 0.1
+    """P_drop: residual dropout on every sub-layer output and on embeddings + positions."""
+    attention_dropout: float = 0.0
+    """Dropout on attention weights."""
+    activation_dropout: float = 0.0
+    """Dropout after the feed-forward ReLU."""
+    norm: str = "post"
+    """``post`` (the paper: LayerNorm(x + Sublayer(x))) or ``pre`` (with a final LayerNorm)."""
+    share_embeddings: str = "all"
+    """``all`` (source, target, pre-softmax are one matrix, section 3.4), ``decoder``
+    (target embedding and pre-softmax only) or ``none``."""
+    positions: str = "sinusoidal"
+    """``sinusoidal`` (section 3.5) or ``learned`` (Table 3 row E)."""
+    max_positions: int = 1024
+    """Longest sequence (tokens) the positional table covers."""
+    init: str = "xavier"
+    """``xavier``: Xavier-uniform linear weights, N(0, d_model^-0.5) embeddings."""
+
+
+@dataclass
+class TrainerConfig:
+    """The training recipe (paper section 5) and the run's bookkeeping."""
+
+    max_tokens: int = 4096
+    """Tokens per GPU per micro-batch, counted with padding, for source and target each."""
+    update_freq: int = 1
+    """Micro-batches accumulated per optimizer step (gradient accumulation)."""
+    max_steps: Optional[int] = 100_000
+    """Stop after this many optimizer steps (None = no limit)."""
+    max_epochs: Optional[int] = None
+    max_time_minutes: Optional[float] = None
+    """Stop after this much wall-clock training time."""
+
+    lr_multiplier: float = 1.0
+    """Scales lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)."""
+    warmup_steps: int = 4000
+    adam_betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    """epsilon_ls (section 5.4)."""
+    clip_norm: float = 0.0
+    """Gradient-norm clipping threshold; 0 = off."""
+
+    precision: str = "auto"
+    """``auto`` (bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU), ``fp32``,
+    ``bf16`` or ``fp16`` (dynamic loss scaling)."""
+    tf32: bool = True
+    compile: bool = False
+    """torch.compile the model."""
+    max_bad_steps: int = 10
+    """Stop after this many consecutive steps with a non-finite loss or gradient."""
+
+    seed: int = 1
+    num_workers: int = 0
+    """DataLoader worker processes."""
+
+    save_every_steps: Optional[int] = None
+    save_every_minutes: Optional[float] = 10.0
+    keep_last: int = 20
+    """Checkpoints kept (the paper averages the last 5 base / 20 big)."""
+    validate_every_steps: Optional[int] = 1000
+    log_every_steps: int = 100
+
+    valid_bleu: bool = False
+    """Also decode (a subset of) the valid set and track its BLEU."""
+    valid_bleu_sentences: int = 500
+    patience: Optional[int] = None
+    """Stop after this many validations without improvement (None = never)."""
+
+    dry_run: bool = False
+    """Build everything on a small slice of the data and run a few steps."""
+    dry_run_steps: int = 3
+
+
+@dataclass
+class DecodeConfig:
+    """Beam search and evaluation settings (paper section 6.1)."""
+
+    beam_size: int = 4
+    lenpen: float = 0.6
+    """Length penalty alpha."""
+    lenpen_form: str = "gnmt"
+    """``gnmt``: ((5 + |Y|) / 6)^alpha (Wu et al. 2016, the paper); ``fairseq``: |Y|^alpha."""
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    """Maximum output length = max_len_a * source length + max_len_b."""
+    nbest: int = 1
+    max_tokens: int = 8000
+    """Source tokens per decoding batch."""
+    max_input_tokens: int = 1000
+    """Longer inputs are truncated (with a warning)."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16."""
+    device: str = "auto"
+    checkpoint: Optional[str] = None
+    """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
+    average_last: int = 5
+    """nmt-average: number of most recent checkpoints to average."""
+    average_checkpoints: List[str] = field(default_factory=list)
+    """nmt-average: explicit checkpoint files (overrides average_last)."""
+    input: Optional[str] = None
+    """nmt-translate: input file (None = standard input)."""
+    output: Optional[str] = None
+    """nmt-translate: output file (None = standard output)."""
+
+
+@dataclass
+class Config:
+    """The whole configuration: one object for every entry point."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    name: str = "multi30k_en_de"
+    """Experiment name; the run directory is runs/<name>."""
+    run_dir: str = "runs/${name}"
+    table3_row: Optional[str] = None
+    """Paper Table 3 row this experiment reproduces (A-E), for nmt-table."""
+    results_glob: str = "runs/*/results.json"
+    """nmt-table: results files to tabulate."""
+    table_output: str = "docs/results.md"
+    extra: Any = None
+    """Free-form notes copied into results.json."""
+
+
+_CHOICES = {
+    ("data", "corpus"): ("multi30k", "wmt14", "custom"),
+    ("data", "encoding_errors"): ("strict", "replace"),
+    ("data", "unicode_form"): ("NFC", "NFKC", "NFD", "NFKD", "none"),
+    ("data", "spm_model_type"): ("bpe", "unigram"),
+    ("model", "norm"): ("post", "pre"),
+    ("model", "share_embeddings"): ("all", "decoder", "none"),
+    ("model", "positions"): ("sinusoidal", "learned"),
+    ("model", "init"): ("xavier",),
+    ("trainer", "precision"): ("auto", "fp32", "bf16", "fp16"),
+    ("decode", "lenpen_form"): ("gnmt", "fairseq"),
+    ("decode", "precision"): ("fp32", "bf16", "fp16"),
+}
+
+
+def validate(cfg: Any) -> None:
+    """Check the values Hydra's typing cannot (choices, ranges, divisibility).
+
+    Args:
+        cfg: a composed :class:`Config` (DictConfig or dataclass).
+
+    Raises:
+        ValueError: naming every offending key with its value and what is allowed.
+    """
+    errors: list[str] = []
+    for (group, key), allowed in _CHOICES.items():
+        value = getattr(getattr(cfg, group), key)
+        if value not in allowed:
+            errors.append(f"{group}.{key}={value!r} is not one of {list(allowed)}")
+    m = cfg.model
+    for key in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
+        if getattr(m, key) <= 0:
+            errors.append(f"model.{key}={getattr(m, key)} must be positive")
+    if m.heads > 0 and m.d_model % m.heads != 0 and (m.d_k is None or m.d_v is None):
+        errors.append(
+            f"model.d_model={m.d_model} is not divisible by model.heads={m.heads}; "
+            "set model.d_k and model.d_v explicitly or change the sizes"
+        )
+    for key in ("d_k", "d_v"):
+        if getattr(m, key) is not None and getattr(m, key) <= 0:
+            errors.append(f"model.{key}={getattr(m, key)} must be positive")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        if not 0.0 <= getattr(m, key) < 1.0:
+            errors.append(f"model.{key}={getattr(m, key)} must be in [0, 1)")
+    t = cfg.trainer
+    for key in ("max_tokens", "update_freq", "warmup_steps", "keep_last"):
+        if getattr(t, key) <= 0:
+            errors.append(f"trainer.{key}={getattr(t, key)} must be positive")
+    if not 0.0 <= t.label_smoothing < 1.0:
+        errors.append(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):
+        errors.append(f"trainer.adam_betas={list(t.adam_betas)} must be two values in [0, 1)")
+    d = cfg.decode
+    if d.beam_size <= 0:
+        errors.append(f"decode.beam_size={d.beam_size} must be positive")
+    if not 0 < d.nbest <= d.beam_size:
+        errors.append(f"decode.nbest={d.nbest} must be in [1, beam_size={d.beam_size}]")
+    if cfg.data.max_ratio < 1.0:
+        errors.append(f"data.max_ratio={cfg.data.max_ratio} must be >= 1")
+    if errors:
+        raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
+
+
+def register_configs() -> None:
+    """Store the schema in Hydra's ConfigStore (called on import of this module)."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+
+
+register_configs()

@@ -1,0 +1,68 @@
+"""The Hydra configs compose, are typed, and reject bad keys and values with clear messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from transformer_nmt.cli import CONFIG_DIR, compose
+
+EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes(experiment):
+    cfg = compose([f"experiment={experiment}"])
+    assert cfg.name == experiment
+    assert cfg.run_dir == f"runs/{experiment}"
+
+
+def test_paper_presets():
+    base = compose(["experiment=wmt14_en_de_base"])
+    assert (base.model.d_model, base.model.d_ff, base.model.heads) == (512, 2048, 8)
+    assert base.data.vocab_size == 37000 and base.trainer.max_steps == 100_000
+    assert list(base.trainer.adam_betas) == [0.9, 0.98] and base.trainer.adam_eps == 1e-9
+    big = compose(["experiment=wmt14_en_de_big"])
+    assert (big.model.d_model, big.model.d_ff, big.model.heads) == (1024, 4096, 16)
+    assert big.model.dropout == 0.3 and big.decode.average_last == 20
+    assert compose(["experiment=wmt14_en_fr_big"]).model.dropout == 0.1
+    assert compose(["experiment=wmt14_en_fr_base"]).data.vocab_size == 32000
+
+
+def test_misspelt_key_names_the_key():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(["trainer.max_stepz=3"])
+    assert "max_stepz" in str(err.value)
+
+
+def test_wrong_type_names_the_value():
+    with pytest.raises(Exception) as err:
+        compose(["trainer.max_steps=abc"])
+    text = str(err.value) + str(err.value.__cause__)
+    assert "abc" in text
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("model.heads=7", "model.heads=7"),
+        ("model.dropout=1.0", "model.dropout=1.0"),
+        ("model.norm=sandwich", "model.norm='sandwich'"),
+        ("decode.nbest=9", "decode.nbest=9"),
+        ("trainer.label_smoothing=-0.1", "trainer.label_smoothing=-0.1"),
+    ],
+)
+def test_semantic_validation_names_the_value(override, fragment):
+    with pytest.raises(ValueError) as err:
+        compose([override])
+    assert fragment in str(err.value)
+
+
+def test_table3_variants_are_overrides():
+    cfg = compose(
+        ["experiment=wmt14_en_de_base", "model.heads=16", "model.d_k=32", "model.d_v=32",
+         "model.positions=learned", "trainer.label_smoothing=0.2"]
+    )
+    assert cfg.model.heads == 16 and cfg.model.positions == "learned"
