@@ -9,6 +9,8 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 EXP ?= multi30k_en_de
 ARGS ?=
+# Multi30k is read from this local mirror when it exists (set it empty to download by URL).
+export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
 .PHONY: install test data train average eval table lint clean
 
