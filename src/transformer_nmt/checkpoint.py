@@ -1,0 +1,165 @@
+"""Checkpoints: save, load, find, keep-last-N, and parameter averaging.
+
+A checkpoint is one ``torch.save`` file of plain types and tensors, loadable with
+``torch.load(weights_only=True)``::
+
+    {
+      "model":  state_dict of the plain (unwrapped, uncompiled) Transformer,
+      "config": the resolved run config as a plain dict,
+      "vocab_size": size of the shared vocabulary the model was built with,
+      "step", "micro_step", "tokens_seen", "epoch": counters (ints),
+      "optimizer", "scheduler", "scaler", "sampler", "rng", "train_state": training state
+                (absent from averaged model files),
+      "averaged_from": [file names] (averaged model files only),
+    }
+
+Files live in ``runs/<experiment>/checkpoints/``: ``checkpoint_<step>.pt`` (kept: last
+``trainer.keep_last``), ``checkpoint_best.pt`` and ``averaged.pt``. Every write goes
+through a temporary file and a rename.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_nmt.fileio import atomic_path
+
+_STEP_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
+AVERAGED_NAME = "averaged.pt"
+BEST_NAME = "checkpoint_best.pt"
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    """``<run_dir>/checkpoints``."""
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``path`` atomically (temporary file + rename). Returns ``path``."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``torch.load(weights_only=True)``.
+
+    Raises:
+        FileNotFoundError: naming the path when it does not exist.
+        RuntimeError: naming the path when the file is not a readable checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated file, wrong format, unsafe pickle
+        raise RuntimeError(f"cannot read checkpoint {path}: {e}") from e
+
+
+def step_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The run's ``checkpoint_<step>.pt`` files, oldest (lowest step) first."""
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The highest-step checkpoint of the run, or None when there is none."""
+    paths = step_checkpoints(run_dir)
+    return paths[-1] if paths else None
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the ``keep_last`` most recent step checkpoints; returns the deleted paths."""
+    paths = step_checkpoints(run_dir)
+    doomed = paths[: max(0, len(paths) - keep_last)]
+    for p in doomed:
+        p.unlink(missing_ok=True)
+    return doomed
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
+    """Average model parameters over checkpoints (the paper, section 6.1: last 5 or 20).
+
+    Sums in float64 and casts back to each tensor's dtype; integer buffers are taken
+    from the last checkpoint.
+
+    Args:
+        paths: checkpoint files, each holding a ``"model"`` state dict.
+
+    Returns:
+        The averaged state dict.
+
+    Raises:
+        ValueError: when ``paths`` is empty, or the checkpoints differ in keys or shapes
+            (the message names the files and the keys or shapes that differ).
+    """
+    if not paths:
+        raise ValueError("average_checkpoints: no checkpoint files given")
+    paths = [Path(p) for p in paths]
+    total: dict[str, torch.Tensor] = {}
+    reference: dict[str, torch.Tensor] = {}
+    first = paths[0]
+    for path in paths:
+        model = load_checkpoint(path)["model"]
+        if not reference:
+            reference = model
+            total = {
+                k: v.to(torch.float64) if v.is_floating_point() else v.clone()
+                for k, v in model.items()
+            }
+            continue
+        missing = sorted(set(reference) - set(model))
+        extra = sorted(set(model) - set(reference))
+        if missing or extra:
+            raise ValueError(
+                f"cannot average {path} with {first}: keys missing from {path.name}: {missing[:5]}, "
+                f"keys only in {path.name}: {extra[:5]}"
+            )
+        for k, v in model.items():
+            if v.shape != reference[k].shape:
+                raise ValueError(
+                    f"cannot average {path} with {first}: {k} has shape {tuple(v.shape)} "
+                    f"in {path.name} but {tuple(reference[k].shape)} in {first.name}"
+                )
+            if v.is_floating_point():
+                total[k] += v.to(torch.float64)
+            else:
+                total[k] = v.clone()
+    n = len(paths)
+    return {
+        k: (v / n).to(reference[k].dtype) if reference[k].is_floating_point() else v
+        for k, v in total.items()
+    }
+
+
+def config_of(checkpoint: dict[str, Any]) -> DictConfig:
+    """The resolved run config stored in a checkpoint, as a DictConfig."""
+    return OmegaConf.create(checkpoint["config"])
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu"):
+    """Build the Transformer described by a checkpoint (or averaged model file) and load it.
+
+    Returns:
+        ``(model, cfg)``: the model in eval mode on ``device`` and the run's config.
+
+    Raises:
+        FileNotFoundError / RuntimeError: see :func:`load_checkpoint`.
+    """
+    from transformer_nmt.model import Transformer
+
+    ckpt = load_checkpoint(path)
+    cfg = config_of(ckpt)
+    model = Transformer(cfg.model, vocab_size=int(ckpt["vocab_size"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), cfg
