@@ -1,0 +1,604 @@
+"""Length-bucketed max-token batches: the sampler, the dataset pair, and collate.
+
+Pipeline position: binarize (``TokenDataset`` per split and language) -> **batching**
+-> train / translate.
+
+Paper section 5.1: "Sentence pairs were batched together by approximate sequence
+length. Each training batch contained a set of sentence pairs containing
+approximately 25000 source tokens and 25000 target tokens." Here the budget is
+``max_tokens`` per GPU per micro-batch, counted *with padding*, for the source and
+the target each; ``max_tokens x world_size x update_freq`` is the step's budget.
+
+Lengths and costs
+    A sentence's length for budgeting is ``size + 1``: the source gets an ``eos``,
+    the target becomes ``[bos] + tgt`` (decoder input) and ``tgt + [eos]`` (decoder
+    output), each ``size + 1`` long. A batch of ``B`` sentences costs
+    ``B x max(source lengths)`` source tokens and ``B x max(target lengths)`` target
+    tokens; both must be ``<= max_tokens``.
+
+How batches are formed (:func:`make_batches`)
+    1. Sort the examples by (source length, target length); ties are broken by a
+       random permutation drawn from ``seed`` (by example index when ``shuffle`` is
+       off), so sentences of equal length are mixed across the corpus.
+    2. Walk the sorted list and cut it greedily: each batch takes as many next
+       examples as fit the budget on both sides.
+    3. A batch of at least ``size_multiple`` sentences is trimmed down to a multiple
+       of ``size_multiple`` (8 by default, friendly to tensor cores); trimming only
+       removes sentences, so the budget still holds. The trimmed sentences start the
+       next batch.
+
+Randomness across epochs
+    The *composition* of the batches is computed once, from ``seed``; each epoch only
+    shuffles the *order* of the batches, from ``(seed, epoch)``. This keeps
+    ``len(sampler)`` and the padding efficiency identical in every epoch (so the
+    learning-rate schedule and the epoch length are known in advance), and starting
+    an epoch costs one permutation of the batch list.
+
+Distributed data parallel
+    Every rank builds the same batch list and the same epoch order; after the shuffle,
+    batch ``j`` goes to rank ``j % world_size`` (round robin), so each example is seen
+    exactly once per epoch over all ranks. Every rank yields ``len(sampler) =
+    ceil(num_batches / world_size)`` batches; a rank with no real batch left in the
+    last round yields ``[]`` so that all ranks step together (:func:`collate` turns it
+    into ``None``).
+
+Resumption
+    ``state_dict()`` is ``{"epoch", "position", "seed"}``, ``position`` being the
+    number of batches this rank has yielded in the epoch. After
+    ``load_state_dict(d)`` the next ``__iter__`` yields the batches of epoch
+    ``d["epoch"]`` from ``d["position"]`` on; ``set_epoch(e)`` with another epoch
+    starts that epoch from its beginning. As with PyTorch's ``DistributedSampler``,
+    the caller calls ``set_epoch`` before each epoch; iterating twice without it
+    repeats the epoch.
+
+    A ``DataLoader`` pulls batch indices ahead of the batches the training loop has
+    consumed (always with worker processes, which prefetch). The training loop
+    therefore counts the batches it has *consumed* and saves
+    ``{"epoch": epoch, "position": consumed, "seed": seed}``; the sampler's own
+    ``state_dict()`` is exact only when it is iterated directly or through a
+    ``DataLoader`` with ``num_workers=0``.
+
+Over-long sentences
+    A sentence that alone exceeds ``max_tokens`` raises ``ValueError`` naming its
+    index, lengths and how many such sentences there are. With
+    ``skip_too_long=True`` they are left out instead, with a logged warning; their
+    number is ``sampler.num_skipped`` and their indices ``sampler.skipped``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
+
+log = logging.getLogger(__name__)
+
+# Tags that keep the random streams of batch composition and epoch order apart.
+_COMPOSE_TAG = 0x42554B54
+_EPOCH_TAG = 0x4550434B
+
+
+class _Tokens(Protocol):
+    """What batching needs from a tokenized split (``binarize.TokenDataset``)."""
+
+    sizes: np.ndarray
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+class ParallelDataset:
+    """Source and (optional) target token sequences of one split, index-aligned.
+
+    ``ds[i]`` is ``(i, src_ids, tgt_ids)``: ``src_ids`` an ``int64`` array of the
+    source ids (no bos/eos), ``tgt_ids`` likewise or ``None`` when there is no target
+    (translation of a source-only file).
+
+    Args:
+        src: source tokens (a ``binarize.TokenDataset``: ``.sizes``, ``len``, ``[i]``).
+        tgt: target tokens with the same number of sentences, or ``None``.
+
+    Raises:
+        ValueError: naming both counts when ``src`` and ``tgt`` differ in length.
+    """
+
+    def __init__(self, src: _Tokens, tgt: _Tokens | None = None):
+        if tgt is not None and len(src) != len(tgt):
+            raise ValueError(
+                f"source and target differ in length: {len(src)} source sentences "
+                f"({getattr(src, 'prefix', 'source')}) vs {len(tgt)} target sentences "
+                f"({getattr(tgt, 'prefix', 'target')})"
+            )
+        self.src = src
+        self.tgt = tgt
+        self.src_sizes: np.ndarray = np.asarray(src.sizes, dtype=np.int64)
+        """(N,) source tokens per sentence, without eos."""
+        self.tgt_sizes: np.ndarray | None = (
+            None if tgt is None else np.asarray(tgt.sizes, dtype=np.int64)
+        )
+        """(N,) target tokens per sentence, without bos/eos; None without a target."""
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int) -> tuple[int, np.ndarray, np.ndarray | None]:
+        i = int(i)
+        src = np.asarray(self.src[i], dtype=np.int64)
+        tgt = None if self.tgt is None else np.asarray(self.tgt[i], dtype=np.int64)
+        return i, src, tgt
+
+
+# ------------------------------------------------------------------- pure batching
+
+
+def _budget_lengths(src_sizes: Any, tgt_sizes: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) source and target lengths for budgeting (size + 1; target 0 when absent)."""
+    src = np.asarray(src_sizes)
+    if src.ndim != 1:
+        raise ValueError(f"src_sizes must be one-dimensional, got shape {src.shape}")
+    src_len = src.astype(np.int64) + 1
+    if tgt_sizes is None:
+        return src_len, np.zeros_like(src_len)
+    tgt = np.asarray(tgt_sizes)
+    if tgt.shape != src.shape:
+        raise ValueError(f"src_sizes and tgt_sizes differ in shape: {src.shape} vs {tgt.shape}")
+    return src_len, tgt.astype(np.int64) + 1
+
+
+def _too_long(src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Indices of sentences that alone exceed the budget on either side."""
+    return np.flatnonzero((src_len > max_tokens) | (tgt_len > max_tokens))
+
+
+def _too_long_error(
+    bad: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int, has_tgt: bool
+) -> ValueError:
+    i = int(bad[0])
+    tgt_part = f", target length {int(tgt_len[i])} (bos/eos included)" if has_tgt else ""
+    more = f"; {len(bad) - 1} more sentence(s) are too long" if len(bad) > 1 else ""
+    return ValueError(
+        f"example {i} does not fit in max_tokens={max_tokens}: source length "
+        f"{int(src_len[i])} (eos included){tgt_part}{more}. Raise max_tokens, filter "
+        f"long sentences when cleaning, or pass skip_too_long=True"
+    )
+
+
+def _bucket(
+    src_len: np.ndarray,
+    tgt_len: np.ndarray,
+    keep: np.ndarray,
+    max_tokens: int,
+    rng: np.random.Generator | None,
+    size_multiple: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sort ``keep`` by length and cut it into batches.
+
+    Args:
+        src_len, tgt_len: (N,) budgeting lengths; every kept one is <= ``max_tokens``.
+        keep: (M,) indices to batch.
+        rng: tie-breaking generator; None breaks ties by index.
+
+    Returns:
+        ``(order, bounds)``: ``order`` (M,) int64 indices in batch order, ``bounds``
+        (num_batches + 1,) int64 offsets; batch ``j`` is ``order[bounds[j]:bounds[j+1]]``.
+    """
+    m = len(keep)
+    if m == 0:
+        return np.zeros(0, np.int64), np.zeros(1, np.int64)
+    # Sort key: source length, then target length; ties broken by a random permutation
+    # (permute first, then sort stably). Radix sort when the key fits in 16 bits.
+    key = src_len * (int(tgt_len.max()) + 1) + tgt_len  # (N,)
+    if int(key.max()) < 2**16:
+        key = key.astype(np.uint16)
+    # Sources ascend in the sorted order, so the padded cost of a run of k sentences on
+    # either side is at most k x (running max of max(source, target) length); with one
+    # budget for both sides the run fits iff that product is <= max_tokens.
+    longer = np.maximum(src_len, tgt_len)  # (N,)
+    subset = m < len(key)
+    if subset:
+        key, longer = key[keep], longer[keep]  # (M,)
+    if rng is None:
+        local = np.argsort(key, kind="stable")
+    else:
+        perm = rng.permutation(m)
+        local = perm[np.argsort(key[perm], kind="stable")]
+    order = keep[local] if subset else local.astype(np.int64)  # (M,)
+    longer = longer[local]  # (M,) in batch order
+
+    count = np.arange(1, min(max_tokens, m) + 1, dtype=np.int64)  # candidate batch sizes
+    bounds = [0]
+    start = 0
+    while start < m:
+        # The first sentence is in every batch starting here: at most
+        # max_tokens // its length sentences fit.
+        width = min(m - start, max_tokens // int(longer[start]))
+        cost = np.maximum.accumulate(longer[start : start + width]) * count[:width]  # (w,)
+        size = int(np.searchsorted(cost, max_tokens, side="right"))  # cost is nondecreasing
+        if size >= size_multiple:
+            size -= size % size_multiple
+        start += size
+        bounds.append(start)
+    return order, np.asarray(bounds, dtype=np.int64)
+
+
+def make_batches(
+    src_sizes: Sequence[int] | np.ndarray,
+    tgt_sizes: Sequence[int] | np.ndarray | None,
+    max_tokens: int,
+    *,
+    seed: int | None = None,
+    size_multiple: int = 8,
+) -> list[np.ndarray]:
+    """Length-bucketed batches of example indices under a padded-token budget.
+
+    Args:
+        src_sizes: (N,) source tokens per sentence (no eos).
+        tgt_sizes: (N,) target tokens per sentence (no bos/eos), or None.
+        max_tokens: budget per batch, counted with padding, for source and target each
+            (lengths are size + 1).
+        seed: seed of the random tie-break among equal lengths; None = by index.
+        size_multiple: batches of at least this many sentences are trimmed to a multiple.
+
+    Returns:
+        Batches (int64 index arrays) in length order; every index appears once.
+
+    Raises:
+        ValueError: naming the first example that alone exceeds ``max_tokens``.
+    """
+    src_len, tgt_len = _budget_lengths(src_sizes, tgt_sizes)
+    bad = _too_long(src_len, tgt_len, max_tokens)
+    if len(bad):
+        raise _too_long_error(bad, src_len, tgt_len, max_tokens, tgt_sizes is not None)
+    rng = None if seed is None else np.random.default_rng([_COMPOSE_TAG, seed])
+    order, bounds = _bucket(
+        src_len, tgt_len, np.arange(len(src_len)), max_tokens, rng, size_multiple
+    )
+    return np.split(order, bounds[1:-1]) if len(bounds) > 1 else []
+
+
+def padding_efficiency(
+    batches: Sequence[Sequence[int]],
+    src_sizes: Sequence[int] | np.ndarray,
+    tgt_sizes: Sequence[int] | np.ndarray | None,
+) -> float:
+    """Real tokens / padded tokens over ``batches``, source and target together.
+
+    A sentence counts ``size + 1`` real tokens per side; a batch counts
+    ``len(batch) x max length`` padded tokens per side. Returns 1.0 for no batches.
+    """
+    src_len, tgt_len = _budget_lengths(src_sizes, tgt_sizes)
+    real = padded = 0
+    for b in batches:
+        b = np.asarray(b, dtype=np.int64)
+        if len(b) == 0:
+            continue
+        real += int(src_len[b].sum() + tgt_len[b].sum())
+        padded += len(b) * int(src_len[b].max() + tgt_len[b].max())
+    return real / padded if padded else 1.0
+
+
+# -------------------------------------------------------------------------- sampler
+
+
+class LengthBucketSampler:
+    """Batch sampler: yields this rank's batches (``list[int]`` of example indices).
+
+    See the module docstring for how batches are formed, shuffled, split across
+    ranks and resumed.
+
+    Args:
+        src_sizes: (N,) source tokens per sentence (no eos).
+        tgt_sizes: (N,) target tokens per sentence (no bos/eos), or None (source only).
+        max_tokens: tokens per batch counted with padding, for source and target each.
+        shuffle: random tie-break when bucketing and a new batch order every epoch;
+            False keeps batches in length order (decoding).
+        seed: non-negative seed of the composition and of every epoch's order.
+        rank, world_size: this process's data-parallel rank and the number of ranks.
+        size_multiple: trim batches of at least this many sentences to a multiple of it.
+        skip_too_long: leave out sentences that alone exceed ``max_tokens`` (logged)
+            instead of raising.
+
+    Raises:
+        ValueError: bad ``max_tokens``/``rank``/``world_size``/``seed``, sizes of
+            different shapes, or (without ``skip_too_long``) a sentence that alone
+            exceeds ``max_tokens``, naming its index and lengths.
+    """
+
+    def __init__(
+        self,
+        src_sizes: Sequence[int] | np.ndarray,
+        tgt_sizes: Sequence[int] | np.ndarray | None,
+        max_tokens: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        size_multiple: int = 8,
+        skip_too_long: bool = False,
+    ):
+        if int(max_tokens) < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}"
+            )
+        if seed < 0:
+            raise ValueError(f"seed must be non-negative, got {seed}")
+        if size_multiple < 1:
+            raise ValueError(f"size_multiple must be >= 1, got {size_multiple}")
+        self.max_tokens = int(max_tokens)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.rank = rank
+        self.world_size = world_size
+        self.size_multiple = size_multiple
+
+        src_len, tgt_len = _budget_lengths(src_sizes, tgt_sizes)
+        self.has_target = tgt_sizes is not None
+        bad = _too_long(src_len, tgt_len, self.max_tokens)
+        if len(bad) and not skip_too_long:
+            raise _too_long_error(bad, src_len, tgt_len, self.max_tokens, self.has_target)
+        self.skipped: np.ndarray = bad if skip_too_long else np.zeros(0, np.int64)
+        """Indices left out because they alone exceed ``max_tokens``."""
+        if len(bad):
+            log.warning(
+                "skipping %d sentence(s) longer than max_tokens=%d (first: example %d)",
+                len(bad),
+                self.max_tokens,
+                int(bad[0]),
+            )
+        keep = np.arange(len(src_len), dtype=np.int64)
+        if len(bad):
+            keep = np.setdiff1d(keep, bad, assume_unique=True)
+
+        rng = np.random.default_rng([_COMPOSE_TAG, self.seed]) if shuffle else None
+        self._order, self._bounds = _bucket(
+            src_len, tgt_len, keep, self.max_tokens, rng, size_multiple
+        )
+        self._src_len = src_len
+        self._tgt_len = tgt_len
+        self.epoch = 0
+        self._position = 0
+        self._resume = False
+
+    # -- sizes and statistics -----------------------------------------------------
+    @property
+    def num_skipped(self) -> int:
+        """Number of sentences left out by ``skip_too_long``."""
+        return len(self.skipped)
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per epoch over all ranks."""
+        return len(self._bounds) - 1
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch (the same on every rank)."""
+        return math.ceil(self.num_batches / self.world_size)
+
+    @property
+    def padding_efficiency(self) -> float:
+        """Real tokens / padded tokens over all batches (all ranks), source + target."""
+        if self.num_batches == 0:
+            return 1.0
+        starts = self._bounds[:-1]
+        counts = np.diff(self._bounds)  # (num_batches,)
+        src_s = self._src_len[self._order]
+        tgt_s = self._tgt_len[self._order]
+        padded = (np.maximum.reduceat(src_s, starts) * counts).sum() + (
+            np.maximum.reduceat(tgt_s, starts) * counts
+        ).sum()
+        return float((src_s.sum() + tgt_s.sum()) / padded)
+
+    # -- epochs ---------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose batch order the next ``__iter__`` yields.
+
+        Calling it with the epoch just restored by :meth:`load_state_dict` keeps the
+        restored position; any other epoch starts from its first batch.
+        """
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._position = 0
+            self._resume = False
+
+    def _batch_order(self, epoch: int) -> np.ndarray:
+        """(num_batches,) batch numbers in this epoch's order (same on every rank)."""
+        if not self.shuffle:
+            return np.arange(self.num_batches)
+        rng = np.random.default_rng([_EPOCH_TAG, self.seed, epoch])
+        return rng.permutation(self.num_batches)
+
+    def _rank_batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
+        """This rank's batches of ``epoch`` from position ``start`` on, ``[]`` padding included."""
+        mine = self._batch_order(epoch)[self.rank :: self.world_size]
+        order, bounds = self._order, self._bounds
+        for j in mine[start:]:
+            yield order[bounds[j] : bounds[j + 1]].tolist()
+        for _ in range(max(start, len(mine)), len(self)):
+            yield []
+
+    def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """All ``len(self)`` batches this rank yields in ``epoch`` (default: the current
+        one), ``[]`` padding included; does not change the iteration state."""
+        return list(self._rank_batches(self.epoch if epoch is None else int(epoch)))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = self._position if self._resume else 0
+        self._resume = False
+        self._position = start
+        for batch in self._rank_batches(self.epoch, start):
+            self._position += 1
+            yield batch
+
+    # -- resumption -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "position", "seed"}``; position = batches yielded this epoch."""
+        return {"epoch": self.epoch, "position": self._position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume: the next ``__iter__`` yields epoch ``state["epoch"]`` from batch
+        ``state["position"]`` on.
+
+        Raises:
+            ValueError: when the saved seed differs from this sampler's (the batches
+                would differ) or the position lies outside ``[0, len(self)]``.
+        """
+        if int(state["seed"]) != self.seed:
+            raise ValueError(
+                f"sampler state has seed {state['seed']} but this sampler uses seed "
+                f"{self.seed}; resuming would visit different batches"
+            )
+        position = int(state["position"])
+        if not 0 <= position <= len(self):
+            raise ValueError(
+                f"sampler state position {position} is outside [0, {len(self)}] "
+                f"(batches per epoch on this rank)"
+            )
+        self.epoch = int(state["epoch"])
+        self._position = position
+        self._resume = True
+
+
+# --------------------------------------------------------------------------- collate
+
+
+@dataclass
+class Batch:
+    """One padded batch (PAD_ID on the right).
+
+    Fields (B sentences, S = longest source + 1, T = longest target + 1):
+        ids: (B,) long, example indices (to restore input order after decoding).
+        src_tokens: (B, S) long, ``src + [eos]``.
+        src_lengths: (B,) long, source lengths including eos.
+        tgt_in: (B, T) long, ``[bos] + tgt`` (decoder input); None without target.
+        tgt_out: (B, T) long, ``tgt + [eos]`` (decoder output); None without target.
+        ntokens: non-pad target tokens (``tgt_out != PAD_ID``); 0 without target.
+        nsentences: B.
+    """
+
+    ids: torch.Tensor
+    src_tokens: torch.Tensor
+    src_lengths: torch.Tensor
+    tgt_in: torch.Tensor | None
+    tgt_out: torch.Tensor | None
+    ntokens: int
+    nsentences: int
+
+    def _map(self, fn) -> Batch:
+        values = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            values[f.name] = fn(v) if isinstance(v, torch.Tensor) else v
+        return Batch(**values)
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
+        """A copy with every tensor on ``device`` (asynchronous from pinned memory)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """A copy with every tensor in page-locked memory (``DataLoader(pin_memory=True)``)."""
+        return self._map(lambda t: t.pin_memory())
+
+
+def _pad_rows(seqs: list[np.ndarray], lengths: np.ndarray, width: int, offset: int) -> np.ndarray:
+    """(B, width) int64 PAD_ID array with ``seqs[b]`` written at columns ``offset..``."""
+    out = np.full((len(seqs), width), PAD_ID, dtype=np.int64)
+    cols = np.arange(width)
+    mask = (cols >= offset) & (cols < (lengths + offset)[:, None])  # (B, width)
+    if lengths.sum():
+        out[mask] = np.concatenate(seqs)  # row-major fill = concatenation order
+    return out
+
+
+def collate(
+    samples: Sequence[tuple[int, np.ndarray, np.ndarray | None]],
+) -> Batch | None:
+    """Pad ``(i, src_ids, tgt_ids)`` samples into a :class:`Batch`.
+
+    Source rows are ``src + [eos]``; target rows are ``[bos] + tgt`` (``tgt_in``) and
+    ``tgt + [eos]`` (``tgt_out``); all right-padded with PAD_ID. An empty sample list
+    (the ``[]`` batch a rank gets when it has no data left in an epoch) gives None.
+
+    Raises:
+        ValueError: when some samples have a target and others do not.
+    """
+    if len(samples) == 0:
+        return None
+    ids = np.fromiter((s[0] for s in samples), dtype=np.int64, count=len(samples))
+    srcs = [np.asarray(s[1], dtype=np.int64) for s in samples]
+    src_sizes = np.fromiter((len(s) for s in srcs), dtype=np.int64, count=len(srcs))
+    b = len(samples)
+    rows = np.arange(b)
+
+    src_tokens = _pad_rows(srcs, src_sizes, int(src_sizes.max()) + 1, 0)  # (B, S)
+    src_tokens[rows, src_sizes] = EOS_ID
+
+    has_tgt = [s[2] is not None for s in samples]
+    if any(has_tgt) and not all(has_tgt):
+        missing = [int(ids[k]) for k, h in enumerate(has_tgt) if not h]
+        raise ValueError(f"examples {missing[:5]} have no target but others in the batch do")
+    tgt_in = tgt_out = None
+    ntokens = 0
+    if all(has_tgt):
+        tgts = [np.asarray(s[2], dtype=np.int64) for s in samples]
+        tgt_sizes = np.fromiter((len(t) for t in tgts), dtype=np.int64, count=b)
+        width = int(tgt_sizes.max()) + 1
+        tgt_in_np = _pad_rows(tgts, tgt_sizes, width, 1)  # (B, T)
+        tgt_in_np[:, 0] = BOS_ID
+        tgt_out_np = _pad_rows(tgts, tgt_sizes, width, 0)  # (B, T)
+        tgt_out_np[rows, tgt_sizes] = EOS_ID
+        tgt_in = torch.from_numpy(tgt_in_np)
+        tgt_out = torch.from_numpy(tgt_out_np)
+        ntokens = int(tgt_sizes.sum()) + b
+
+    return Batch(
+        ids=torch.from_numpy(ids),
+        src_tokens=torch.from_numpy(src_tokens),
+        src_lengths=torch.from_numpy(src_sizes + 1),
+        tgt_in=tgt_in,
+        tgt_out=tgt_out,
+        ntokens=ntokens,
+        nsentences=b,
+    )
+
+
+def build_dataloader(
+    dataset: ParallelDataset,
+    sampler: LengthBucketSampler,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+) -> DataLoader:
+    """A ``DataLoader`` over ``dataset`` with ``sampler`` as its batch sampler.
+
+    It yields :class:`Batch` objects, or None for the ``[]`` padding batches of a rank
+    with no data left (the training loop treats None as "no data on this rank in this
+    micro-step" and still joins the gradient all-reduce).
+
+    The loader draws batch indices from the sampler ahead of consumption (prefetching
+    with ``num_workers > 0``), so the sampler's own ``state_dict()["position"]`` can run
+    ahead; the training loop counts consumed batches itself and saves that count as the
+    position (see the module docstring). Call ``sampler.set_epoch(e)`` before
+    iterating the loader for epoch ``e``.
+    """
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=collate,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+    )
