@@ -1,0 +1,685 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), sections 3.1-3.5.
+
+One encoder-decoder model whose sizes all come from :class:`transformer_nmt.config.ModelConfig`;
+the ``tiny``, ``base`` and ``big`` presets differ only in config, and so do the paper's
+Table 3 variants (rows A-E: ``heads``, ``d_k``, ``d_v``, layers, ``d_model``, ``d_ff``,
+``dropout``, ``positions=learned``).
+
+Shape legend (used in every shape comment below):
+    B  batch (sentences, or sentences x beam during search)
+    S  source length (tokens, padding included)
+    T  target length (tokens, padding included)
+    t  target positions fed to one decode call (T without a cache, usually 1 with one)
+    L  target positions already held by a decoder cache
+    D  d_model              F  d_ff
+    H  heads                Dk d_k (query/key size per head)   Dv d_v (value size per head)
+    V  vocabulary size
+
+Masks: boolean, True = may attend (the convention of
+``torch.nn.functional.scaled_dot_product_attention``). Every attention mask is built by
+:func:`key_padding_attn_mask` or :func:`causal_attn_mask`, nowhere else. A mask is only
+materialised when it masks something: a batch without padding attends with
+``attn_mask=None``, and full-prefix decoder self-attention uses SDPA's ``is_causal``.
+Target padding needs no mask of its own: targets are right-padded, so the causal mask
+already keeps every real position away from the pads that follow it.
+
+Layer order: post-norm (``LayerNorm(x + Dropout(Sublayer(x)))``, section 3.1 and 5.4) by
+default, pre-norm (``x + Dropout(Sublayer(LayerNorm(x)))`` plus a final LayerNorm on the
+encoder and decoder outputs) with ``norm=pre``.
+
+Initialisation (``init=xavier``, the common reproduction choice; the paper does not say):
+Xavier-uniform weights for every linear layer, each of W^Q, W^K, W^V initialised as its own
+(D, H*Dk) matrix even though they are stored fused; zero biases; token embeddings (and thus
+a tied pre-softmax matrix, and an untied one too) and learned positions from
+N(0, D^-0.5); the padding row of every token embedding is zero. With this scale an
+embedding multiplied by sqrt(D) (section 3.4) has entries of unit variance, and tied
+logits start near unit variance.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_nmt.config import PAD_ID
+
+logger = logging.getLogger(__name__)
+
+_CHOICES = {
+    "norm": ("post", "pre"),
+    "share_embeddings": ("all", "decoder", "none"),
+    "positions": ("sinusoidal", "learned"),
+    "init": ("xavier",),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Configuration checks
+# --------------------------------------------------------------------------------------
+
+
+def validate_model_config(cfg: Any, vocab_size: int | None = None, pad_id: int = PAD_ID) -> None:
+    """Check a model config before any tensor is allocated.
+
+    Args:
+        cfg: a :class:`~transformer_nmt.config.ModelConfig` or a DictConfig with its fields.
+        vocab_size: the shared vocabulary size (checked when given).
+        pad_id: the padding id (must lie inside the vocabulary).
+
+    Raises:
+        ValueError: listing every bad field as ``model.<key>=<value>`` and what is allowed.
+    """
+    errors: list[str] = []
+    for key, allowed in _CHOICES.items():
+        value = getattr(cfg, key)
+        if value not in allowed:
+            errors.append(f"model.{key}={value!r} is not one of {list(allowed)}")
+    for key in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
+        value = getattr(cfg, key)
+        if not isinstance(value, int) or value <= 0:
+            errors.append(f"model.{key}={value!r} must be a positive integer")
+    for key in ("d_k", "d_v"):
+        value = getattr(cfg, key)
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            errors.append(f"model.{key}={value!r} must be a positive integer or None")
+    d_model, heads = cfg.d_model, cfg.heads
+    if (
+        isinstance(d_model, int) and isinstance(heads, int) and d_model > 0 and heads > 0
+        and d_model % heads != 0 and (cfg.d_k is None or cfg.d_v is None)
+    ):
+        errors.append(
+            f"model.d_model={d_model} is not divisible by model.heads={heads}; "
+            "set model.d_k and model.d_v explicitly or change the sizes"
+        )
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        value = getattr(cfg, key)
+        if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            errors.append(f"model.{key}={value!r} must be in [0, 1)")
+    if vocab_size is not None:
+        if vocab_size <= 0:
+            errors.append(f"vocab_size={vocab_size} must be positive")
+        elif not 0 <= pad_id < vocab_size:
+            errors.append(f"pad_id={pad_id} must be in [0, vocab_size={vocab_size})")
+    if errors:
+        raise ValueError("invalid model configuration:\n  " + "\n  ".join(errors))
+
+
+# --------------------------------------------------------------------------------------
+# Masks (the one place they are built; True = may attend)
+# --------------------------------------------------------------------------------------
+
+
+def key_padding_attn_mask(key_mask: Tensor) -> Tensor | None:
+    """SDPA mask that hides padded keys, or None when nothing is padded.
+
+    Args:
+        key_mask: (B, S) bool, True = real token.
+
+    Returns:
+        (B, 1, 1, S) bool (broadcast over heads and queries), True = may attend;
+        None when every key is real (SDPA then takes its fastest, unmasked kernel).
+    """
+    if bool(key_mask.all()):
+        return None
+    return key_mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+
+
+def causal_attn_mask(t: int, offset: int, device: torch.device) -> Tensor:
+    """Decoder self-attention mask for ``t`` new queries after ``offset`` cached positions.
+
+    Query i (absolute position offset + i) may attend keys 0 .. offset + i (section 3.2.3:
+    no leftward information flow). Only needed when a cached decode is fed several positions
+    at once; otherwise SDPA's ``is_causal`` (offset 0) or no mask (t = 1) is used.
+
+    Returns:
+        (t, offset + t) bool, True = may attend.
+    """
+    q_pos = torch.arange(offset, offset + t, device=device)
+    k_pos = torch.arange(offset + t, device=device)
+    return k_pos[None, :] <= q_pos[:, None]  # (t, offset + t)
+
+
+# --------------------------------------------------------------------------------------
+# Positions (section 3.5)
+# --------------------------------------------------------------------------------------
+
+
+def sinusoidal_table(num_positions: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)).
+
+    Positions count from 0; even and odd channels interleave as in the paper's formula.
+
+    Returns:
+        (num_positions, D) float32.
+    """
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(D/2),)
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # (P, ceil(D/2))
+    table = torch.zeros(num_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal positional encodings (section 3.5), a non-persistent buffer.
+
+    The table grows on demand, so sequences longer than ``max_positions`` still work.
+    """
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Encodings of positions offset .. offset + length - 1, shape (length, D)."""
+        end = offset + length
+        if end > self.table.size(0):
+            grown = sinusoidal_table(max(end, 2 * self.table.size(0)), self.d_model)
+            self.table = grown.to(self.table)  # keep device and dtype
+        return self.table[offset:end]
+
+
+class LearnedPositions(nn.Module):
+    """Learned positional embeddings (paper Table 3 row E), one vector per position."""
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_positions, d_model))
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Embeddings of positions offset .. offset + length - 1, shape (length, D).
+
+        Raises:
+            ValueError: when the sequence runs past ``model.max_positions``.
+        """
+        end = offset + length
+        if end > self.weight.size(0):
+            raise ValueError(
+                f"sequence needs position {end - 1} but learned positions cover "
+                f"model.max_positions={self.weight.size(0)}; raise model.max_positions"
+            )
+        return self.weight[offset:end]
+
+
+# --------------------------------------------------------------------------------------
+# Decoder cache
+# --------------------------------------------------------------------------------------
+
+
+class DecoderCache:
+    """Keys and values kept between incremental decoder calls (one sentence batch).
+
+    Per decoder layer: self-attention K (B, H, L, Dk) and V (B, H, L, Dv), grown by
+    ``torch.cat`` along L at every call; cross-attention K (B, H, S, Dk) and V (B, H, S, Dv),
+    computed from the encoder memory on the first call and reused. ``torch.cat`` was chosen
+    over a preallocated buffer: beam search reorders the cache at every step, which copies
+    the K/V anyway, so a buffer saves no copy and makes SDPA read a strided view
+    (docs/model.md records the timings).
+
+    Attributes:
+        length: target positions already decoded (L); the next call starts at this position.
+        cross_attn_mask: (B, 1, 1, S) bool or None, the source padding mask for
+            cross-attention, computed once with the cross K/V.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.length = 0
+        self.self_k: list[Tensor | None] = [None] * num_layers
+        self.self_v: list[Tensor | None] = [None] * num_layers
+        self.cross_k: list[Tensor | None] = [None] * num_layers
+        self.cross_v: list[Tensor | None] = [None] * num_layers
+        self.cross_attn_mask: Tensor | None = None
+        self.has_memory = False
+
+    def append_self(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append new self-attention keys (B, H, t, Dk) and values (B, H, t, Dv).
+
+        Returns:
+            All keys (B, H, L + t, Dk) and values (B, H, L + t, Dv) of this layer.
+        """
+        old_k, old_v = self.self_k[layer], self.self_v[layer]
+        if old_k is not None:
+            k = torch.cat([old_k, k], dim=2)  # (B, H, L + t, Dk)
+            v = torch.cat([old_v, v], dim=2)  # (B, H, L + t, Dv)
+        self.self_k[layer], self.self_v[layer] = k, v
+        return k, v
+
+    @torch.no_grad()
+    def reorder(self, indices: Tensor, cross: bool = True) -> None:
+        """Select batch rows of every cached tensor (beam reorder, dropping finished rows).
+
+        Args:
+            indices: (B',) long, rows of the current batch to keep, in their new order;
+                B' may be smaller or larger than B and may repeat rows.
+            cross: also re-index the cross-attention K/V and source mask. Beam search may
+                pass False when every row moves to a row of the same sentence (all beams of
+                a sentence hold identical cross K/V), which saves that copy.
+
+        Raises:
+            ValueError: ``cross=False`` with a B' different from B (the cross-attention
+                K/V would no longer line up with the rows).
+        """
+        if not cross:
+            rows = next((x.size(0) for x in self.self_k if x is not None), None)
+            if rows is not None and indices.numel() != rows:
+                raise ValueError(
+                    f"DecoderCache.reorder(cross=False) needs {rows} indices (one per cached "
+                    f"row), got {indices.numel()}; pass cross=True when rows are added or dropped"
+                )
+        stores = [self.self_k, self.self_v]
+        if cross:
+            stores += [self.cross_k, self.cross_v]
+            if self.cross_attn_mask is not None:
+                self.cross_attn_mask = self.cross_attn_mask.index_select(0, indices)
+        for store in stores:
+            for i, x in enumerate(store):
+                if x is not None:
+                    store[i] = x.index_select(0, indices)
+
+
+# --------------------------------------------------------------------------------------
+# Sub-layers (sections 3.2 and 3.3)
+# --------------------------------------------------------------------------------------
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Section 3.2.2. Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (section 3.2.1) runs in
+    ``F.scaled_dot_product_attention``. The per-head projections W_i^Q, W_i^K, W_i^V are
+    stored fused: self-attention keeps [W^Q | W^K | W^V] in one Linear (``in_proj``),
+    encoder-decoder attention keeps W^Q in ``q_proj`` and [W^K | W^V] in ``kv_proj``. Columns
+    h*Dk .. (h+1)*Dk of each block belong to head h, exactly as h separate matrices would.
+    """
+
+    def __init__(
+        self, d_model: int, heads: int, d_k: int, d_v: int, attention_dropout: float,
+        self_attention: bool,
+    ) -> None:
+        super().__init__()
+        self.heads, self.d_k, self.d_v = heads, d_k, d_v
+        self.self_attention = self_attention
+        self.attention_dropout = attention_dropout
+        if self_attention:
+            self.in_proj = nn.Linear(d_model, heads * (2 * d_k + d_v))
+        else:
+            self.q_proj = nn.Linear(d_model, heads * d_k)
+            self.kv_proj = nn.Linear(d_model, heads * (d_k + d_v))
+        self.out_proj = nn.Linear(heads * d_v, d_model)  # W^O
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform for W^Q, W^K, W^V (each as its own (D, H*Dk) matrix) and W^O; zero biases."""
+        h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
+        with torch.no_grad():
+            if self.self_attention:
+                w, b = self.in_proj.weight, self.in_proj.bias
+                for block in w.split([h_k, h_k, h_v], dim=0):
+                    nn.init.xavier_uniform_(block)
+                b.zero_()
+            else:
+                nn.init.xavier_uniform_(self.q_proj.weight)
+                self.q_proj.bias.zero_()
+                for block in self.kv_proj.weight.split([h_k, h_v], dim=0):
+                    nn.init.xavier_uniform_(block)
+                self.kv_proj.bias.zero_()
+            nn.init.xavier_uniform_(self.out_proj.weight)
+            self.out_proj.bias.zero_()
+
+    def _heads(self, x: Tensor, size: int) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.heads, size).transpose(1, 2)  # (B, n, H*size) -> (B, H, n, size)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        cache: DecoderCache | None = None,
+        layer: int = 0,
+    ) -> Tensor:
+        """Attend from ``x`` to itself (self-attention) or to ``memory`` (encoder-decoder).
+
+        Args:
+            x: (B, t, D) queries (and keys/values for self-attention).
+            memory: (B, S, D) encoder output; cross-attention only (unused when the cache
+                already holds this layer's cross K/V).
+            attn_mask: bool mask broadcastable to (B, H, t, keys), True = may attend, or None.
+            is_causal: let SDPA apply the causal mask itself (square self-attention only).
+            cache: decoder cache; self-attention appends to it, cross-attention reads it.
+            layer: index of this decoder layer in the cache.
+
+        Returns:
+            (B, t, D).
+        """
+        b, t, _ = x.shape
+        h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
+        if self.self_attention:
+            q, k, v = self.in_proj(x).split([h_k, h_k, h_v], dim=-1)  # 3 x (B, t, H*Dk|H*Dv)
+            q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
+            if cache is not None:
+                k, v = cache.append_self(layer, k, v)  # (B, H, L + t, Dk|Dv)
+        else:
+            q = self._heads(self.q_proj(x), self.d_k)  # (B, H, t, Dk)
+            if cache is not None and cache.cross_k[layer] is not None:
+                k, v = cache.cross_k[layer], cache.cross_v[layer]
+            else:
+                k, v = self.kv_proj(memory).split([h_k, h_v], dim=-1)  # (B, S, H*Dk|H*Dv)
+                k, v = self._heads(k, self.d_k), self._heads(v, self.d_v)  # (B, H, S, Dk|Dv)
+                if cache is not None:
+                    cache.cross_k[layer], cache.cross_v[layer] = k, v
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+            dropout_p=self.attention_dropout if self.training else 0.0,
+        )  # (B, H, t, Dv)
+        out = out.transpose(1, 2).reshape(b, t, h_v)  # (B, H, t, Dv) -> (B, t, H*Dv)
+        return self.out_proj(out)
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3), with optional dropout after the ReLU."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float) -> None:
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, n, D) -> (B, n, D)."""
+        return self.w_2(self.activation_dropout(F.relu(self.w_1(x))))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each wrapped in residual dropout and LayerNorm (3.1)."""
+
+    def __init__(self, cfg: Any, d_k: int, d_v: int) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(
+            cfg.d_model, cfg.heads, d_k, d_v, cfg.attention_dropout, self_attention=True
+        )
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model)
+        self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+        """x (B, S, D), attn_mask (B, 1, 1, S) or None -> (B, S, D)."""
+        if self.pre_norm:
+            x = x + self.dropout(self.self_attn(self.self_attn_norm(x), attn_mask=attn_mask))
+            return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        x = self.self_attn_norm(x + self.dropout(self.self_attn(x, attn_mask=attn_mask)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, feed-forward (section 3.1)."""
+
+    def __init__(self, cfg: Any, d_k: int, d_v: int) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(
+            cfg.d_model, cfg.heads, d_k, d_v, cfg.attention_dropout, self_attention=True
+        )
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model)
+        self.cross_attn = MultiHeadAttention(
+            cfg.d_model, cfg.heads, d_k, d_v, cfg.attention_dropout, self_attention=False
+        )
+        self.cross_attn_norm = nn.LayerNorm(cfg.d_model)
+        self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        self_mask: Tensor | None,
+        self_causal: bool,
+        cross_mask: Tensor | None,
+        cache: DecoderCache | None,
+        layer: int,
+    ) -> Tensor:
+        """x (B, t, D), memory (B, S, D) -> (B, t, D).
+
+        ``self_mask``/``self_causal`` carry the causal mask (see :func:`causal_attn_mask`),
+        ``cross_mask`` (B, 1, 1, S) or None the source padding.
+        """
+        def self_attn(y: Tensor) -> Tensor:
+            return self.self_attn(
+                y, attn_mask=self_mask, is_causal=self_causal, cache=cache, layer=layer
+            )
+
+        def cross_attn(y: Tensor) -> Tensor:
+            return self.cross_attn(y, memory, attn_mask=cross_mask, cache=cache, layer=layer)
+
+        if self.pre_norm:
+            x = x + self.dropout(self_attn(self.self_attn_norm(x)))
+            x = x + self.dropout(cross_attn(self.cross_attn_norm(x)))
+            return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        x = self.self_attn_norm(x + self.dropout(self_attn(x)))
+        x = self.cross_attn_norm(x + self.dropout(cross_attn(x)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+
+# --------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (section 3, Figure 1).
+
+    Args:
+        cfg: :class:`~transformer_nmt.config.ModelConfig` (or a DictConfig with its fields).
+        vocab_size: size V of the shared source/target vocabulary.
+        pad_id: padding id; its embedding row is zero and padded source keys are masked.
+
+    Attributes (state-dict names are stable):
+        embed_tokens: source token embedding (V, D); also the target embedding and the
+            pre-softmax matrix when ``share_embeddings=all`` (section 3.4).
+        tgt_embed_tokens: target token embedding; the same module as ``embed_tokens`` when
+            ``share_embeddings=all``.
+        output_projection: pre-softmax linear map D -> V without bias; its weight is the
+            target embedding's Parameter unless ``share_embeddings=none``.
+        src_positions / tgt_positions: positional encodings (one shared sinusoidal table,
+            or separate learned tables).
+        encoder_layers / decoder_layers: N layers each; encoder_norm / decoder_norm: final
+            LayerNorms (pre-norm only, else None).
+
+    Raises:
+        ValueError: from :func:`validate_model_config`, naming every bad key and value.
+    """
+
+    def __init__(self, cfg: Any, vocab_size: int, pad_id: int = PAD_ID) -> None:
+        super().__init__()
+        validate_model_config(cfg, vocab_size, pad_id)
+        self.cfg = cfg
+        self.vocab_size, self.pad_id = vocab_size, pad_id
+        d_model = cfg.d_model
+        d_k = cfg.d_k if cfg.d_k is not None else d_model // cfg.heads
+        d_v = cfg.d_v if cfg.d_v is not None else d_model // cfg.heads
+        self.d_model, self.d_k, self.d_v = d_model, d_k, d_v
+        self.embed_scale = math.sqrt(d_model)
+
+        # Section 3.4: embeddings and softmax, with weight sharing.
+        self.embed_tokens = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        if cfg.share_embeddings == "all":
+            self.tgt_embed_tokens = self.embed_tokens
+        else:
+            self.tgt_embed_tokens = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.output_projection = nn.Linear(d_model, vocab_size, bias=False)
+        if cfg.share_embeddings != "none":
+            self.output_projection.weight = self.tgt_embed_tokens.weight
+
+        # Section 3.5: positional encoding.
+        if cfg.positions == "sinusoidal":
+            self.src_positions = SinusoidalPositions(cfg.max_positions, d_model)
+            self.tgt_positions = self.src_positions
+        else:
+            self.src_positions = LearnedPositions(cfg.max_positions, d_model)
+            self.tgt_positions = LearnedPositions(cfg.max_positions, d_model)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+
+        # Section 3.1: encoder and decoder stacks.
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(cfg, d_k, d_v) for _ in range(cfg.encoder_layers)
+        )
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(cfg, d_k, d_v) for _ in range(cfg.decoder_layers)
+        )
+        pre = cfg.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(d_model) if pre else None
+        self.decoder_norm = nn.LayerNorm(d_model) if pre else None
+
+        self.reset_parameters()
+        logger.info("%s", self.summary())
+
+    # ---- set-up ----------------------------------------------------------------------
+
+    def reset_parameters(self) -> None:
+        """Initialise as described in the module docstring (``init=xavier``)."""
+        std = self.d_model ** -0.5
+        with torch.no_grad():
+            embeddings = {id(self.embed_tokens.weight): self.embed_tokens.weight}
+            embeddings[id(self.tgt_embed_tokens.weight)] = self.tgt_embed_tokens.weight
+            embeddings[id(self.output_projection.weight)] = self.output_projection.weight
+            for w in embeddings.values():
+                nn.init.normal_(w, mean=0.0, std=std)
+            for emb in (self.embed_tokens, self.tgt_embed_tokens):
+                emb.weight[self.pad_id].zero_()
+            for positions in (self.src_positions, self.tgt_positions):
+                if isinstance(positions, LearnedPositions):
+                    nn.init.normal_(positions.weight, mean=0.0, std=std)
+            for module in self.modules():
+                if isinstance(module, MultiHeadAttention):
+                    module.reset_parameters()
+                elif isinstance(module, PositionwiseFeedForward):
+                    for linear in (module.w_1, module.w_2):
+                        nn.init.xavier_uniform_(linear.weight)
+                        linear.bias.zero_()
+                elif isinstance(module, nn.LayerNorm):
+                    module.reset_parameters()
+
+    def num_parameters(self) -> int:
+        """Number of distinct trainable parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def summary(self) -> str:
+        """One line: preset name, sizes, options and the parameter count."""
+        c = self.cfg
+        return (
+            f"Transformer {c.name}: N={c.encoder_layers}/{c.decoder_layers} D={self.d_model} "
+            f"F={c.d_ff} H={c.heads} Dk={self.d_k} Dv={self.d_v} V={self.vocab_size} "
+            f"norm={c.norm} positions={c.positions} share_embeddings={c.share_embeddings}: "
+            f"{self.num_parameters():,} parameters"
+        )
+
+    def new_cache(self) -> DecoderCache:
+        """An empty :class:`DecoderCache` for incremental decoding of one batch."""
+        return DecoderCache(len(self.decoder_layers))
+
+    # ---- embedding -------------------------------------------------------------------
+
+    def _embed(self, tokens: Tensor, embed: nn.Embedding, positions: nn.Module, offset: int) -> Tensor:
+        """Dropout(Embedding(tokens) * sqrt(D) + PE), (B, n) -> (B, n, D) (sections 3.4, 3.5, 5.4)."""
+        x = embed(tokens) * self.embed_scale  # (B, n, D)
+        x = x + positions(tokens.size(1), offset)  # (n, D) broadcast over B
+        return self.embed_dropout(x)
+
+    # ---- encoder / decoder ------------------------------------------------------------
+
+    def encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Run the encoder stack.
+
+        Args:
+            src_tokens: (B, S) long, right-padded with ``pad_id``; every row needs at least
+                one real token (the batcher always appends eos).
+
+        Returns:
+            ``(memory, src_mask)``: memory (B, S, D); src_mask (B, S) bool, True = real token.
+        """
+        memory, src_mask, _ = self._encode(src_tokens)
+        return memory, src_mask
+
+    def _encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        src_mask = src_tokens.ne(self.pad_id)  # (B, S)
+        attn_mask = key_padding_attn_mask(src_mask)  # (B, 1, 1, S) or None
+        x = self._embed(src_tokens, self.embed_tokens, self.src_positions, 0)
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return x, src_mask, attn_mask
+
+    def decode(
+        self,
+        tgt_tokens: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        """Run the decoder stack and the pre-softmax projection.
+
+        Args:
+            tgt_tokens: (B, t) long. Without a cache, the whole target prefix (positions
+                0 .. t-1, causal mask). With a cache, only the new position(s); their
+                positions continue from ``cache.length``, and the cache grows by t.
+            memory: (B, S, D) from :meth:`encode` (read only on the cache's first call).
+            src_mask: (B, S) bool, True = real source token.
+            cache: from :meth:`new_cache`, or None.
+
+        Returns:
+            logits (B, t, V) (unnormalised; apply log_softmax for scores).
+        """
+        if cache is None:
+            return self._decode(tgt_tokens, memory, key_padding_attn_mask(src_mask), None)
+        if not cache.has_memory:
+            cache.cross_attn_mask = key_padding_attn_mask(src_mask)
+            cache.has_memory = True
+        return self._decode(tgt_tokens, memory, cache.cross_attn_mask, cache)
+
+    def _decode(
+        self,
+        tgt_tokens: Tensor,
+        memory: Tensor,
+        cross_mask: Tensor | None,
+        cache: DecoderCache | None,
+    ) -> Tensor:
+        t = tgt_tokens.size(1)
+        offset = cache.length if cache is not None else 0
+        if offset == 0:
+            self_mask, self_causal = None, t > 1
+        elif t == 1:
+            self_mask, self_causal = None, False  # one new query sees every cached key
+        else:
+            self_mask, self_causal = causal_attn_mask(t, offset, tgt_tokens.device), False
+        x = self._embed(tgt_tokens, self.tgt_embed_tokens, self.tgt_positions, offset)
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, memory, self_mask, self_causal, cross_mask, cache, i)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        if cache is not None:
+            cache.length += t
+        return self.output_projection(x)  # (B, t, V)
+
+    def forward(self, src_tokens: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits.
+
+        Args:
+            src_tokens: (B, S) long, source + eos, right-padded.
+            tgt_in: (B, T) long, bos + target, right-padded.
+
+        Returns:
+            logits (B, T, V).
+        """
+        memory, _, attn_mask = self._encode(src_tokens)
+        return self._decode(tgt_in, memory, attn_mask, None)
