@@ -1,0 +1,25 @@
+"""``nmt-prepare data=<corpus>``: download, clean, BPE and binarize one corpus.
+
+Example: ``nmt-prepare data=multi30k_en_de`` (Multi30k from ``$NMT_MULTI30K_MIRROR`` or by URL),
+``nmt-prepare data=wmt14_en_de``, or ``nmt-prepare data=custom +data.custom_files.train=...``.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from transformer_nmt.cli import CONFIG_DIR
+from transformer_nmt.config import validate
+from transformer_nmt.prepare import format_summary, prepare
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Validate the config, run :func:`transformer_nmt.prepare.prepare`, print its summary."""
+    validate(cfg)
+    print(format_summary(prepare(cfg)))
+
+
+if __name__ == "__main__":
+    main()
