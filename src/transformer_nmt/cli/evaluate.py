@@ -1,0 +1,25 @@
+"""``nmt-evaluate``: translate a run's test sets and score them (sacreBLEU, tokenized BLEU, chrF).
+
+Example: ``nmt-evaluate experiment=wmt14_en_de_base`` writes ``runs/<name>/translations/`` and
+``runs/<name>/results.json`` and prints every score with its label and signature.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from transformer_nmt.cli import CONFIG_DIR
+from transformer_nmt.config import validate
+from transformer_nmt.evaluate import evaluate
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Validate the config and run :func:`transformer_nmt.evaluate.evaluate`."""
+    validate(cfg)
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""``nmt-translate``: translate a file or standard input with a run's model.
+
+Example: ``nmt-translate experiment=multi30k_en_de decode.input=in.en decode.output=out.de``,
+or ``echo "A dog runs." | nmt-translate experiment=multi30k_en_de``. Only translations go
+to standard output; log messages go to standard error.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from transformer_nmt.cli import CONFIG_DIR
+from transformer_nmt.config import validate
+from transformer_nmt.translate import translate
+
+
+def _log_to_stderr() -> None:
+    """Move console log handlers that write to standard output over to standard error."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+            handler.setStream(sys.stderr)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Validate the config and run :func:`transformer_nmt.translate.translate`."""
+    _log_to_stderr()
+    validate(cfg)
+    translate(cfg)
+
+
+if __name__ == "__main__":
+    main()
