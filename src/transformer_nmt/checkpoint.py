@@ -9,7 +9,11 @@ A checkpoint is one ``torch.save`` file of plain types and tensors, loadable wit
       "vocab_size": size of the shared vocabulary the model was built with,
       "step", "micro_step", "tokens_seen", "epoch": counters (ints),
       "optimizer", "scheduler", "scaler", "sampler", "rng", "train_state": training state
-                (absent from averaged model files),
+                (absent from averaged model files); "sampler" is {"epoch", "position", "seed"}
+                with the batches consumed by the training loop, "rng" a list indexed by rank
+                of {"torch", "cuda", "numpy", "python"} RNG states as tensors and lists,
+                "train_state" the loop's bookkeeping (train_seconds, skipped_steps, best
+                validation results, ...),
       "averaged_from": [file names] (averaged model files only),
     }
 

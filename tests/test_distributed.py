@@ -1,0 +1,115 @@
+"""Data parallelism on CPU (gloo): two ranks equal one process accumulating two micro-batches."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_nmt import distributed
+from transformer_nmt.batching import LengthBucketSampler
+from transformer_nmt.binarize import TokenDataset
+from transformer_nmt.checkpoint import latest_checkpoint, load_checkpoint
+from transformer_nmt.cli import compose
+from transformer_nmt.fileio import bin_prefix
+
+MICRO = [
+    "model.d_model=32", "model.d_ff=64", "model.heads=2", "model.encoder_layers=1",
+    "model.decoder_layers=1", "model.dropout=0.0",
+    "trainer.warmup_steps=8", "trainer.lr_multiplier=1.0", "trainer.save_every_minutes=null",
+    "trainer.validate_every_steps=null", "trainer.log_every_steps=5", "trainer.num_workers=0",
+]
+
+
+@pytest.fixture(scope="module")
+def data_overrides(tmp_path_factory, multi30k_mirror) -> list[str]:
+    """A 400-pair slice of real Multi30k, prepared once for this module."""
+    from transformer_nmt.prepare import prepare
+
+    root = tmp_path_factory.mktemp("data")
+    ov = [
+        "experiment=multi30k_en_de", f"data.root={root}", f"data.mirror={multi30k_mirror}",
+        "data.max_train_pairs=400", "data.vocab_size=300", "data.num_workers=1",
+    ]
+    prepare(compose(ov))
+    return ov
+
+
+def _run(args: list[str], env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    proc = subprocess.run(args, check=False, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"{args[:6]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def test_single_process_helpers_are_no_ops(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    info = distributed.init_distributed(device="cpu")
+    assert (info.rank, info.world_size, info.is_main, info.distributed) == (0, 1, True, False)
+    t = torch.tensor([1.0, 2.0])
+    assert distributed.all_reduce_sum(t) is t and t.tolist() == [1.0, 2.0]
+    assert distributed.broadcast_object({"a": 1}) == {"a": 1}
+    assert distributed.all_gather_object(3) == [3]
+    distributed.barrier()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(ValueError, match="RANK=2"):
+        distributed.init_distributed(device="cpu")
+
+
+def test_two_ranks_equal_one_process_with_update_freq_2(tmp_path, data_overrides):
+    cfg = compose(data_overrides)
+    d = cfg.data
+    src = TokenDataset(bin_prefix(d, "train", d.src_lang))
+    tgt = TokenDataset(bin_prefix(d, "train", d.tgt_lang))
+    # An odd number of batches: in the last round of the epoch rank 1 has no batch ([]),
+    # runs a zero-weight dummy, and the single process takes a one-micro-batch step.
+    for max_tokens in range(600, 1200, 16):
+        n = LengthBucketSampler(src.sizes, tgt.sizes, max_tokens, seed=1).num_batches
+        if n % 2 == 1 and n >= 9:
+            break
+    else:
+        pytest.fail("no max_tokens in [600, 1200) gives an odd number of batches")
+    steps_per_epoch = math.ceil(n / 2)
+    max_steps = steps_per_epoch + 2  # cross the epoch boundary
+    common = [*data_overrides, *MICRO, f"trainer.max_tokens={max_tokens}",
+              f"trainer.max_steps={max_steps}"]
+
+    ddp_dir = tmp_path / "ddp"
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+          "-m", "transformer_nmt.cli.train", *common, f"run_dir={ddp_dir}",
+          "trainer.update_freq=1"])
+    one_dir = tmp_path / "one"
+    _run([sys.executable, "-m", "transformer_nmt.cli.train", *common, f"run_dir={one_dir}",
+          "trainer.update_freq=2"])
+
+    ddp = json.loads((ddp_dir / "train_summary.json").read_text())
+    one = json.loads((one_dir / "train_summary.json").read_text())
+    assert ddp["world_size"] == 2 and one["world_size"] == 1
+    assert ddp["steps"] == one["steps"] == max_steps
+    assert ddp["tokens_seen"] == one["tokens_seen"] > 0
+    assert ddp["epochs"] == pytest.approx(one["epochs"]) and ddp["epochs"] > 1
+
+    a = load_checkpoint(latest_checkpoint(ddp_dir))
+    b = load_checkpoint(latest_checkpoint(one_dir))
+    assert a["step"] == b["step"] == max_steps
+    assert len(a["rng"]) == 2 and len(b["rng"]) == 1  # every rank's RNG state is kept
+    for key, value in a["model"].items():
+        other = b["model"][key]
+        assert torch.allclose(value, other, rtol=1e-4, atol=1e-5), (
+            f"{key}: max difference {(value - other).abs().max().item():.3g}"
+        )
+    exp_a = a["optimizer"]["state"]
+    exp_b = b["optimizer"]["state"]
+    for k in exp_a:
+        assert torch.allclose(exp_a[k]["exp_avg"], exp_b[k]["exp_avg"], rtol=1e-4, atol=1e-7)
+    assert Path(ddp_dir, "metrics.jsonl").is_file()

@@ -1,0 +1,133 @@
+"""The loss (section 5.4) and the learning-rate schedule (section 5.3, equation 3)."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+import pytest
+import torch
+
+from transformer_nmt.cli import compose
+from transformer_nmt.config import PAD_ID
+from transformer_nmt.loss import label_smoothed_nll_loss
+from transformer_nmt.optim import build_optimizer, build_scheduler, inverse_sqrt_lr
+
+
+def _direct_loss(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[float, float]:
+    """Cross-entropy against an explicit target distribution, one position at a time."""
+    n, v = logits.shape
+    loss = nll = 0.0
+    for i in range(n):
+        y = int(target[i])
+        if y == PAD_ID:
+            continue
+        logp = torch.log_softmax(logits[i].double(), dim=0)
+        q = torch.full((v,), eps / v, dtype=torch.float64)  # uniform over the whole vocabulary
+        q[y] += 1.0 - eps
+        assert math.isclose(float(q.sum()), 1.0, rel_tol=1e-12)
+        for c in range(v):
+            loss -= float(q[c] * logp[c])
+        nll -= float(logp[y])
+    return loss, nll
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_loss_matches_direct_computation(eps):
+    torch.manual_seed(0)
+    logits = torch.randn(7, 11) * 3
+    target = torch.tensor([4, PAD_ID, 1, 10, PAD_ID, 3, 0 + 2])
+    loss, nll = label_smoothed_nll_loss(logits, target, eps)
+    ref_loss, ref_nll = _direct_loss(logits, target, eps)
+    assert loss.dtype == torch.float32 and nll.dtype == torch.float32
+    assert loss.item() == pytest.approx(ref_loss, rel=1e-5)
+    assert nll.item() == pytest.approx(ref_nll, rel=1e-5)
+    if eps == 0.0:
+        assert loss.item() == pytest.approx(nll.item(), rel=1e-6)
+
+
+def test_loss_agrees_with_torch_cross_entropy_and_ignores_padding():
+    torch.manual_seed(1)
+    logits = torch.randn(20, 50)
+    target = torch.randint(1, 50, (20,))
+    target[::3] = PAD_ID
+    loss, _ = label_smoothed_nll_loss(logits, target, 0.1)
+    ref = torch.nn.functional.cross_entropy(
+        logits, target, ignore_index=PAD_ID, label_smoothing=0.1, reduction="sum"
+    )
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    # Changing the logits of padding positions changes nothing.
+    logits2 = logits.clone()
+    logits2[target == PAD_ID] = 100.0
+    assert torch.equal(label_smoothed_nll_loss(logits2, target, 0.1)[0], loss)
+
+
+def test_loss_in_fp32_from_bf16_logits():
+    torch.manual_seed(2)
+    logits = (torch.randn(16, 300) * 4).bfloat16()
+    target = torch.randint(1, 300, (16,))
+    loss, nll = label_smoothed_nll_loss(logits, target, 0.1)
+    ref_loss, ref_nll = label_smoothed_nll_loss(logits.float(), target, 0.1)
+    assert loss.dtype == torch.float32
+    assert torch.equal(loss, ref_loss) and torch.equal(nll, ref_nll)
+
+
+def test_loss_gradient_matches_softmax_minus_target():
+    torch.manual_seed(3)
+    logits = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([1, 4, PAD_ID])
+    loss, _ = label_smoothed_nll_loss(logits, target, 0.2)
+    loss.backward()
+    q = torch.full((3, 5), 0.2 / 5, dtype=torch.float64)
+    q[0, 1] += 0.8
+    q[1, 4] += 0.8
+    expected = torch.softmax(logits.detach(), -1) - q
+    expected[2] = 0.0
+    assert torch.allclose(logits.grad, expected, atol=1e-6)
+
+
+def test_loss_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="logits"):
+        label_smoothed_nll_loss(torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long), 0.1)
+    with pytest.raises(ValueError, match="epsilon"):
+        label_smoothed_nll_loss(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 1.0)
+
+
+def test_paper_learning_rate_values():
+    assert inverse_sqrt_lr(4000, 512, 4000) == pytest.approx(6.99e-4, rel=1e-3)
+    assert inverse_sqrt_lr(4000, 1024, 4000) == pytest.approx(4.94e-4, rel=1e-3)
+    assert inverse_sqrt_lr(1, 512, 4000) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert inverse_sqrt_lr(16000, 512, 4000) == pytest.approx(512**-0.5 / 16000**0.5)
+    assert inverse_sqrt_lr(100, 512, 4000, multiplier=2.0) == pytest.approx(
+        2 * inverse_sqrt_lr(100, 512, 4000)
+    )
+    values = [inverse_sqrt_lr(s, 512, 4000) for s in range(1, 20001)]
+    peak = max(range(len(values)), key=values.__getitem__) + 1
+    assert peak == 4000
+    assert all(a < b for a, b in pairwise(values[:4000]))  # warm-up: rising
+    assert all(a > b for a, b in pairwise(values[3999:]))  # then decaying
+    with pytest.raises(ValueError, match="step=0"):
+        inverse_sqrt_lr(0, 512, 4000)
+
+
+def test_optimizer_and_scheduler_follow_the_schedule():
+    cfg = compose(["model=base", "trainer.lr_multiplier=1.5", "trainer.warmup_steps=10"])
+    model = torch.nn.Linear(4, 4)
+    opt = build_optimizer(model, cfg.trainer)
+    group = opt.param_groups[0]
+    assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
+    sched = build_scheduler(opt, cfg.model.d_model, cfg.trainer)
+    seen = []
+    for step in range(1, 31):  # the rate used by update `step` is lrate(step)
+        seen.append(opt.param_groups[0]["lr"])
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    expected = [inverse_sqrt_lr(s, 512, 10, 1.5) for s in range(1, 31)]
+    assert seen == pytest.approx(expected, rel=1e-12)
+    # The scheduler state round-trips (resumption).
+    state = sched.state_dict()
+    sched2 = build_scheduler(build_optimizer(model, cfg.trainer), 512, cfg.trainer)
+    sched2.load_state_dict(state)
+    assert sched2.get_last_lr() == pytest.approx(sched.get_last_lr())

@@ -1,0 +1,233 @@
+"""The training loop on real Multi30k text: learning, outputs, exact resumption, signals, bad steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer_nmt.train as train_mod
+from transformer_nmt.checkpoint import (
+    BEST_NAME,
+    checkpoint_dir,
+    latest_checkpoint,
+    load_checkpoint,
+    load_model,
+    step_checkpoints,
+)
+from transformer_nmt.cli import compose
+from transformer_nmt.train import estimate_training_flops, train
+
+TINY = [
+    "model.d_model=64", "model.d_ff=128", "model.heads=2", "model.encoder_layers=1",
+    "model.decoder_layers=1", "model.dropout=0.1", "trainer.max_tokens=1024",
+    "trainer.warmup_steps=10", "trainer.lr_multiplier=1.0", "trainer.save_every_minutes=null",
+    "trainer.log_every_steps=5", "trainer.num_workers=0",
+]
+
+
+@pytest.fixture(scope="module")
+def data_overrides(tmp_path_factory, multi30k_mirror) -> list[str]:
+    """A 2000-pair slice of real Multi30k with a 500-piece vocabulary, prepared once."""
+    from transformer_nmt.prepare import prepare
+
+    root = tmp_path_factory.mktemp("data")
+    ov = [
+        "experiment=multi30k_en_de", f"data.root={root}", f"data.mirror={multi30k_mirror}",
+        "data.max_train_pairs=2000", "data.vocab_size=500", "data.num_workers=1",
+    ]
+    prepare(compose(ov))
+    return ov
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _cli(overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "transformer_nmt.cli.train", *overrides]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"training exited ({proc.returncode}) before {path} appeared:\n{err[-4000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{path} did not appear within {timeout} s")
+        time.sleep(0.02)
+
+
+def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides):
+    run = tmp_path / "run"
+    cfg = compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.max_steps=60",
+                   "trainer.validate_every_steps=20", "trainer.save_every_steps=20",
+                   "trainer.keep_last=2", "trainer.warmup_steps=20",
+                   "trainer.lr_multiplier=0.3"])
+    summary = train(cfg)
+
+    valid = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in valid if r["split"] == "valid"]
+    assert [r["step"] for r in valid] == [20, 40, 60]
+    losses = [r["loss"] for r in valid]
+    assert losses[2] < losses[1] < losses[0] and losses[2] < losses[0] - 0.2, (
+        f"validation loss did not fall: {losses}"
+    )
+    train_lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [r for r in train_lines if r["split"] == "train"]
+    assert len(train_lines) == 12 and all(r["tokens_per_s"] > 0 for r in train_lines)
+    assert {"loss", "nll_loss", "ppl", "lr", "grad_norm", "seconds_per_step",
+            "skipped_steps"} <= set(train_lines[0])
+    assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())
+
+    on_disk = json.loads((run / "train_summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    assert on_disk["steps"] == 60 and on_disk["world_size"] == 1
+    assert on_disk["train_seconds"] > 0 and on_disk["gpu_hours"] == 0.0
+    expected_flops = estimate_training_flops(cfg.model, on_disk["vocab_size"],
+                                             on_disk["src_tokens_seen"], on_disk["tokens_seen"])
+    assert on_disk["flops"] == pytest.approx(expected_flops) and on_disk["flops"] > 0
+
+    # keep_last=2 of the checkpoints at 20, 40, 60; best = lowest validation loss (step 60).
+    assert [p.name for p in step_checkpoints(run)] == ["checkpoint_40.pt", "checkpoint_60.pt"]
+    last = load_checkpoint(latest_checkpoint(run))  # torch.load(weights_only=True)
+    assert last["step"] == 60 and last["tokens_seen"] == on_disk["tokens_seen"]
+    assert last["config"]["run_dir"] == str(run) and last["vocab_size"] == 500
+    assert {"optimizer", "scheduler", "scaler", "sampler", "rng", "train_state"} <= set(last)
+    best = load_checkpoint(checkpoint_dir(run) / BEST_NAME)
+    assert best["step"] == 60
+    model, _ = load_model(latest_checkpoint(run))
+    assert all(torch.equal(v, last["model"][k]) for k, v in model.state_dict().items())
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, data_overrides):
+    common = [*data_overrides, *TINY, "trainer.max_steps=25", "trainer.save_every_steps=5",
+              "trainer.validate_every_steps=10"]
+    ref_dir = tmp_path / "reference"
+    # The uninterrupted reference runs alongside the run that gets killed (one thread each).
+    reference = subprocess.Popen(_cli([*common, f"run_dir={ref_dir}"]), env=_env(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(_cli([*common, f"run_dir={run_dir}"]), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(checkpoint_dir(run_dir) / "checkpoint_5.pt", proc)
+        time.sleep(random.uniform(0.0, 0.5))
+        assert proc.poll() is None, "the run finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        _, err = reference.communicate(timeout=240)
+        assert reference.returncode == 0, err[-3000:]
+    finally:
+        for p in (proc, reference):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    killed_at = load_checkpoint(latest_checkpoint(run_dir))["step"]
+    assert 5 <= killed_at < 25
+
+    subprocess.run(_cli([*common, f"run_dir={run_dir}"]), env=_env(), check=True,
+                   capture_output=True, timeout=240)
+    a = load_checkpoint(latest_checkpoint(ref_dir))
+    b = load_checkpoint(latest_checkpoint(run_dir))
+    assert a["step"] == b["step"] == 25
+    assert json.loads((run_dir / "train_summary.json").read_text())["resumed_from"]
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), f"{key} differs after resume from {killed_at}"
+    for k, state in a["optimizer"]["state"].items():
+        assert torch.equal(state["exp_avg_sq"], b["optimizer"]["state"][k]["exp_avg_sq"])
+    assert (a["tokens_seen"], a["micro_step"]) == (b["tokens_seen"], b["micro_step"])
+
+
+def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, data_overrides):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        _cli([*data_overrides, *TINY, f"run_dir={run_dir}", "trainer.max_steps=100000",
+              "trainer.save_every_steps=5", "trainer.validate_every_steps=null"]),
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    _wait_for(checkpoint_dir(run_dir) / "checkpoint_5.pt", proc)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["stopped_by"] == "signal SIGTERM"
+    saved = load_checkpoint(latest_checkpoint(run_dir))
+    assert saved["step"] == summary["steps"] >= 5
+    assert saved["sampler"]["position"] == saved["train_state"]["position"]
+
+
+def test_non_finite_step_is_skipped_and_counted(tmp_path, data_overrides, monkeypatch):
+    real_loss = train_mod.label_smoothed_nll_loss
+    calls = {"n": 0}
+
+    def loss_with_one_nan(logits, target, epsilon, ignore_index=0):
+        calls["n"] += 1
+        loss, nll = real_loss(logits, target, epsilon, ignore_index)
+        if calls["n"] == 4:  # the fourth micro-batch (step 4) gets a NaN loss
+            loss = loss * float("nan")
+        return loss, nll
+
+    monkeypatch.setattr(train_mod, "label_smoothed_nll_loss", loss_with_one_nan)
+    run = tmp_path / "run"
+    summary = train(compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.max_steps=8",
+                             "trainer.validate_every_steps=null"]))
+    assert summary["skipped_steps"] == 1
+    assert summary["steps"] == 8 and summary["micro_steps"] == 9
+    last = load_checkpoint(latest_checkpoint(run))
+    assert all(torch.isfinite(v).all() for v in last["model"].values() if v.is_floating_point())
+    # The schedule follows successful updates only: 8 scheduler steps.
+    assert last["scheduler"]["last_epoch"] == 8
+
+
+def test_max_bad_steps_stops_with_a_clear_message(tmp_path, data_overrides, monkeypatch):
+    real_loss = train_mod.label_smoothed_nll_loss
+
+    def always_nan(logits, target, epsilon, ignore_index=0):
+        loss, nll = real_loss(logits, target, epsilon, ignore_index)
+        return loss * float("nan"), nll
+
+    monkeypatch.setattr(train_mod, "label_smoothed_nll_loss", always_nan)
+    with pytest.raises(RuntimeError, match=r"3 consecutive steps .*max_bad_steps=3"):
+        train(compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'run'}",
+                       "trainer.max_steps=20", "trainer.max_bad_steps=3"]))
+
+
+def test_dry_run_leaves_the_real_run_alone(tmp_path, data_overrides):
+    run = tmp_path / "run"
+    summary = train(compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.dry_run=true",
+                             "trainer.dry_run_steps=2"]))
+    assert summary["steps"] == 2
+    assert (run / "dry_run" / "train_summary.json").is_file()
+    assert step_checkpoints(run) == [] and not (run / "train_summary.json").exists()
+
+
+def test_validation_bleu_selects_best_and_patience_stops(tmp_path, data_overrides):
+    run = tmp_path / "run"
+    # A learning rate so small that greedy output, hence BLEU, cannot improve after the first
+    # validation: patience=2 stops the run at the third validation (step 6), not max_steps.
+    summary = train(compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.max_steps=50",
+                             "trainer.validate_every_steps=2", "trainer.valid_bleu=true",
+                             "trainer.valid_bleu_sentences=8", "trainer.patience=2",
+                             "trainer.lr_multiplier=1e-9", "decode.max_len_b=5"]))
+    assert summary["stopped_by"] == "patience" and summary["steps"] == 6
+    valid = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in valid if r["split"] == "valid"]
+    assert [r["step"] for r in valid] == [2, 4, 6]
+    assert all(0.0 <= r["bleu"] <= 100.0 for r in valid)
+    assert summary["best_valid_bleu"] == valid[0]["bleu"]
+    assert load_checkpoint(checkpoint_dir(run) / BEST_NAME)["step"] == 2
