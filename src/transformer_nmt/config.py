@@ -19,7 +19,7 @@ before doing any work.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -49,24 +49,24 @@ class DataConfig:
     """Folder that holds raw/, spm/ and bin/ (relative to the working directory)."""
 
     # --- sources -----------------------------------------------------------------
-    mirror: Optional[str] = None
+    mirror: str | None = None
     """Local folder holding the corpus files (Multi30k: ``train.en.gz`` ...); stands in
     for the network. Environment variable ``NMT_MULTI30K_MIRROR`` overrides it when unset."""
-    url: Optional[str] = None
+    url: str | None = None
     """Base URL of the official files (Multi30k)."""
-    hf_dataset: Optional[str] = None
+    hf_dataset: str | None = None
     """Hugging Face ``datasets`` name (WMT14: ``wmt/wmt14``)."""
-    hf_config: Optional[str] = None
+    hf_config: str | None = None
     """Its configuration (``de-en`` or ``fr-en``)."""
     custom_files: dict = field(default_factory=dict)
     """data=custom: split -> path prefix; files are ``<prefix>.<src_lang>`` and ``<prefix>.<tgt_lang>``."""
-    max_train_pairs: Optional[int] = None
+    max_train_pairs: int | None = None
     """Keep only the first N training pairs (dry runs, slices). None = all."""
 
     # --- splits --------------------------------------------------------------------
     train_split: str = "train"
     valid_split: str = "valid"
-    test_splits: List[str] = field(default_factory=list)
+    test_splits: list[str] = field(default_factory=list)
     """Test sets evaluated by nmt-evaluate, e.g. newstest2014 and newstest2014_filtered."""
 
     # --- cleaning (training split only; test sets are never filtered) ---------------
@@ -110,9 +110,9 @@ class ModelConfig:
     d_ff: int = 2048
     heads: int = 8
     """h in the paper."""
-    d_k: Optional[int] = None
+    d_k: int | None = None
     """Per-head query/key size; None = d_model / heads (Table 3 row B changes it)."""
-    d_v: Optional[int] = None
+    d_v: int | None = None
     """Per-head value size; None = d_model / heads."""
     dropout: float = 0.1
     """P_drop: residual dropout on every sub-layer output and on embeddings + positions."""
@@ -141,16 +141,16 @@ class TrainerConfig:
     """Tokens per GPU per micro-batch, counted with padding, for source and target each."""
     update_freq: int = 1
     """Micro-batches accumulated per optimizer step (gradient accumulation)."""
-    max_steps: Optional[int] = 100_000
+    max_steps: int | None = 100_000
     """Stop after this many optimizer steps (None = no limit)."""
-    max_epochs: Optional[int] = None
-    max_time_minutes: Optional[float] = None
+    max_epochs: int | None = None
+    max_time_minutes: float | None = None
     """Stop after this much wall-clock training time."""
 
     lr_multiplier: float = 1.0
     """Scales lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)."""
     warmup_steps: int = 4000
-    adam_betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
@@ -171,17 +171,17 @@ class TrainerConfig:
     num_workers: int = 0
     """DataLoader worker processes."""
 
-    save_every_steps: Optional[int] = None
-    save_every_minutes: Optional[float] = 10.0
+    save_every_steps: int | None = None
+    save_every_minutes: float | None = 10.0
     keep_last: int = 20
     """Checkpoints kept (the paper averages the last 5 base / 20 big)."""
-    validate_every_steps: Optional[int] = 1000
+    validate_every_steps: int | None = 1000
     log_every_steps: int = 100
 
     valid_bleu: bool = False
     """Also decode (a subset of) the valid set and track its BLEU."""
     valid_bleu_sentences: int = 500
-    patience: Optional[int] = None
+    patience: int | None = None
     """Stop after this many validations without improvement (None = never)."""
 
     dry_run: bool = False
@@ -209,15 +209,15 @@ class DecodeConfig:
     precision: str = "fp32"
     """fp32, bf16 or fp16."""
     device: str = "auto"
-    checkpoint: Optional[str] = None
+    checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
     average_last: int = 5
     """nmt-average: number of most recent checkpoints to average."""
-    average_checkpoints: List[str] = field(default_factory=list)
+    average_checkpoints: list[str] = field(default_factory=list)
     """nmt-average: explicit checkpoint files (overrides average_last)."""
-    input: Optional[str] = None
+    input: str | None = None
     """nmt-translate: input file (None = standard input)."""
-    output: Optional[str] = None
+    output: str | None = None
     """nmt-translate: output file (None = standard output)."""
 
 
@@ -232,7 +232,7 @@ class Config:
     name: str = "multi30k_en_de"
     """Experiment name; the run directory is runs/<name>."""
     run_dir: str = "runs/${name}"
-    table3_row: Optional[str] = None
+    table3_row: str | None = None
     """Paper Table 3 row this experiment reproduces (A-E), for nmt-table."""
     results_glob: str = "runs/*/results.json"
     """nmt-table: results files to tabulate."""

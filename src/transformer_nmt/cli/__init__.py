@@ -7,8 +7,8 @@ so ``nmt-train experiment=wmt14_en_de_base trainer.max_steps=1000`` works for ev
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import DictConfig
 
