@@ -2,6 +2,8 @@
 #   make install            venv + editable install with dev extras (CPU torch pinned unless torch is already there)
 #   make test               the whole test suite
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
+#   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
+#   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +14,14 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: install test data train average eval table lint clean
+.PHONY: install test data train average eval table lint clean bench-install bench
+
+# Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
+BENCH_VENV ?= .venv-bench
+BENCH_BIN := $(BENCH_VENV)/bin
+BENCH_PEERS ?= fairseq-fixed==0.12.3.1 transformers==5.23.0
+BENCH_TRAIN_ARGS ?=
+BENCH_DECODE_ARGS ?=
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +52,24 @@ eval: average
 
 table:
 	$(BIN)/nmt-table $(ARGS)
+
+$(BENCH_BIN)/python:
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_BIN)/python -m pip install --upgrade pip
+
+bench-install: $(BENCH_BIN)/python
+	@if $(BENCH_BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "torch $$($(BENCH_BIN)/python -c 'import torch; print(torch.__version__)') already installed; keeping it"; \
+	else \
+		$(BENCH_BIN)/python -m pip install "$(TORCH_SPEC)"; \
+	fi
+	$(BENCH_BIN)/python -m pip install -e .
+	$(BENCH_BIN)/python -m pip install $(BENCH_PEERS)
+
+bench:
+	$(BENCH_BIN)/nmt-prepare experiment=$(EXP)
+	$(BENCH_BIN)/python scripts/bench_train.py $(BENCH_TRAIN_ARGS)
+	$(BENCH_BIN)/python scripts/bench_decode.py $(BENCH_DECODE_ARGS)
 
 lint:
 	$(BIN)/ruff check src tests scripts

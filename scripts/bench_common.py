@@ -1,0 +1,488 @@
+"""Shared pieces of the speed benchmarks against the peers (scripts/bench_train.py, bench_decode.py).
+
+* machine and version facts recorded with every result;
+* child processes timed with their own peak resident set size (``os.wait4``), so each
+  toolkit's memory is measured alone;
+* the fairseq copy of the binarized Multi30k data (same sentences, same SentencePiece
+  pieces, a dictionary of exactly our vocabulary in our id order);
+* the model-FLOP count used for MFU (formula in :func:`training_flops`);
+* ports of one trained transformer-nmt model into fairseq's ``TransformerModel`` and
+  Hugging Face's ``MarianMTModel``, so that all three toolkits decode the same network.
+
+The peers (``fairseq``, ``transformers``) are imported lazily: they are dependencies of the
+benchmark environment (``make bench-install`` -> ``.venv-bench``), never of the package.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_DIR = REPO / "data" / "bench"
+FAIRSEQ_SPLITS = ["train", "valid", "test_2016_flickr"]
+"""Splits copied to fairseq's format (one copy serves both benchmarks)."""
+"""Scratch folder of every benchmark output except docs (ignored by git: under data/)."""
+
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+"""Dense bf16 peak FLOP/s by GPU family (SXM parts; no sparsity)."""
+
+SIZES = {
+    # name: (encoder_layers, decoder_layers, d_model, d_ff, heads); configs/model/<name>.yaml
+    "tiny": (3, 3, 256, 1024, 4),
+    "base": (6, 6, 512, 2048, 8),
+    "big": (6, 6, 1024, 4096, 16),
+}
+DROPOUT = {"tiny": 0.1, "base": 0.1, "big": 0.3}
+
+
+# ------------------------------------------------------------------------------ facts
+
+
+def package_version(name: str) -> str | None:
+    """Installed version of distribution ``name`` (None when absent); imports nothing."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (else platform.processor())."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """Machine, load and versions, recorded next to every measurement."""
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_gib, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "fairseq": package_version("fairseq-fixed") or package_version("fairseq"),
+        "transformers": package_version("transformers"),
+        "transformer_nmt": package_version("transformer-nmt"),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    return info
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_gpu_mib() -> float | None:
+    """CUDA allocator peak in MiB, or None without a GPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return None
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment of a child process limited to ``threads`` intra-op threads."""
+    env = dict(os.environ)
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[key] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_child(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path = REPO) -> dict:
+    """Run ``cmd`` with stdout+stderr to ``log_path``; wait with ``os.wait4`` for its own rusage.
+
+    Returns:
+        ``{"returncode", "seconds" (wall), "peak_rss_mib"}``; the peak RSS is the child's
+        (and its waited-for descendants'), not this process's.
+
+    Raises:
+        RuntimeError: non-zero exit, naming the command and the last lines of its log.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-25:])
+        raise RuntimeError(
+            f"command failed with exit code {proc.returncode} (log {log_path}):\n"
+            f"  {' '.join(cmd)}\n{tail}"
+        )
+    return {"returncode": proc.returncode, "seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024}
+
+
+def venv_tool(name: str) -> str:
+    """Path of console script ``name`` next to the running interpreter (same environment)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} not found: run the benchmark with the interpreter of the environment "
+            "made by `make bench-install` (.venv-bench/bin/python)"
+        )
+    return str(path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON through the project's atomic writer."""
+    from transformer_nmt.fileio import atomic_write
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        json.dump(data, f, indent=2)
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Lines of a UTF-8 text file without their newlines."""
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def median(values: list[float]) -> float:
+    """Median (nan for an empty list)."""
+    return float(np.median(values)) if values else float("nan")
+
+
+# ------------------------------------------------------------------------ data (Multi30k)
+
+
+def data_cfg(name: str = "multi30k_en_de"):
+    """The composed DataConfig of ``data=<name>`` (paths under data/)."""
+    from transformer_nmt.cli import compose
+
+    return compose([f"data={name}"]).data
+
+
+def fairseq_index(our_id: int) -> int:
+    """fairseq Dictionary id of our id: its specials are bos 0, pad 1, eos 2, unk 3."""
+    return {BOS_ID: 0, PAD_ID: 1, EOS_ID: 2, UNK_ID: 3}.get(our_id, our_id)
+
+
+def fairseq_permutation(vocab_size: int) -> torch.Tensor:
+    """(V,) long: row j of a fairseq embedding = row perm[j] of ours."""
+    perm = torch.arange(vocab_size)
+    for ours in (BOS_ID, PAD_ID, EOS_ID, UNK_ID):
+        perm[fairseq_index(ours)] = ours
+    return perm
+
+
+def prepare_fairseq_data(dcfg: Any, out_dir: Path, splits: list[str]) -> Path:
+    """fairseq-preprocess the binarized splits into ``out_dir`` (skipped when up to date).
+
+    The text handed to fairseq is each sentence's SentencePiece pieces (from our token ids,
+    so the sentences and their tokens are exactly ours, cleaning included), one space
+    between pieces. ``dict.txt`` lists pieces 4 .. V-1 in id order, so fairseq's dictionary
+    (its 4 specials first) has our size V and our ids, specials aside (see
+    :func:`fairseq_index`).
+
+    Returns:
+        The ``data-bin`` folder (``out_dir / "bin"``).
+    """
+    import sentencepiece as spm
+
+    from transformer_nmt.binarize import TokenDataset
+    from transformer_nmt.fileio import bin_prefix, spm_model_path
+
+    bin_dir = out_dir / "bin"
+    stamp = bin_dir / "done.json"
+    key = {"splits": splits, "spm": str(spm_model_path(dcfg)),
+           "spm_mtime": Path(spm_model_path(dcfg)).stat().st_mtime}
+    if stamp.is_file() and json.loads(stamp.read_text()) == key:
+        return bin_dir
+    shutil.rmtree(bin_dir, ignore_errors=True)  # fairseq-preprocess refuses to overwrite
+    sp = spm.SentencePieceProcessor(model_file=str(spm_model_path(dcfg)))
+    vocab = sp.get_piece_size()
+    text_dir = out_dir / "text"
+    text_dir.mkdir(parents=True, exist_ok=True)
+    pieces = [sp.id_to_piece(i) for i in range(vocab)]
+    bad = [p for p in pieces[4:] if not p or any(c.isspace() for c in p)]
+    if bad:
+        raise ValueError(f"SentencePiece pieces with whitespace cannot go to fairseq: {bad[:5]}")
+    with open(out_dir / "dict.txt", "w", encoding="utf-8") as f:
+        f.writelines(f"{pieces[i]} {vocab - i}\n" for i in range(4, vocab))
+    for split in splits:
+        for lang in (dcfg.src_lang, dcfg.tgt_lang):
+            ds = TokenDataset(bin_prefix(dcfg, split, lang))
+            with open(text_dir / f"{split}.{lang}", "w", encoding="utf-8") as f:
+                f.writelines(" ".join(pieces[j] for j in ds[i]) + "\n" for i in range(len(ds)))
+    fs_split = {"train": "--trainpref", "valid": "--validpref"}
+    cmd = [venv_tool("fairseq-preprocess"), "--source-lang", dcfg.src_lang,
+           "--target-lang", dcfg.tgt_lang, "--srcdict", str(out_dir / "dict.txt"),
+           "--joined-dictionary", "--destdir", str(bin_dir), "--workers", "1"]
+    tests = []
+    for split in splits:
+        if split in fs_split:
+            cmd += [fs_split[split], str(text_dir / split)]
+        else:
+            tests.append(str(text_dir / split))
+    if tests:
+        cmd += ["--testpref", ",".join(tests)]
+    run_child(cmd, out_dir / "preprocess.log", thread_env(1))
+    n = len(read_lines(bin_dir / f"dict.{dcfg.src_lang}.txt")) + 4
+    if n != vocab:
+        raise RuntimeError(f"fairseq dictionary has {n} entries, expected {vocab}")
+    stamp.write_text(json.dumps(key))
+    return bin_dir
+
+
+# ------------------------------------------------------------------------------- FLOPs
+
+
+def training_flops(size: str, vocab: int, src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
+    """Model FLOPs of one training pass (forward + backward) over the given sentences.
+
+    Lengths count real tokens (eos on the source, bos/eos position on the target), padding
+    excluded. With L_e/L_d encoder/decoder layers, D = d_model = H * d_k, F = d_ff:
+
+        matmul weights per source token  P_src = L_e (4 D^2 + 2 D F) + L_d (2 D^2)
+        matmul weights per target token  P_tgt = L_d (4 D^2 + 2 D^2 + 2 D F) + D V
+        attention pairs                  A = L_e sum s_i^2 + L_d sum t_i^2 + L_d sum s_i t_i
+        FLOPs = 6 (P_src sum s_i + P_tgt sum t_i) + 12 D A
+
+    6 = 2 FLOPs per multiply-add x 3 (backward costs twice the forward). Each attention
+    (query, key) pair costs 2 D for Q K^T and 2 D for the weights times V in the forward pass,
+    hence 12 D with the backward. Decoder self-attention is counted over the full T x T
+    square (the causal half is not subtracted), as in the PaLM MFU convention. Biases,
+    LayerNorm, softmax, embeddings lookups and the optimizer are left out.
+    """
+    le, ld, d, f, _ = SIZES[size]
+    s = src_lens.astype(np.float64)
+    t = tgt_lens.astype(np.float64)
+    p_src = le * (4 * d * d + 2 * d * f) + ld * 2 * d * d
+    p_tgt = ld * (6 * d * d + 2 * d * f) + d * vocab
+    pairs = le * (s * s).sum() + ld * (t * t).sum() + ld * (s * t).sum()
+    return 6.0 * (p_src * s.sum() + p_tgt * t.sum()) + 12.0 * d * pairs
+
+
+def flops_per_target_token(size: str, vocab: int, src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> float:
+    """:func:`training_flops` over a whole split divided by its target tokens (sizes + 1)."""
+    s, t = src_sizes + 1, tgt_sizes + 1
+    return training_flops(size, vocab, s, t) / float(t.sum())
+
+
+def peak_flops(device_name: str | None) -> float | None:
+    """Peak dense bf16 FLOP/s of the named GPU (None when unknown or on CPU)."""
+    if not device_name:
+        return None
+    for family, peak in PEAK_BF16_FLOPS.items():
+        if family in device_name:
+            return peak
+    return None
+
+
+# --------------------------------------------------------------------------- weight ports
+
+
+def sinusoid_rows(model: Any, n: int) -> torch.Tensor:
+    """Our positional encodings for positions 0 .. n-1, (n, D)."""
+    return model.src_positions(n, 0).detach().clone()
+
+
+def port_to_fairseq(model: Any, fairseq_data: Path, max_positions: int = 1024):
+    """A fairseq ``TransformerModel`` holding the weights of our (post-norm, tied) model.
+
+    Token rows are permuted to fairseq's special-symbol order; the sinusoidal tables are
+    replaced by ours (fairseq numbers real positions from padding_idx + 1 = 2); W^Q, W^K,
+    W^V are split out of our fused projections.
+
+    Returns:
+        ``(fairseq_model, task_dictionary)`` in eval mode on CPU.
+    """
+    from argparse import Namespace
+
+    from fairseq.data import Dictionary
+    from fairseq.models.transformer import TransformerModel, base_architecture
+
+    cfg = model.cfg
+    if cfg.norm != "post" or cfg.share_embeddings != "all" or cfg.positions != "sinusoidal":
+        raise ValueError("the fairseq port handles post-norm, shared, sinusoidal models only")
+    dictionary = Dictionary.load(str(fairseq_data / "dict.en.txt"))
+    if len(dictionary) != model.vocab_size:
+        raise ValueError(f"fairseq dictionary {len(dictionary)} != model vocab {model.vocab_size}")
+    args = Namespace(
+        encoder_embed_dim=cfg.d_model, encoder_ffn_embed_dim=cfg.d_ff,
+        encoder_layers=cfg.encoder_layers, encoder_attention_heads=cfg.heads,
+        decoder_embed_dim=cfg.d_model, decoder_ffn_embed_dim=cfg.d_ff,
+        decoder_layers=cfg.decoder_layers, decoder_attention_heads=cfg.heads,
+        share_all_embeddings=True, dropout=0.0, max_source_positions=max_positions,
+        max_target_positions=max_positions,
+    )
+    base_architecture(args)
+
+    class _Task:
+        source_dictionary = dictionary
+        target_dictionary = dictionary
+
+    fs = TransformerModel.build_model(args, _Task())
+    ours = {k: v.detach() for k, v in model.state_dict().items()}
+    d = cfg.d_model
+    sd: dict[str, torch.Tensor] = {}
+    emb = ours["embed_tokens.weight"][fairseq_permutation(model.vocab_size)]
+    sd["encoder.embed_tokens.weight"] = emb
+    sd["decoder.embed_tokens.weight"] = emb
+    sd["decoder.output_projection.weight"] = emb
+
+    def split3(prefix_out: str, w: torch.Tensor, b: torch.Tensor, names: list[str]) -> None:
+        for name, wi, bi in zip(names, w.split(d, 0), b.split(d, 0)):
+            sd[f"{prefix_out}.{name}.weight"], sd[f"{prefix_out}.{name}.bias"] = wi, bi
+
+    def copy(dst: str, src: str) -> None:
+        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
+
+    for i in range(cfg.encoder_layers):
+        o, f = f"encoder_layers.{i}", f"encoder.layers.{i}"
+        split3(f"{f}.self_attn", ours[f"{o}.self_attn.in_proj.weight"],
+               ours[f"{o}.self_attn.in_proj.bias"], ["q_proj", "k_proj", "v_proj"])
+        copy(f"{f}.self_attn.out_proj", f"{o}.self_attn.out_proj")
+        copy(f"{f}.self_attn_layer_norm", f"{o}.self_attn_norm")
+        copy(f"{f}.fc1", f"{o}.ffn.w_1")
+        copy(f"{f}.fc2", f"{o}.ffn.w_2")
+        copy(f"{f}.final_layer_norm", f"{o}.ffn_norm")
+    for i in range(cfg.decoder_layers):
+        o, f = f"decoder_layers.{i}", f"decoder.layers.{i}"
+        split3(f"{f}.self_attn", ours[f"{o}.self_attn.in_proj.weight"],
+               ours[f"{o}.self_attn.in_proj.bias"], ["q_proj", "k_proj", "v_proj"])
+        copy(f"{f}.self_attn.out_proj", f"{o}.self_attn.out_proj")
+        copy(f"{f}.self_attn_layer_norm", f"{o}.self_attn_norm")
+        copy(f"{f}.encoder_attn.q_proj", f"{o}.cross_attn.q_proj")
+        split3(f"{f}.encoder_attn", ours[f"{o}.cross_attn.kv_proj.weight"],
+               ours[f"{o}.cross_attn.kv_proj.bias"], ["k_proj", "v_proj"])
+        copy(f"{f}.encoder_attn.out_proj", f"{o}.cross_attn.out_proj")
+        copy(f"{f}.encoder_attn_layer_norm", f"{o}.cross_attn_norm")
+        copy(f"{f}.fc1", f"{o}.ffn.w_1")
+        copy(f"{f}.fc2", f"{o}.ffn.w_2")
+        copy(f"{f}.final_layer_norm", f"{o}.ffn_norm")
+    missing, unexpected = fs.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not k.endswith("embed_positions.weights")
+               and not k.endswith("_float_tensor") and not k.endswith(".version")]
+    if missing or unexpected:
+        raise RuntimeError(f"fairseq port: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    pad = dictionary.pad()
+    for part in (fs.encoder, fs.decoder):
+        table = torch.zeros(max_positions + pad + 1, d)
+        table[pad + 1:] = sinusoid_rows(model, max_positions)
+        part.embed_positions.weights = table.to(part.embed_positions.weights)
+    return fs.eval(), dictionary
+
+
+def marian_config(size: str, vocab: int, max_positions: int = 1024, dropout: float = 0.1):
+    """MarianConfig of the same architecture: post-norm, ReLU, sqrt(D) scale, tied embeddings."""
+    from transformers import MarianConfig
+
+    le, ld, d, f, h = SIZES[size]
+    return MarianConfig(
+        vocab_size=vocab, decoder_vocab_size=vocab, d_model=d, encoder_layers=le,
+        decoder_layers=ld, encoder_ffn_dim=f, decoder_ffn_dim=f, encoder_attention_heads=h,
+        decoder_attention_heads=h, activation_function="relu", normalize_before=False,
+        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        dropout=dropout, attention_dropout=0.0, activation_dropout=0.0,
+        max_position_embeddings=max_positions, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+        bos_token_id=BOS_ID, decoder_start_token_id=BOS_ID, forced_eos_token_id=EOS_ID,
+    )
+
+
+def import_transformers():
+    """Import ``transformers`` without its optional torchaudio hook.
+
+    fairseq pins a torchaudio whose compiled extension may not match the installed torch;
+    transformers imports torchaudio whenever it is installed, and a broken one makes
+    ``MarianMTModel`` unimportable. The benchmark needs no audio, so the check is answered
+    'not available'.
+    """
+    import transformers.utils.import_utils as iu
+
+    iu.is_torchaudio_available = lambda: False
+    import transformers.utils as tu
+
+    tu.is_torchaudio_available = lambda: False
+    import transformers
+
+    return transformers
+
+
+def port_to_marian(model: Any, size: str):
+    """A ``MarianMTModel`` holding our model's weights (same ids; positions overwritten)."""
+    import_transformers()
+    from transformers import MarianMTModel
+
+    cfg = model.cfg
+    mcfg = marian_config(size, model.vocab_size, int(cfg.max_positions))
+    mm = MarianMTModel(mcfg)
+    ours = {k: v.detach() for k, v in model.state_dict().items()}
+    d = cfg.d_model
+    sd: dict[str, torch.Tensor] = {}
+    emb = ours["embed_tokens.weight"]
+    for k in ("model.shared.weight", "model.encoder.embed_tokens.weight",
+              "model.decoder.embed_tokens.weight", "lm_head.weight"):
+        sd[k] = emb
+    table = sinusoid_rows(model, int(cfg.max_positions))
+    sd["model.encoder.embed_positions.weight"] = table
+    sd["model.decoder.embed_positions.weight"] = table
+
+    def copy(dst: str, src: str) -> None:
+        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
+
+    def split(dst: str, w: torch.Tensor, b: torch.Tensor, names: list[str]) -> None:
+        for name, wi, bi in zip(names, w.split(d, 0), b.split(d, 0)):
+            sd[f"{dst}.{name}.weight"], sd[f"{dst}.{name}.bias"] = wi, bi
+
+    for i in range(cfg.encoder_layers):
+        o, m = f"encoder_layers.{i}", f"model.encoder.layers.{i}"
+        split(f"{m}.self_attn", ours[f"{o}.self_attn.in_proj.weight"],
+              ours[f"{o}.self_attn.in_proj.bias"], ["q_proj", "k_proj", "v_proj"])
+        copy(f"{m}.self_attn.out_proj", f"{o}.self_attn.out_proj")
+        copy(f"{m}.self_attn_layer_norm", f"{o}.self_attn_norm")
+        copy(f"{m}.fc1", f"{o}.ffn.w_1")
+        copy(f"{m}.fc2", f"{o}.ffn.w_2")
+        copy(f"{m}.final_layer_norm", f"{o}.ffn_norm")
+    for i in range(cfg.decoder_layers):
+        o, m = f"decoder_layers.{i}", f"model.decoder.layers.{i}"
+        split(f"{m}.self_attn", ours[f"{o}.self_attn.in_proj.weight"],
+              ours[f"{o}.self_attn.in_proj.bias"], ["q_proj", "k_proj", "v_proj"])
+        copy(f"{m}.self_attn.out_proj", f"{o}.self_attn.out_proj")
+        copy(f"{m}.self_attn_layer_norm", f"{o}.self_attn_norm")
+        copy(f"{m}.encoder_attn.q_proj", f"{o}.cross_attn.q_proj")
+        split(f"{m}.encoder_attn", ours[f"{o}.cross_attn.kv_proj.weight"],
+              ours[f"{o}.cross_attn.kv_proj.bias"], ["k_proj", "v_proj"])
+        copy(f"{m}.encoder_attn.out_proj", f"{o}.cross_attn.out_proj")
+        copy(f"{m}.encoder_attn_layer_norm", f"{o}.cross_attn_norm")
+        copy(f"{m}.fc1", f"{o}.ffn.w_1")
+        copy(f"{m}.fc2", f"{o}.ffn.w_2")
+        copy(f"{m}.final_layer_norm", f"{o}.ffn_norm")
+    own = mm.state_dict()
+    unexpected = [k for k in sd if k not in own]
+    missing = [k for k in own if k not in sd and k != "final_logits_bias"]
+    if missing or unexpected:
+        raise RuntimeError(f"Marian port: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    with torch.no_grad():
+        for k, v in sd.items():
+            own[k].copy_(v)
+        mm.final_logits_bias.zero_()
+    return mm.eval()
