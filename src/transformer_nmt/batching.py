@@ -582,8 +582,13 @@ def build_dataloader(
     sampler: LengthBucketSampler,
     num_workers: int = 0,
     pin_memory: bool = False,
+    generator: torch.Generator | None = None,
 ) -> DataLoader:
     """A ``DataLoader`` over ``dataset`` with ``sampler`` as its batch sampler.
+
+    ``generator``: a private RNG for the loader (worker seeds). The training loop passes one
+    so that creating a loader iterator never draws from the global torch RNG: dropout after
+    a resume then matches an uninterrupted run.
 
     It yields :class:`Batch` objects, or None for the ``[]`` padding batches of a rank
     with no data left (the training loop treats None as "no data on this rank in this
@@ -601,4 +606,5 @@ def build_dataloader(
         collate_fn=collate,
         num_workers=num_workers,
         pin_memory=pin_memory,
+        generator=generator,
     )

@@ -57,13 +57,20 @@ from torch.utils.data import DataLoader
 
 from transformer_nmt import checkpoint as ckpt_lib
 from transformer_nmt import distributed
-from transformer_nmt.batching import Batch, LengthBucketSampler, ParallelDataset, collate
+from transformer_nmt.batching import (
+    Batch,
+    LengthBucketSampler,
+    ParallelDataset,
+    build_dataloader,
+    collate,
+)
 from transformer_nmt.binarize import TokenDataset
 from transformer_nmt.config import PAD_ID
 from transformer_nmt.fileio import atomic_write, bin_prefix, raw_path, spm_model_path
 from transformer_nmt.loss import label_smoothed_nll_loss
 from transformer_nmt.model import Transformer
 from transformer_nmt.optim import build_optimizer, build_scheduler
+from transformer_nmt.translate import autocast_context
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +102,6 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     if requested == "auto":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return requested
-
-
-def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """``torch.autocast`` for bf16 / fp16, a null context for fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def _grad_scaler(enabled: bool):
@@ -254,20 +253,6 @@ def load_split(cfg: Any, split: str) -> ParallelDataset:
     src = TokenDataset(bin_prefix(d, split, d.src_lang))
     tgt = TokenDataset(bin_prefix(d, split, d.tgt_lang))
     return ParallelDataset(src, tgt)
-
-
-def _loader(dataset: ParallelDataset, sampler: LengthBucketSampler, num_workers: int,
-            pin_memory: bool, seed: int) -> DataLoader:
-    # A private generator: creating an iterator must not draw from the global torch RNG,
-    # or dropout after a resume would differ from an uninterrupted run.
-    return DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        collate_fn=collate,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        generator=torch.Generator().manual_seed(seed),
-    )
 
 
 def _dummy_batch() -> Batch:
@@ -630,8 +615,11 @@ def _train(cfg: Any, info: distributed.DistInfo) -> dict[str, Any]:
         rank=info.rank, world_size=info.world_size, skip_too_long=True,
     )
     pin = device.type == "cuda"
-    train_loader = _loader(train_set, sampler, int(t_cfg.num_workers), pin, seed)
-    valid_loader = _loader(valid_set, valid_sampler, 0, pin, seed)
+    # Private generators: creating a loader iterator must not draw from the global torch RNG.
+    train_loader = build_dataloader(train_set, sampler, int(t_cfg.num_workers), pin,
+                                    generator=torch.Generator().manual_seed(seed))
+    valid_loader = build_dataloader(valid_set, valid_sampler, 0, pin,
+                                    generator=torch.Generator().manual_seed(seed))
     update_freq = int(t_cfg.update_freq)
     steps_per_epoch = math.ceil(len(sampler) / update_freq)
     log.info(
