@@ -17,9 +17,8 @@ from omegaconf import OmegaConf
 
 from transformer_nmt.beam_search import beam_search
 from transformer_nmt.bpe import SentencePieceTokenizer, train_spm
-from transformer_nmt.checkpoint import load_checkpoint, save_checkpoint
+from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
 from transformer_nmt.cli import compose
-from transformer_nmt.cli.average import average_run
 from transformer_nmt.config import EOS_ID, DecodeConfig
 from transformer_nmt.evaluate import evaluate
 from transformer_nmt.fileio import raw_path, spm_model_path

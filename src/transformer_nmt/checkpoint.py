@@ -24,6 +24,7 @@ through a temporary file and a rename.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.fileio import atomic_path
+
+log = logging.getLogger(__name__)
 
 _STEP_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
 AVERAGED_NAME = "averaged.pt"
@@ -145,6 +148,54 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
         k: (v / n).to(reference[k].dtype) if reference[k].is_floating_point() else v
         for k, v in total.items()
     }
+
+
+def average_run(cfg: Any) -> Path:
+    """Average checkpoints into ``<run_dir>/checkpoints/averaged.pt``.
+
+    Which files: ``cfg.decode.average_checkpoints`` when given, else the last
+    ``cfg.decode.average_last`` step checkpoints of ``cfg.run_dir`` (fewer, with a warning,
+    when the run has fewer). The output holds ``"model"`` (the mean in float64, cast back),
+    ``"config"``, ``"vocab_size"`` and ``"step"`` of the newest input (highest step) and
+    ``"averaged_from"`` (the input file names, oldest first), so translate and evaluate load
+    it like any checkpoint.
+
+    Returns:
+        The path written.
+
+    Raises:
+        FileNotFoundError: no checkpoint to average (names the folder) or a named file missing.
+        ValueError: checkpoints with different keys or shapes (from
+            :func:`transformer_nmt.checkpoint.average_checkpoints`, naming them).
+    """
+    folder = checkpoint_dir(cfg.run_dir)
+    if cfg.decode.average_checkpoints:
+        paths = [Path(p) for p in cfg.decode.average_checkpoints]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"decode.average_checkpoints: not found: {missing}")
+    else:
+        available = step_checkpoints(cfg.run_dir)
+        if not available:
+            raise FileNotFoundError(f"no checkpoint_<step>.pt in {folder} to average")
+        n = int(cfg.decode.average_last)
+        if len(available) < n:
+            log.warning("decode.average_last=%d but %s holds only %d checkpoints; averaging those",
+                        n, folder, len(available))
+        paths = available[-n:]
+    metas = [load_checkpoint(p) for p in paths]
+    newest = max(range(len(paths)), key=lambda i: (int(metas[i].get("step") or 0), i))
+    state = {
+        "model": average_checkpoints(paths),
+        "config": metas[newest]["config"],
+        "vocab_size": metas[newest]["vocab_size"],
+        "step": metas[newest].get("step"),
+        "averaged_from": [p.name for p in paths],
+    }
+    out = folder / AVERAGED_NAME
+    save_checkpoint(out, state)
+    log.info("averaged %d checkpoints (%s) into %s", len(paths), ", ".join(p.name for p in paths), out)
+    return out
 
 
 def config_of(checkpoint: dict[str, Any]) -> DictConfig:

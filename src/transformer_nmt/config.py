@@ -246,10 +246,6 @@ _CHOICES = {
     ("data", "encoding_errors"): ("strict", "replace"),
     ("data", "unicode_form"): ("NFC", "NFKC", "NFD", "NFKD", "none"),
     ("data", "spm_model_type"): ("bpe", "unigram"),
-    ("model", "norm"): ("post", "pre"),
-    ("model", "share_embeddings"): ("all", "decoder", "none"),
-    ("model", "positions"): ("sinusoidal", "learned"),
-    ("model", "init"): ("xavier",),
     ("trainer", "precision"): ("auto", "fp32", "bf16", "fp16"),
     ("decode", "lenpen_form"): ("gnmt", "fairseq"),
     ("decode", "precision"): ("fp32", "bf16", "fp16"),
@@ -270,21 +266,12 @@ def validate(cfg: Any) -> None:
         value = getattr(getattr(cfg, group), key)
         if value not in allowed:
             errors.append(f"{group}.{key}={value!r} is not one of {list(allowed)}")
-    m = cfg.model
-    for key in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
-        if getattr(m, key) <= 0:
-            errors.append(f"model.{key}={getattr(m, key)} must be positive")
-    if m.heads > 0 and m.d_model % m.heads != 0 and (m.d_k is None or m.d_v is None):
-        errors.append(
-            f"model.d_model={m.d_model} is not divisible by model.heads={m.heads}; "
-            "set model.d_k and model.d_v explicitly or change the sizes"
-        )
-    for key in ("d_k", "d_v"):
-        if getattr(m, key) is not None and getattr(m, key) <= 0:
-            errors.append(f"model.{key}={getattr(m, key)} must be positive")
-    for key in ("dropout", "attention_dropout", "activation_dropout"):
-        if not 0.0 <= getattr(m, key) < 1.0:
-            errors.append(f"model.{key}={getattr(m, key)} must be in [0, 1)")
+    from transformer_nmt.model import validate_model_config  # model.py imports this module
+
+    try:
+        validate_model_config(cfg.model)
+    except ValueError as e:
+        errors.extend(line.strip() for line in str(e).splitlines()[1:])
     t = cfg.trainer
     for key in ("max_tokens", "update_freq", "warmup_steps", "keep_last"):
         if getattr(t, key) <= 0:

@@ -32,41 +32,8 @@ _FILE_MODE = 0o666 & ~_umask()
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
-    """Open a temporary file beside ``path``; rename it to ``path`` only if the block succeeds.
-
-    Args:
-        path: final file path; its parent folders are created.
-        mode: ``"w"`` (text, UTF-8 unless ``encoding`` is given) or ``"wb"``.
-        **kwargs: passed to :func:`open`.
-
-    Yields:
-        The open temporary file.
-
-    On an exception the temporary file is removed and the exception re-raised; ``path``
-    is left as it was.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if "b" not in mode:
-        kwargs.setdefault("encoding", "utf-8")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-@contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Like :func:`atomic_write` for code that writes a file by name (torch.save, numpy, spm).
+    """A temporary path beside ``path`` for code that writes a file by name (torch.save, spm).
 
     Yields a temporary path beside ``path``; renamed to ``path`` if the block succeeds.
     """
@@ -82,6 +49,29 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
+    """Open a temporary file beside ``path``; rename it to ``path`` only if the block succeeds.
+
+    Args:
+        path: final file path; its parent folders are created.
+        mode: ``"w"`` (text, UTF-8 unless ``encoding`` is given) or ``"wb"``.
+        **kwargs: passed to :func:`open`.
+
+    Yields:
+        The open temporary file.
+
+    On an exception the temporary file is removed and the exception re-raised; ``path``
+    is left as it was.
+    """
+    if "b" not in mode:
+        kwargs.setdefault("encoding", "utf-8")
+    with atomic_path(path) as tmp, open(tmp, mode, **kwargs) as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def is_up_to_date(outputs: list[Path], inputs: list[Path]) -> bool:
