@@ -86,6 +86,47 @@ def test_loss_gradient_matches_softmax_minus_target():
     assert torch.allclose(logits.grad, expected, atol=1e-6)
 
 
+def _reference_loss(logits, target, eps):
+    """The loss written with autograd-differentiated ops (the pre-fusion formulation)."""
+    lprobs = torch.log_softmax(logits.float(), -1)
+    keep = target != PAD_ID
+    nll = -lprobs.gather(-1, target.masked_fill(~keep, 0).unsqueeze(-1)).squeeze(-1)
+    smooth = -lprobs.sum(-1)
+    nll_sum = nll.masked_fill(~keep, 0.0).sum()
+    loss = (1 - eps) * nll_sum + eps / logits.size(-1) * smooth.masked_fill(~keep, 0.0).sum()
+    return loss, nll_sum
+
+
+@pytest.mark.parametrize("with_padding", [False, True])
+def test_fused_backward_matches_autograd_for_both_outputs(with_padding):
+    # Weighted sum of both returned values: checks the gradient of loss_sum and nll_sum.
+    torch.manual_seed(5)
+    logits = torch.randn(37, 50) * 3
+    target = torch.randint(4, 50, (37,))
+    if with_padding:
+        target[::5] = PAD_ID
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    loss, nll = label_smoothed_nll_loss(a, target, 0.1)
+    (0.7 * loss + 0.3 * nll).backward()
+    ref_loss, ref_nll = _reference_loss(b, target, 0.1)
+    (0.7 * ref_loss + 0.3 * ref_nll).backward()
+    assert torch.allclose(loss, ref_loss) and torch.allclose(nll, ref_nll)
+    assert torch.allclose(a.grad, b.grad, atol=1e-6)
+    if with_padding:
+        assert torch.all(a.grad[::5] == 0)
+
+
+def test_fused_backward_returns_logits_dtype_and_refuses_a_second_pass():
+    logits = torch.randn(6, 11).to(torch.bfloat16).requires_grad_()
+    target = torch.tensor([4, 5, 6, PAD_ID, 7, 8])
+    loss, _ = label_smoothed_nll_loss(logits, target, 0.1)
+    loss.backward(retain_graph=True)
+    assert logits.grad.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        loss.backward()
+
+
 def test_loss_rejects_bad_shapes():
     with pytest.raises(ValueError, match="logits"):
         label_smoothed_nll_loss(torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long), 0.1)

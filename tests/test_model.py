@@ -173,6 +173,19 @@ def test_target_padding_changes_no_real_output():
     torch.testing.assert_close(more_pad[:, :6], batched, atol=1e-5, rtol=0)
 
 
+def test_output_mask_selects_the_same_logits():
+    # Training projects only the real target positions; they must equal the full logits.
+    model = make_model()
+    src = random_batch([5, 3, 4], seed=10)
+    tgt = random_batch([6, 2, 4], seed=11)
+    keep = tgt.ne(PAD_ID)
+    with torch.no_grad():
+        full = model(src, tgt)  # (B, T, V)
+        selected = model(src, tgt, keep)  # (N, V)
+    assert selected.shape == (int(keep.sum()), model.vocab_size)
+    torch.testing.assert_close(selected, full[keep], atol=1e-5, rtol=0)
+
+
 def test_causal_mask_future_token_changes_no_earlier_logit():
     model = make_model()
     src = random_batch([6, 4], seed=10)

@@ -13,6 +13,15 @@ the padding class) ``eps / V``. The loss of one position is the cross-entropy
 Positions whose reference is ``ignore_index`` (padding) contribute nothing to either sum.
 Both returned values are **sums** over the non-padding positions: the training loop divides
 them once by the global count of non-padding target tokens of the optimizer step.
+
+The gradient is computed analytically in one pass over the (N, V) log-probabilities
+(:class:`_LabelSmoothedCrossEntropy`): for weights ``g_loss`` and ``g_nll`` of the two sums,
+
+    d/d logits = (g_loss + g_nll) * softmax(logits) - g_loss * eps / V
+                 - (g_loss * (1 - eps) + g_nll) * onehot(y)
+
+on real positions and zero on padding, instead of the chain of log_softmax, gather and sum
+backward kernels (each of which reads or writes a full (N, V) buffer).
 """
 
 from __future__ import annotations
@@ -21,6 +30,57 @@ import torch
 import torch.nn.functional as F
 
 from transformer_nmt.config import PAD_ID
+
+
+class _LabelSmoothedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy and NLL with the analytic backward above.
+
+    forward(logits (N, V) any float dtype, target (N,) long, epsilon, ignore_index)
+    -> (loss_sum, nll_sum), both 0-dim float32. The float32 log-probabilities are kept for
+    the backward, which turns them into the gradient in place: the graph can be
+    back-propagated through once (``retain_graph=True`` is refused).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target, epsilon, ignore_index):  # type: ignore[override]
+        vocab = logits.size(-1)
+        lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) float32
+        keep = target != ignore_index  # (N,) bool
+        all_real = bool(keep.all())
+        safe_target = target if all_real else target.masked_fill(~keep, 0)
+        nll = -lprobs.gather(dim=-1, index=safe_target.unsqueeze(-1)).squeeze(-1)  # (N,)
+        smooth = -lprobs.sum(dim=-1)  # (N,) sum over classes of -log p(v)
+        if not all_real:
+            nll = nll.masked_fill(~keep, 0.0)
+            smooth = smooth.masked_fill(~keep, 0.0)
+        nll_sum = nll.sum()
+        loss_sum = (1.0 - epsilon) * nll_sum + (epsilon / vocab) * smooth.sum()
+        ctx.save_for_backward(lprobs, safe_target, keep)
+        ctx.epsilon, ctx.all_real, ctx.logits_dtype = epsilon, all_real, logits.dtype
+        ctx.consumed = False
+        return loss_sum, nll_sum
+
+    @staticmethod
+    def backward(ctx, g_loss, g_nll):  # type: ignore[override]
+        if ctx.consumed:
+            raise RuntimeError(
+                "label_smoothed_nll_loss: backward called twice on one graph "
+                "(retain_graph=True is not supported)"
+            )
+        ctx.consumed = True
+        lprobs, target, keep = ctx.saved_tensors
+        eps, vocab = ctx.epsilon, lprobs.size(-1)
+        g_loss = g_loss.float() if g_loss is not None else torch.zeros((), device=lprobs.device)
+        g_nll = g_nll.float() if g_nll is not None else torch.zeros((), device=lprobs.device)
+        grad = lprobs.exp_().mul_(g_loss + g_nll)  # (N, V): softmax * (g_loss + g_nll)
+        grad.sub_(g_loss * (eps / vocab))
+        at_target = -(g_loss * (1.0 - eps) + g_nll)  # 0-dim
+        grad.scatter_add_(
+            -1, target.unsqueeze(-1), at_target.expand(target.size(0), 1).contiguous()
+        )
+        if not ctx.all_real:
+            grad.mul_(keep.unsqueeze(-1))
+        return grad.to(ctx.logits_dtype), None, None, None
 
 
 def label_smoothed_nll_loss(
@@ -32,7 +92,9 @@ def label_smoothed_nll_loss(
     """Summed label-smoothed cross-entropy and summed NLL over the non-padding positions.
 
     Computed in float32 whatever the dtype of ``logits`` (bf16/fp16 under autocast), with
-    ``log_softmax`` + ``gather`` + ``sum``: no (N, V) one-hot target is built.
+    ``log_softmax`` + ``gather`` + ``sum``: no (N, V) one-hot target is built. The backward
+    is the fused analytic gradient of the module docstring (one pass over (N, V)); the
+    gradient flows to ``logits`` only, once per graph.
 
     Args:
         logits: (N, V) unnormalised scores (any floating dtype).
@@ -55,14 +117,4 @@ def label_smoothed_nll_loss(
         )
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"label_smoothed_nll_loss: epsilon={epsilon} must be in [0, 1)")
-    vocab = logits.size(-1)
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) float32
-    keep = target != ignore_index  # (N,) bool
-    safe_target = target.masked_fill(~keep, 0).unsqueeze(-1)  # (N, 1)
-    nll = -lprobs.gather(dim=-1, index=safe_target).squeeze(-1)  # (N,)
-    smooth = -lprobs.sum(dim=-1)  # (N,) sum over classes of -log p(v)
-    nll = nll.masked_fill(~keep, 0.0)
-    smooth = smooth.masked_fill(~keep, 0.0)
-    nll_sum = nll.sum()
-    loss_sum = (1.0 - epsilon) * nll_sum + (epsilon / vocab) * smooth.sum()
-    return loss_sum, nll_sum
+    return _LabelSmoothedCrossEntropy.apply(logits, target, float(epsilon), int(ignore_index))

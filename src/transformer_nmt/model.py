@@ -653,6 +653,7 @@ class Transformer(nn.Module):
         memory: Tensor,
         cross_mask: Tensor | None,
         cache: DecoderCache | None,
+        output_mask: Tensor | None = None,
     ) -> Tensor:
         t = tgt_tokens.size(1)
         offset = cache.length if cache is not None else 0
@@ -669,17 +670,25 @@ class Transformer(nn.Module):
             x = self.decoder_norm(x)
         if cache is not None:
             cache.length += t
-        return self.output_projection(x)  # (B, t, V)
+        if output_mask is not None:
+            x = x[output_mask]  # (N, D): only the positions whose logits are wanted
+        return self.output_projection(x)  # (B, t, V), or (N, V) with output_mask
 
-    def forward(self, src_tokens: Tensor, tgt_in: Tensor) -> Tensor:
+    def forward(
+        self, src_tokens: Tensor, tgt_in: Tensor, output_mask: Tensor | None = None
+    ) -> Tensor:
         """Teacher-forced logits.
 
         Args:
             src_tokens: (B, S) long, source + eos, right-padded.
             tgt_in: (B, T) long, bos + target, right-padded.
+            output_mask: optional (B, T) bool; when given, the pre-softmax projection runs
+                only on the True positions (training passes the non-padding targets, which
+                saves the (V x D) product for every padding position).
 
         Returns:
-            logits (B, T, V).
+            logits (B, T, V), or (N, V) for the N True positions of ``output_mask`` in
+            row-major order.
         """
         memory, _, attn_mask = self._encode(src_tokens)
-        return self._decode(tgt_in, memory, attn_mask, None)
+        return self._decode(tgt_in, memory, attn_mask, None, output_mask)

@@ -318,13 +318,11 @@ def forward_backward(
         last = i == len(micro_batches) - 1
         sync_ctx = contextlib.nullcontext() if (last or no_sync is None) else no_sync()
         with sync_ctx:
+            keep = batch.tgt_out.ne(PAD_ID)  # (B, T): real target positions
             with autocast():
-                logits = model(batch.src_tokens, batch.tgt_in)  # (B, T, V)
+                logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V), N real
             loss, nll = label_smoothed_nll_loss(
-                logits.reshape(-1, logits.size(-1)),  # (B*T, V)
-                batch.tgt_out.reshape(-1),  # (B*T,)
-                epsilon,
-                ignore_index=PAD_ID,
+                logits, batch.tgt_out[keep], epsilon, ignore_index=PAD_ID  # (N,)
             )
             scaled = loss * weight
             if scaler is not None:
@@ -379,11 +377,10 @@ def validate_loss(
         if batch is None:
             continue
         batch = batch.to(device)
+        keep = batch.tgt_out.ne(PAD_ID)  # (B, T)
         with autocast():
-            logits = model(batch.src_tokens, batch.tgt_in)  # (B, T, V)
-        loss, nll = label_smoothed_nll_loss(
-            logits.reshape(-1, logits.size(-1)), batch.tgt_out.reshape(-1), epsilon
-        )
+            logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V)
+        loss, nll = label_smoothed_nll_loss(logits, batch.tgt_out[keep], epsilon)
         sums += torch.stack([loss.double(), nll.double(), torch.tensor(
             float(batch.ntokens), dtype=torch.float64, device=device)])
     distributed.all_reduce_sum(sums)
