@@ -289,6 +289,27 @@ class DecoderCache:
 # --------------------------------------------------------------------------------------
 
 
+def _single_query_attention(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
+) -> Tensor:
+    """softmax(q k^T / sqrt(d_k)) v for one query per row (a cached decoding step).
+
+    The same function as SDPA (section 3.2.1) written as two batched matmuls: on CPU the
+    flash kernel's blocking costs more than it saves for a single query.
+
+    Args:
+        q: (B, H, 1, Dk); k: (B, H, L, Dk); v: (B, H, L, Dv).
+        attn_mask: bool, broadcastable to (B, H, 1, L), True = may attend; or None.
+
+    Returns:
+        (B, H, 1, Dv).
+    """
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, 1, L)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -375,10 +396,13 @@ class MultiHeadAttention(nn.Module):
                 k, v = self._heads(k, self.d_k), self._heads(v, self.d_v)  # (B, H, S, Dk|Dv)
                 if cache is not None:
                     cache.cross_k[layer], cache.cross_v[layer] = k, v
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-            dropout_p=self.attention_dropout if self.training else 0.0,
-        )  # (B, H, t, Dv)
+        if t == 1 and not self.training and x.device.type == "cpu":
+            out = _single_query_attention(q, k, v, attn_mask)  # (B, H, 1, Dv)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                dropout_p=self.attention_dropout if self.training else 0.0,
+            )  # (B, H, t, Dv)
         out = out.transpose(1, 2).reshape(b, t, h_v)  # (B, H, t, Dv) -> (B, t, H*Dv)
         return self.out_proj(out)
 
