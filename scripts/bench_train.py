@@ -64,6 +64,7 @@ def run_ours(args, out: Path) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would resume
     overrides = [
         "experiment=multi30k_en_de", f"model={args.size}", "name=bench_ours",
+        f"model.dropout={bc.DROPOUT[args.size]}",  # the experiment's own value is for its budget
         f"run_dir={run_dir}", f"trainer.max_steps={args.steps}", "trainer.log_every_steps=1",
         "trainer.validate_every_steps=null", "trainer.save_every_steps=null",
         "trainer.save_every_minutes=null", f"trainer.max_tokens={args.max_tokens}",
