@@ -305,6 +305,49 @@ def sinusoid_rows(model: Any, n: int) -> torch.Tensor:
     return model.src_positions(n, 0).detach().clone()
 
 
+def layer_state_dict(
+    ours: dict[str, torch.Tensor], cfg: Any, enc_prefix: str, dec_prefix: str
+) -> dict[str, torch.Tensor]:
+    """Our encoder/decoder layer weights under fairseq's layer names (Marian uses the same).
+
+    W^Q, W^K, W^V (and the cross-attention W^K, W^V) are split out of our fused projections.
+
+    Args:
+        ours: our model's state dict (detached tensors).
+        cfg: its model config (layer counts, d_model).
+        enc_prefix, dec_prefix: where the peer keeps its layers, e.g. ``encoder.layers``.
+    """
+    d = cfg.d_model
+    sd: dict[str, torch.Tensor] = {}
+
+    def copy(dst: str, src: str) -> None:
+        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
+
+    def split(dst: str, src: str, names: list[str]) -> None:
+        weights, biases = ours[f"{src}.weight"].split(d, 0), ours[f"{src}.bias"].split(d, 0)
+        for name, wi, bi in zip(names, weights, biases):
+            sd[f"{dst}.{name}.weight"], sd[f"{dst}.{name}.bias"] = wi, bi
+
+    def self_attn_and_ffn(o: str, m: str) -> None:
+        split(f"{m}.self_attn", f"{o}.self_attn.in_proj", ["q_proj", "k_proj", "v_proj"])
+        copy(f"{m}.self_attn.out_proj", f"{o}.self_attn.out_proj")
+        copy(f"{m}.self_attn_layer_norm", f"{o}.self_attn_norm")
+        copy(f"{m}.fc1", f"{o}.ffn.w_1")
+        copy(f"{m}.fc2", f"{o}.ffn.w_2")
+        copy(f"{m}.final_layer_norm", f"{o}.ffn_norm")
+
+    for i in range(cfg.encoder_layers):
+        self_attn_and_ffn(f"encoder_layers.{i}", f"{enc_prefix}.{i}")
+    for i in range(cfg.decoder_layers):
+        o, m = f"decoder_layers.{i}", f"{dec_prefix}.{i}"
+        self_attn_and_ffn(o, m)
+        copy(f"{m}.encoder_attn.q_proj", f"{o}.cross_attn.q_proj")
+        split(f"{m}.encoder_attn", f"{o}.cross_attn.kv_proj", ["k_proj", "v_proj"])
+        copy(f"{m}.encoder_attn.out_proj", f"{o}.cross_attn.out_proj")
+        copy(f"{m}.encoder_attn_layer_norm", f"{o}.cross_attn_norm")
+    return sd
+
+
 def port_to_fairseq(model: Any, fairseq_data: Path, max_positions: int = 1024):
     """A fairseq ``TransformerModel`` holding the weights of our (post-norm, tied) model.
 
@@ -342,43 +385,13 @@ def port_to_fairseq(model: Any, fairseq_data: Path, max_positions: int = 1024):
 
     fs = TransformerModel.build_model(args, _Task())
     ours = {k: v.detach() for k, v in model.state_dict().items()}
-    d = cfg.d_model
     sd: dict[str, torch.Tensor] = {}
     emb = ours["embed_tokens.weight"][fairseq_permutation(model.vocab_size)]
     sd["encoder.embed_tokens.weight"] = emb
     sd["decoder.embed_tokens.weight"] = emb
     sd["decoder.output_projection.weight"] = emb
 
-    def split3(prefix_out: str, w: torch.Tensor, b: torch.Tensor, names: list[str]) -> None:
-        for name, wi, bi in zip(names, w.split(d, 0), b.split(d, 0)):
-            sd[f"{prefix_out}.{name}.weight"], sd[f"{prefix_out}.{name}.bias"] = wi, bi
-
-    def copy(dst: str, src: str) -> None:
-        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
-
-    for i in range(cfg.encoder_layers):
-        o, f = f"encoder_layers.{i}", f"encoder.layers.{i}"
-        split3(f"{f}.self_attn", ours[f"{o}.self_attn.in_proj.weight"],
-               ours[f"{o}.self_attn.in_proj.bias"], ["q_proj", "k_proj", "v_proj"])
-        copy(f"{f}.self_attn.out_proj", f"{o}.self_attn.out_proj")
-        copy(f"{f}.self_attn_layer_norm", f"{o}.self_attn_norm")
-        copy(f"{f}.fc1", f"{o}.ffn.w_1")
-        copy(f"{f}.fc2", f"{o}.ffn.w_2")
-        copy(f"{f}.final_layer_norm", f"{o}.ffn_norm")
-    for i in range(cfg.decoder_layers):
-        o, f = f"decoder_layers.{i}", f"decoder.layers.{i}"
-        split3(f"{f}.self_attn", ours[f"{o}.self_attn.in_proj.weight"],
-               ours[f"{o}.self_attn.in_proj.bias"], ["q_proj", "k_proj", "v_proj"])
-        copy(f"{f}.self_attn.out_proj", f"{o}.self_attn.out_proj")
-        copy(f"{f}.self_attn_layer_norm", f"{o}.self_attn_norm")
-        copy(f"{f}.encoder_attn.q_proj", f"{o}.cross_attn.q_proj")
-        split3(f"{f}.encoder_attn", ours[f"{o}.cross_attn.kv_proj.weight"],
-               ours[f"{o}.cross_attn.kv_proj.bias"], ["k_proj", "v_proj"])
-        copy(f"{f}.encoder_attn.out_proj", f"{o}.cross_attn.out_proj")
-        copy(f"{f}.encoder_attn_layer_norm", f"{o}.cross_attn_norm")
-        copy(f"{f}.fc1", f"{o}.ffn.w_1")
-        copy(f"{f}.fc2", f"{o}.ffn.w_2")
-        copy(f"{f}.final_layer_norm", f"{o}.ffn_norm")
+    sd.update(layer_state_dict(ours, cfg, "encoder.layers", "decoder.layers"))
     missing, unexpected = fs.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.endswith("embed_positions.weights")
                and not k.endswith("_float_tensor") and not k.endswith(".version")]
@@ -386,7 +399,7 @@ def port_to_fairseq(model: Any, fairseq_data: Path, max_positions: int = 1024):
         raise RuntimeError(f"fairseq port: missing {missing[:8]}, unexpected {unexpected[:8]}")
     pad = dictionary.pad()
     for part in (fs.encoder, fs.decoder):
-        table = torch.zeros(max_positions + pad + 1, d)
+        table = torch.zeros(max_positions + pad + 1, cfg.d_model)
         table[pad + 1:] = sinusoid_rows(model, max_positions)
         part.embed_positions.weights = table.to(part.embed_positions.weights)
     return fs.eval(), dictionary
@@ -436,7 +449,6 @@ def port_to_marian(model: Any, size: str):
     mcfg = marian_config(size, model.vocab_size, int(cfg.max_positions))
     mm = MarianMTModel(mcfg)
     ours = {k: v.detach() for k, v in model.state_dict().items()}
-    d = cfg.d_model
     sd: dict[str, torch.Tensor] = {}
     emb = ours["embed_tokens.weight"]
     for k in ("model.shared.weight", "model.encoder.embed_tokens.weight",
@@ -446,36 +458,7 @@ def port_to_marian(model: Any, size: str):
     sd["model.encoder.embed_positions.weight"] = table
     sd["model.decoder.embed_positions.weight"] = table
 
-    def copy(dst: str, src: str) -> None:
-        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
-
-    def split(dst: str, w: torch.Tensor, b: torch.Tensor, names: list[str]) -> None:
-        for name, wi, bi in zip(names, w.split(d, 0), b.split(d, 0)):
-            sd[f"{dst}.{name}.weight"], sd[f"{dst}.{name}.bias"] = wi, bi
-
-    for i in range(cfg.encoder_layers):
-        o, m = f"encoder_layers.{i}", f"model.encoder.layers.{i}"
-        split(f"{m}.self_attn", ours[f"{o}.self_attn.in_proj.weight"],
-              ours[f"{o}.self_attn.in_proj.bias"], ["q_proj", "k_proj", "v_proj"])
-        copy(f"{m}.self_attn.out_proj", f"{o}.self_attn.out_proj")
-        copy(f"{m}.self_attn_layer_norm", f"{o}.self_attn_norm")
-        copy(f"{m}.fc1", f"{o}.ffn.w_1")
-        copy(f"{m}.fc2", f"{o}.ffn.w_2")
-        copy(f"{m}.final_layer_norm", f"{o}.ffn_norm")
-    for i in range(cfg.decoder_layers):
-        o, m = f"decoder_layers.{i}", f"model.decoder.layers.{i}"
-        split(f"{m}.self_attn", ours[f"{o}.self_attn.in_proj.weight"],
-              ours[f"{o}.self_attn.in_proj.bias"], ["q_proj", "k_proj", "v_proj"])
-        copy(f"{m}.self_attn.out_proj", f"{o}.self_attn.out_proj")
-        copy(f"{m}.self_attn_layer_norm", f"{o}.self_attn_norm")
-        copy(f"{m}.encoder_attn.q_proj", f"{o}.cross_attn.q_proj")
-        split(f"{m}.encoder_attn", ours[f"{o}.cross_attn.kv_proj.weight"],
-              ours[f"{o}.cross_attn.kv_proj.bias"], ["k_proj", "v_proj"])
-        copy(f"{m}.encoder_attn.out_proj", f"{o}.cross_attn.out_proj")
-        copy(f"{m}.encoder_attn_layer_norm", f"{o}.cross_attn_norm")
-        copy(f"{m}.fc1", f"{o}.ffn.w_1")
-        copy(f"{m}.fc2", f"{o}.ffn.w_2")
-        copy(f"{m}.final_layer_norm", f"{o}.ffn_norm")
+    sd.update(layer_state_dict(ours, cfg, "model.encoder.layers", "model.decoder.layers"))
     own = mm.state_dict()
     unexpected = [k for k in sd if k not in own]
     missing = [k for k in own if k not in sd and k != "final_logits_bias"]

@@ -117,6 +117,23 @@ def test_fused_backward_matches_autograd_for_both_outputs(with_padding):
         assert torch.all(a.grad[::5] == 0)
 
 
+def test_ignore_index_none_equals_selecting_real_positions():
+    # The training step selects real targets itself and passes ignore_index=None.
+    torch.manual_seed(6)
+    logits = torch.randn(20, 30)
+    target = torch.randint(4, 30, (20,))
+    target[::4] = PAD_ID
+    keep = target != PAD_ID
+    a = logits.clone().requires_grad_()
+    b = logits[keep].clone().requires_grad_()
+    loss, nll = label_smoothed_nll_loss(a, target, 0.1)
+    loss.backward()
+    loss_sel, nll_sel = label_smoothed_nll_loss(b, target[keep], 0.1, ignore_index=None)
+    loss_sel.backward()
+    assert torch.allclose(loss, loss_sel) and torch.allclose(nll, nll_sel)
+    assert torch.allclose(a.grad[keep], b.grad, atol=1e-7)
+
+
 def test_fused_backward_returns_logits_dtype_and_refuses_a_second_pass():
     logits = torch.randn(6, 11).to(torch.bfloat16).requires_grad_()
     target = torch.tensor([4, 5, 6, PAD_ID, 7, 8])

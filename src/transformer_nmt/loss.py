@@ -45,8 +45,11 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, target, epsilon, ignore_index):  # type: ignore[override]
         vocab = logits.size(-1)
         lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) float32
-        keep = target != ignore_index  # (N,) bool
-        all_real = bool(keep.all())
+        if ignore_index is None:  # the caller guarantees real targets only: no mask, no sync
+            keep, all_real = target, True
+        else:
+            keep = target != ignore_index  # (N,) bool
+            all_real = bool(keep.all())
         safe_target = target if all_real else target.masked_fill(~keep, 0)
         nll = -lprobs.gather(dim=-1, index=safe_target.unsqueeze(-1)).squeeze(-1)  # (N,)
         smooth = -lprobs.sum(dim=-1)  # (N,) sum over classes of -log p(v)
@@ -87,7 +90,7 @@ def label_smoothed_nll_loss(
     logits: torch.Tensor,
     target: torch.Tensor,
     epsilon: float,
-    ignore_index: int = PAD_ID,
+    ignore_index: int | None = PAD_ID,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed label-smoothed cross-entropy and summed NLL over the non-padding positions.
 
@@ -100,7 +103,8 @@ def label_smoothed_nll_loss(
         logits: (N, V) unnormalised scores (any floating dtype).
         target: (N,) long reference ids; positions equal to ``ignore_index`` are ignored.
         epsilon: smoothing mass eps_ls in [0, 1), spread uniformly over all V classes.
-        ignore_index: id of the padding token.
+        ignore_index: id of the padding token; None when ``target`` holds real tokens only
+            (the training step selects them first), which skips the mask and its host sync.
 
     Returns:
         ``(loss_sum, nll_sum)``: 0-dim float32 tensors, summed (not averaged) over the
@@ -117,4 +121,5 @@ def label_smoothed_nll_loss(
         )
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"label_smoothed_nll_loss: epsilon={epsilon} must be in [0, 1)")
-    return _LabelSmoothedCrossEntropy.apply(logits, target, float(epsilon), int(ignore_index))
+    ignore = None if ignore_index is None else int(ignore_index)
+    return _LabelSmoothedCrossEntropy.apply(logits, target, float(epsilon), ignore)

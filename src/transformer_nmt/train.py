@@ -322,7 +322,7 @@ def forward_backward(
             with autocast():
                 logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V), N real
             loss, nll = label_smoothed_nll_loss(
-                logits, batch.tgt_out[keep], epsilon, ignore_index=PAD_ID  # (N,)
+                logits, batch.tgt_out[keep], epsilon, ignore_index=None  # (N,) real
             )
             scaled = loss * weight
             if scaler is not None:
@@ -380,7 +380,7 @@ def validate_loss(
         keep = batch.tgt_out.ne(PAD_ID)  # (B, T)
         with autocast():
             logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V)
-        loss, nll = label_smoothed_nll_loss(logits, batch.tgt_out[keep], epsilon)
+        loss, nll = label_smoothed_nll_loss(logits, batch.tgt_out[keep], epsilon, ignore_index=None)
         sums += torch.stack([loss.double(), nll.double(), torch.tensor(
             float(batch.ntokens), dtype=torch.float64, device=device)])
     distributed.all_reduce_sum(sums)
