@@ -11,10 +11,11 @@ One trained transformer-nmt checkpoint is decoded by
 The ports are exact (logits agree to ~1e-6, checked at start-up), so the three decode the
 same network; every toolkit gets the same sentences in the same batches (our
 ``LengthBucketSampler``, ``--max-tokens`` source tokens per batch), the same beam size,
-length penalty ``|Y|^alpha`` (the form the peers use) and maximum length
-``max_len_a * src_len + max_len_b``. Each toolkit's search keeps its own stopping rule:
-fairseq and Hugging Face (``early_stopping=True``) stop a sentence once K hypotheses are
-finished; ours stops once no live hypothesis can beat the best finished one.
+length penalty ``|Y|^alpha`` (the form the peers use), maximum length
+``max_len_a * src_len + max_len_b`` and stopping rule: a sentence stops once K hypotheses
+have finished (fairseq; Hugging Face ``early_stopping=True``; ours ``stopping="beam"``).
+``--stopping bound`` times ours with its exact default rule instead (no live hypothesis
+can beat the best finished one), which runs more decoder steps.
 
 The timed span covers SentencePiece encoding, search and decoding back to text, after a
 warm-up on ``--warmup-sentences`` sentences. Each toolkit runs in its own process (its own
@@ -51,7 +52,7 @@ from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig
 def decode_config(args) -> DecodeConfig:
     """The DecodeConfig shared by the three toolkits."""
     return DecodeConfig(
-        beam_size=args.beam, lenpen=args.lenpen, lenpen_form="fairseq",
+        beam_size=args.beam, lenpen=args.lenpen, lenpen_form="fairseq", stopping=args.stopping,
         max_len_a=args.max_len_a, max_len_b=args.max_len_b, max_tokens=args.max_tokens,
         precision=args.precision, device=args.device,
     )
@@ -186,6 +187,10 @@ def check_port(model, ported, kind: str) -> float:
 def worker(args) -> None:
     """Decode the input with one toolkit; write timings and translations as JSON."""
     torch.set_num_threads(args.threads)
+    if args.worker == "ours" or args.peers_retain_freed_memory:
+        from transformer_nmt.cli import retain_freed_memory
+
+        retain_freed_memory()  # as nmt-translate / nmt-evaluate do
     model, tokenizer = load(args)
     lines = bc.read_lines(args.input)[: args.sentences]
     port_diff = None
@@ -229,7 +234,10 @@ def profile_ours(args) -> None:
     """torch.profiler over our beam search on the first ``args.profile`` sentences."""
     from torch.profiler import ProfilerActivity, profile
 
+    from transformer_nmt.cli import retain_freed_memory
+
     torch.set_num_threads(args.threads)
+    retain_freed_memory()
     model, tokenizer = load(args)
     lines = bc.read_lines(args.input)[: args.profile]
     decode_ours(model, tokenizer, lines[:8], args)
@@ -266,6 +274,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup-sentences", type=int, default=16)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--lenpen", type=float, default=0.6)
+    p.add_argument("--peers-retain-freed-memory", action="store_true",
+                   help="run the peers with the glibc malloc settings our entry points use "
+                        "(transformer_nmt.cli.retain_freed_memory) too")
+    p.add_argument("--stopping", default="beam", choices=["beam", "bound"],
+                   help="our stopping rule: beam = the peers' (K finished hypotheses), "
+                        "bound = our exact default")
     p.add_argument("--max-len-a", type=float, default=1.0)
     p.add_argument("--max-len-b", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
@@ -308,9 +322,12 @@ def main(argv: list[str] | None = None) -> None:
     passthrough = ["--checkpoint", args.checkpoint, "--size", args.size, "--input", args.input,
                    "--sentences", str(args.sentences), "--warmup-sentences",
                    str(args.warmup_sentences), "--beam", str(args.beam), "--lenpen",
-                   str(args.lenpen), "--max-len-a", str(args.max_len_a), "--max-len-b",
-                   str(args.max_len_b), "--max-tokens", str(args.max_tokens), "--device",
-                   args.device, "--precision", args.precision, "--threads", str(args.threads)]
+                   str(args.lenpen), "--stopping", args.stopping, "--max-len-a",
+                   str(args.max_len_a), "--max-len-b", str(args.max_len_b), "--max-tokens",
+                   str(args.max_tokens), "--device", args.device, "--precision", args.precision,
+                   "--threads", str(args.threads)]
+    if args.peers_retain_freed_memory:
+        passthrough.append("--peers-retain-freed-memory")
     for name in args.toolkits.split(","):  # back to back, same conditions
         load_before = bc.machine_info()["load_average"]
         print(f"[bench_decode] {name}: start (load {load_before})", flush=True)

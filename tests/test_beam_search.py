@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import ClassVar
 
 import pytest
 import torch
@@ -61,29 +62,22 @@ class NoEarlyEos(torch.nn.Module):
         return logits
 
 
-class CrossFlagCache(DecoderCache):
-    """A cache whose ``reorder(indices, cross=False)`` leaves cross-attention K/V alone."""
+class RecordingCache(DecoderCache):
+    """A cache that records (target rows, source rows) after every ``reorder``."""
 
-    cross_reorders = 0
-    self_only_reorders = 0
+    seen: ClassVar[list[tuple[int, int]]] = []
 
-    def reorder(self, indices, cross: bool = True):
-        if cross:
-            CrossFlagCache.cross_reorders += 1
-            return super().reorder(indices)
-        CrossFlagCache.self_only_reorders += 1
-        for store in (self.self_k, self.self_v):
-            for i, x in enumerate(store):
-                if x is not None:
-                    store[i] = x.index_select(0, indices)
+    def reorder(self, indices, sources=None):
+        super().reorder(indices, sources)
+        RecordingCache.seen.append((indices.numel(), self.sources))
 
 
-class WithCrossFlagCache(NoEarlyEos):
+class WithRecordingCache(NoEarlyEos):
     def __init__(self, model):
         super().__init__(model, shift=0.0)
 
     def new_cache(self):
-        return CrossFlagCache(len(self.model.decoder_layers))
+        return RecordingCache(len(self.model.decoder_layers))
 
 
 def random_sources(lengths: list[int], seed: int = 1) -> torch.Tensor:
@@ -164,6 +158,56 @@ def test_large_beam_equals_exhaustive_search(lenpen, form):
         assert hyp.log_prob == pytest.approx(lp, abs=1e-5)
 
 
+@torch.no_grad()
+def reference_beam_stopping_at_k(model, src_row, k, lenpen, form, max_len):
+    """Textbook beam search for one sentence with fairseq's rule (stop once K hypotheses
+    have finished): no cache (every prefix re-decoded in full), every continuation scored."""
+    memory, src_mask = model.encode(src_row)
+    beams, finished = [([], 0.0)], []
+    for t in range(max_len + 1):
+        cands = []
+        for toks, score in beams:
+            tgt = torch.tensor([[BOS_ID] + toks])
+            lp = torch.log_softmax(model.decode(tgt, memory, src_mask)[0, -1].float(), -1)
+            lp[PAD_ID] = lp[BOS_ID] = -math.inf
+            if t == 0:
+                lp[EOS_ID] = -math.inf
+            if t == max_len:
+                lp[[i for i in range(lp.numel()) if i != EOS_ID]] = -math.inf
+            cands += [(score + float(lp[v]), toks, v) for v in range(lp.numel())]
+        cands.sort(key=lambda c: -c[0])
+        beams = []
+        for rank, (score, toks, v) in enumerate(cands[: 2 * k]):
+            if v == EOS_ID:
+                if rank < k and math.isfinite(score):
+                    finished.append((score / length_penalty(t + 1, lenpen, form), score, toks))
+            elif len(beams) < k:
+                beams.append((toks + [v], score))
+        finished = sorted(finished, key=lambda f: -f[0])[:k]
+        if len(finished) == k:
+            break
+    return finished
+
+
+@pytest.mark.parametrize("lenpen,form", [(0.6, "gnmt"), (1.0, "fairseq")])
+def test_stopping_at_k_finished_equals_reference(lenpen, form):
+    """``stopping="beam"`` (batched, cached, per-row top-k) equals the textbook search."""
+    model = NoEarlyEos(tiny_model(seed=12, vocab=24), shift=-2.5)  # eos likelier: stops early
+    lengths = [6, 2, 9, 4, 7]
+    src = random_sources(lengths, seed=8)
+    got = beam_search(model, src, beam_size=3, lenpen=lenpen, lenpen_form=form, max_len_a=1.0,
+                      max_len_b=3, nbest=3, stopping="beam")
+    for i, n in enumerate(lengths):
+        ref = reference_beam_stopping_at_k(model, src[i : i + 1, :n], 3, lenpen, form, n + 3)
+        assert [h.tokens for h in got[i]] == [toks for _, _, toks in ref]
+        assert [h.score for h in got[i]] == pytest.approx([sc for sc, _, _ in ref], abs=1e-5)
+        assert [h.log_prob for h in got[i]] == pytest.approx([lp for _, lp, _ in ref], abs=1e-5)
+    # most searches ended before the length limit, i.e. on the K-finished rule
+    assert sum(max(len(h.tokens) for h in hyps) < n + 3 for hyps, n in zip(got, lengths)) >= 3
+    with pytest.raises(ValueError, match="stopping"):
+        beam_search(model, src, stopping="never")
+
+
 def test_small_beam_scores_match_teacher_forcing():
     """The cache, beam reorder and batch shrinking keep every hypothesis' score exact."""
     model = tiny_model(seed=11, vocab=40)
@@ -196,18 +240,22 @@ def test_batched_equals_one_at_a_time(beam_size):
         )
 
 
-def test_beam_reorder_without_cross_kv_gives_same_results():
-    """Beams move only within their sentence, so cross-attention K/V need re-indexing only
-    when sentences join (first step) or leave the batch."""
+def test_beams_share_one_cross_attention_row_per_sentence():
+    """The cross-attention K/V keep one row per active sentence (never K copies), through
+    beam reorders and sentences leaving the batch; results as with the plain model."""
     model = tiny_model(seed=6, vocab=30)
     src = random_sources([9, 2, 6, 13, 4, 7], seed=3)
     kwargs = {"beam_size": 3, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 4, "nbest": 3}
+    RecordingCache.seen = []
+    recorded = beam_search(WithRecordingCache(model), src, **kwargs)
+    seen = RecordingCache.seen
+    assert seen[0] == (18, 6)  # first step: each sentence's row becomes 3 beams, K/V stay 6 rows
+    assert all(rows == 3 * sources for rows, sources in seen), seen
+    assert 0 < seen[-1][1] < 6  # finished sentences left the batch
     plain = beam_search(model, src, **kwargs)
-    flagged = beam_search(WithCrossFlagCache(model), src, **kwargs)
-    assert CrossFlagCache.self_only_reorders > 0 and CrossFlagCache.cross_reorders > 0
-    for a, b in zip(plain, flagged):
+    for a, b in zip(plain, recorded):
         assert [h.tokens for h in a] == [h.tokens for h in b]
-        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-6)
 
 
 def test_max_length_respected():

@@ -96,30 +96,49 @@ def test_cache_reorder_matches_reordered_forward(variant):
         cache = model.new_cache()
         for i in range(3):
             model.decode(tgt[:, i : i + 1], memory, src_mask, cache)
-        cache.reorder(order)
-        memory, src_mask = memory[order], src_mask[order]
+        cache.reorder(order, sources=order)
         after = [model.decode(tgt[order, i : i + 1], memory, src_mask, cache) for i in range(3, 7)]
         full = model(src[order], tgt[order])
     torch.testing.assert_close(torch.cat(after, 1), full[:, 3:], atol=1e-5, rtol=0)
 
 
-def test_reorder_within_sentences_may_skip_cross_attention():
-    model = make_model()
+@pytest.mark.parametrize("variant", ["post_sinusoidal", "pre_norm"])
+def test_beams_share_cross_attention_rows(variant):
+    """Two target rows per source row (beam search's layout) equal the full forward pass on
+    the repeated source: from the first call, after a reorder within sentences, and after
+    a sentence leaves."""
+    model = make_model(**VARIANTS[variant])
     src = random_batch([5, 3], seed=20)
     src2 = src.repeat_interleave(2, 0)  # two beams per sentence: rows 0, 1 | 2, 3
-    tgt = random_batch([5, 5, 5, 5], seed=21)
-    swap = torch.tensor([1, 1, 3, 2])  # every row stays within its sentence
+    tgt = random_batch([6, 6, 6, 6], seed=21)
     with torch.no_grad():
-        memory, src_mask = model.encode(src2)
+        memory, src_mask = model.encode(src)  # (2, S, D): one row per sentence
         cache = model.new_cache()
-        for i in range(2):
-            model.decode(tgt[:, i : i + 1], memory, src_mask, cache)
-        cache.reorder(swap, cross=False)
-        after = [model.decode(tgt[swap, i : i + 1], memory, src_mask, cache) for i in (2, 3, 4)]
+        first = [model.decode(tgt[:, i : i + 1], memory, src_mask, cache) for i in (0, 1)]
+        assert cache.sources == 2 and cache.cross_k[0].size(0) == 2
+        torch.testing.assert_close(torch.cat(first, 1), model(src2, tgt)[:, :2], atol=1e-5, rtol=0)
+
+        swap = torch.tensor([1, 1, 3, 2])  # every row stays within its sentence
+        cache.reorder(swap)
+        after = [model.decode(tgt[swap, i : i + 1], memory, src_mask, cache) for i in (2, 3)]
         full = model(src2[swap], tgt[swap])
-        torch.testing.assert_close(torch.cat(after, 1), full[:, 2:], atol=1e-5, rtol=0)
-        with pytest.raises(ValueError, match="cross=True"):
-            cache.reorder(torch.tensor([0, 2]), cross=False)
+        torch.testing.assert_close(torch.cat(after, 1), full[:, 2:4], atol=1e-5, rtol=0)
+
+        cache.reorder(torch.tensor([2, 3]), sources=torch.tensor([1]))  # sentence 0 leaves
+        order = swap[2:]
+        last = [model.decode(tgt[order, i : i + 1], memory, src_mask, cache) for i in (4, 5)]
+        full = model(src2[order], tgt[order])
+        torch.testing.assert_close(torch.cat(last, 1), full[:, 4:], atol=1e-5, rtol=0)
+        assert cache.sources == 1
+
+        with pytest.raises(ValueError, match="multiple"):
+            cache.reorder(torch.tensor([0, 1, 0]), sources=torch.tensor([0, 0]))
+        with pytest.raises(ValueError, match="holds 2 target rows"):
+            model.decode(tgt[:3, :1], memory, src_mask, cache)
+        with pytest.raises(ValueError, match="cannot share"):
+            model.decode(tgt[:3, :1], memory, src_mask, model.new_cache())  # 3 rows, 2 sources
+        with pytest.raises(ValueError, match="cannot share"):
+            model.decode(tgt[:, :1], memory, src_mask)  # no cache: one source row per row
 
 
 def test_cross_attention_kv_computed_once():

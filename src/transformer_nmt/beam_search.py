@@ -21,18 +21,23 @@ hypotheses that finish and beat what their sentence already has):
     1. One decoder call on the last token of every live beam, (A*W, 1) -> log-probabilities
        (A*W, V) in fp32; ``pad`` and ``bos`` are never generated, ``eos`` is barred before
        ``min_len`` tokens and forced once a sentence reaches its maximum length.
-    2. Cumulative scores (A, W*V); the top C = 2K of them per sentence. At most K of these
-       end in ``eos`` (one per beam), so at least K continue.
+    2. The best C = 2K tokens of every beam (per-row top-k over V), then the best C of the
+       W*C cumulative scores of each sentence: the same candidates as a top-k over all
+       W*V continuations (a sentence's best C continuations are each among their own
+       beam's best C) without materialising the (A, W*V) sums. At most K of them end in
+       ``eos`` (one per beam), so at least K continue.
     3. Candidates ending in ``eos`` that rank among the top K of their sentence become
        finished hypotheses (with K = 1 this is exactly greedy decoding).
     4. The best K candidates not ending in ``eos`` form the next beam.
-    5. A sentence stops (early termination) once no live hypothesis can beat its
-       ``nbest``-th finished one, see :func:`_best_possible_score`. Its rows are dropped:
-       the cache is re-indexed with ``DecoderCache.reorder`` on the kept rows (beam reorder
-       and dropping finished sentences in one ``index_select``), so finished sentences cost
-       nothing afterwards. On steps where no sentence leaves, a cache whose ``reorder``
-       takes ``cross=False`` re-indexes only the self-attention K/V: the beams of a sentence
-       share one set of cross-attention K/V, which a beam reorder leaves valid.
+    5. A sentence stops (``stopping="bound"``, the default) once no live hypothesis can beat
+       its ``nbest``-th finished one, see :func:`_best_possible_score`; or
+       (``stopping="beam"``, fairseq's and Hugging Face's rule) once K hypotheses have
+       finished. Its rows are dropped: ``DecoderCache.reorder`` re-indexes the
+       self-attention K/V on the kept rows (beam reorder and dropping finished sentences
+       in one gather) and the cross-attention K/V on the kept sentences, so finished
+       sentences cost nothing afterwards. The cross-attention K/V hold one row per
+       sentence, shared by its K beams (the encoder memory is never copied K times), so a
+       beam reorder leaves them alone.
 
 Scores. A hypothesis Y (|Y| tokens counting its final ``eos``) has log-probability
 log P(Y | X) and score log P(Y | X) / lp(|Y|), with the length penalty of
@@ -48,7 +53,6 @@ most ``max_len = int(max_len_a * src_len + max_len_b)`` tokens before its ``eos`
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +63,7 @@ from torch import Tensor
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
 
 LENPEN_FORMS = ("gnmt", "fairseq")
+STOPPING_RULES = ("bound", "beam")
 
 
 @dataclass
@@ -147,20 +152,6 @@ def _best_possible_score(
     return log_prob / lp_long.clamp(min=lp_short)
 
 
-def _reorder_takes_cross_flag(cache: Any) -> bool:
-    """Whether ``cache.reorder`` accepts ``cross=False`` (reorder self-attention K/V only).
-
-    All beams of a sentence share the same cross-attention K/V (computed from the same
-    encoder memory row), so a beam reorder that keeps every row within its sentence leaves
-    them valid; only dropping finished sentences (or the first step's K-fold copy) needs
-    them re-indexed. With a cache that lacks the flag every step re-indexes everything.
-    """
-    try:
-        return "cross" in inspect.signature(cache.reorder).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class _Finished:
     """The best ``n`` finished hypotheses of one sentence (a short list kept sorted)."""
 
@@ -197,6 +188,7 @@ def beam_search(
     max_len_b: int = 50,
     nbest: int = 1,
     min_len: int = 1,
+    stopping: str = "bound",
 ) -> list[list[Hypothesis]]:
     """Translate a batch with beam search (paper section 6.1).
 
@@ -213,13 +205,18 @@ def beam_search(
             tokens (see the module docstring).
         nbest: hypotheses returned per sentence (<= beam_size).
         min_len: ``eos`` is barred before this many tokens (1: no empty outputs).
+        stopping: ``bound``: a sentence stops once no live hypothesis can beat its
+            ``nbest``-th finished one (exact under the length limit; tensor2tensor's rule);
+            ``beam``: once ``beam_size`` hypotheses have finished (fairseq, Hugging Face
+            ``early_stopping=True``).
 
     Returns:
         For each of the B sentences, its best ``nbest`` hypotheses, best first (fewer only
         when fewer distinct hypotheses exist under the length limits).
 
     Raises:
-        ValueError: on bad ``beam_size``/``nbest``/``lenpen_form`` or a non-2D input.
+        ValueError: on bad ``beam_size``/``nbest``/``lenpen_form``/``stopping`` or a non-2D
+            input.
     """
     if src_tokens.dim() != 2:
         raise ValueError(f"src_tokens must be (B, S), got shape {tuple(src_tokens.shape)}")
@@ -229,17 +226,20 @@ def beam_search(
         raise ValueError(f"nbest={nbest} must be in [1, beam_size={beam_size}]")
     if lenpen_form not in LENPEN_FORMS:
         raise ValueError(f"lenpen_form={lenpen_form!r} is not one of {list(LENPEN_FORMS)}")
+    if stopping not in STOPPING_RULES:
+        raise ValueError(f"stopping={stopping!r} is not one of {list(STOPPING_RULES)}")
     bsz = src_tokens.size(0)
     if bsz == 0:
         return []
     device = src_tokens.device
     k = beam_size
+    count_finished = stopping == "beam"
 
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
-    cache = model.new_cache()
-    cross_flag = _reorder_takes_cross_flag(cache)
+    cache = model.new_cache()  # cross-attention K/V: one row per active sentence
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
-    finished = [_Finished(nbest) for _ in range(bsz)]
+    # "beam" keeps the best K finished hypotheses (it stops at K), "bound" the best nbest.
+    finished = [_Finished(k if count_finished else nbest) for _ in range(bsz)]
 
     # State of the A active sentences, W beams each (W = 1 before the first step).
     sent_ids = torch.arange(bsz, device=device)  # (A,) original sentence index
@@ -248,6 +248,7 @@ def beam_search(
     history = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (A*W, t)
     last = torch.full((bsz, 1), BOS_ID, dtype=torch.long, device=device)  # (A*W, 1)
     thresholds = torch.full((bsz,), -math.inf, device=device)  # (A,) n-th best finished
+    n_finished = torch.zeros(bsz, dtype=torch.long, device=device)  # (A,) "beam" only
 
     t = 0
     while sent_ids.numel() > 0:
@@ -266,11 +267,13 @@ def beam_search(
             lprobs[rows] = -math.inf
             lprobs[rows, EOS_ID] = eos_lp
 
-        cand = (scores.unsqueeze(2) + lprobs.view(n_act, width, vocab)).view(n_act, -1)  # (A, W*V)
-        n_cand = min(2 * k, width * vocab)
-        cand_scores, cand_idx = cand.topk(n_cand, dim=1)  # (A, C), sorted best first
-        cand_beams = cand_idx // vocab  # (A, C) beam within the sentence
-        cand_tokens = cand_idx % vocab  # (A, C)
+        per_row = min(2 * k, vocab)
+        row_lp, row_tokens = lprobs.topk(per_row, dim=1)  # (A*W, C'), sorted best first
+        cand = (scores.view(-1, 1) + row_lp).view(n_act, width * per_row)  # (A, W*C')
+        n_cand = min(2 * k, width * per_row)
+        cand_scores, cand_pos = cand.topk(n_cand, dim=1)  # (A, C), sorted best first
+        cand_beams = cand_pos // per_row  # (A, C) beam within the sentence
+        cand_tokens = row_tokens.view(n_act, -1).gather(1, cand_pos)  # (A, C)
         is_eos = cand_tokens.eq(EOS_ID)  # (A, C)
 
         # --- finished hypotheses: eos among the top K, better than the sentence's n-th best
@@ -285,13 +288,16 @@ def beam_search(
             toks = history.index_select(0, src_rows).tolist()  # F lists of t tokens
             lps = cand_scores[a_idx, c_idx].tolist()
             norm = fin_scores[a_idx, c_idx].tolist()
-            touched: dict[int, float] = {}
+            touched: dict[int, _Finished] = {}
             for a, tok, lp_, sc in zip(a_idx.tolist(), toks, lps, norm):
                 box = finished[sent_list[a]]
                 box.add(Hypothesis(tokens=tok, score=sc, log_prob=lp_))
-                touched[a] = box.threshold()
+                touched[a] = box
             idx = torch.tensor(list(touched), dtype=torch.long, device=device)
-            thresholds[idx] = torch.tensor(list(touched.values()), device=device)
+            boxes = touched.values()
+            thresholds[idx] = torch.tensor([b.threshold() for b in boxes], device=device)
+            if count_finished:
+                n_finished[idx] = torch.tensor([len(b.hyps) for b in boxes], device=device)
 
         # --- next beam: the best K candidates that do not end in eos
         live_scores = cand_scores.masked_fill(is_eos, -math.inf)  # (A, C)
@@ -306,31 +312,24 @@ def beam_search(
         new_beams = cand_beams.gather(1, sel)  # (A, K)
         new_tokens = cand_tokens.gather(1, sel)  # (A, K)
 
-        # --- early termination (exact bound) and dropping finished sentences
-        bound = _best_possible_score(new_scores[:, 0], t + 1, max_len, lenpen, lenpen_form)
-        done = bound <= thresholds  # (A,); all-dead beams give -inf <= anything
+        # --- early termination and dropping finished sentences
+        if count_finished:  # K finished hypotheses (or no live beam left)
+            done = n_finished.ge(k) | new_scores[:, 0].eq(-math.inf)  # (A,)
+        else:  # exact bound; all-dead beams give -inf <= anything
+            bound = _best_possible_score(new_scores[:, 0], t + 1, max_len, lenpen, lenpen_form)
+            done = bound <= thresholds  # (A,)
         rows = (torch.arange(n_act, device=device) * width).unsqueeze(1) + new_beams  # (A, K)
-        sentences_changed = width != k  # first step: each sentence's row is copied K times
+        keep = None
         if bool(done.any()):
-            sentences_changed = True
             keep = (~done).nonzero().squeeze(1)  # (A',)
             rows, new_scores, new_tokens = rows[keep], new_scores[keep], new_tokens[keep]
             sent_ids, max_len, thresholds = sent_ids[keep], max_len[keep], thresholds[keep]
+            n_finished = n_finished[keep]
             sent_list = sent_ids.tolist()
-            flat_rows = rows.reshape(-1)  # (A'*K,)
-            memory = memory.index_select(0, flat_rows)  # (A'*K, S, D)
-            src_mask = src_mask.index_select(0, flat_rows)  # (A'*K, S)
-        else:
-            flat_rows = rows.reshape(-1)  # (A*K,)
-            if width != k:
-                memory = memory.index_select(0, flat_rows)  # (A*K, S, D)
-                src_mask = src_mask.index_select(0, flat_rows)  # (A*K, S)
         if sent_ids.numel() == 0:
             break
-        if sentences_changed or not cross_flag:
-            cache.reorder(flat_rows)
-        else:  # beams moved within their sentences: cross-attention K/V rows stay valid
-            cache.reorder(flat_rows, cross=False)
+        flat_rows = rows.reshape(-1)  # (A'*K,)
+        cache.reorder(flat_rows, sources=keep)
         history = torch.cat(
             [history.index_select(0, flat_rows), new_tokens.reshape(-1, 1)], dim=1
         )  # (A'*K, t + 1)
@@ -338,13 +337,13 @@ def beam_search(
         scores = new_scores  # (A', K)
         t += 1
 
-    return [_result(box) for box in finished]
+    return [_result(box, nbest) for box in finished]
 
 
-def _result(box: _Finished) -> list[Hypothesis]:
-    """The sentence's hypotheses, best first; an empty hypothesis if none finished."""
+def _result(box: _Finished, nbest: int) -> list[Hypothesis]:
+    """The sentence's best ``nbest`` hypotheses, best first; an empty one if none finished."""
     if box.hyps:
-        return list(box.hyps)
+        return box.hyps[:nbest]
     return [Hypothesis(tokens=[], score=-math.inf, log_prob=-math.inf)]
 
 
@@ -411,9 +410,7 @@ def greedy_search(
                 break
             sent_ids, max_len = sent_ids[keep], max_len[keep]
             history, log_probs, best = history[keep], log_probs[keep], best[keep]
-            memory = memory.index_select(0, keep)  # (A', S, D)
-            src_mask = src_mask.index_select(0, keep)  # (A', S)
-            cache.reorder(keep)
+            cache.reorder(keep, sources=keep)
         last = best.unsqueeze(1)  # (A, 1)
         t += 1
     return out

@@ -202,6 +202,11 @@ class DecodeConfig:
     max_len_b: int = 50
     """Maximum output length = max_len_a * source length + max_len_b."""
     nbest: int = 1
+    stopping: str = "bound"
+    """When a sentence's search ends: ``bound`` once no live hypothesis can beat its best
+    finished one (exact; tensor2tensor's rule, with the length penalty at the maximum
+    length); ``beam`` once ``beam_size`` hypotheses have finished (fairseq, Hugging Face
+    ``early_stopping=True``; fewer steps, not exact)."""
     max_tokens: int = 8000
     """Source tokens per decoding batch."""
     max_input_tokens: int = 1000
@@ -248,6 +253,7 @@ _CHOICES = {
     ("data", "spm_model_type"): ("bpe", "unigram"),
     ("trainer", "precision"): ("auto", "fp32", "bf16", "fp16"),
     ("decode", "lenpen_form"): ("gnmt", "fairseq"),
+    ("decode", "stopping"): ("bound", "beam"),
     ("decode", "precision"): ("fp32", "bf16", "fp16"),
 }
 

@@ -171,8 +171,8 @@ def evaluate(cfg: Any) -> dict[str, Any]:
         "num_checkpoints_averaged": len(averaged) if averaged is not None else None,
         "decode": {
             k: getattr(cfg.decode, k)
-            for k in ("beam_size", "lenpen", "lenpen_form", "max_len_a", "max_len_b", "nbest",
-                      "max_tokens", "max_input_tokens", "precision")
+            for k in ("beam_size", "lenpen", "lenpen_form", "stopping", "max_len_a",
+                      "max_len_b", "nbest", "max_tokens", "max_input_tokens", "precision")
         },
         "device": str(device),
         "test_sets": test_sets,

@@ -216,72 +216,143 @@ class LearnedPositions(nn.Module):
 class DecoderCache:
     """Keys and values kept between incremental decoder calls (one sentence batch).
 
-    Per decoder layer: self-attention K (B, H, L, Dk) and V (B, H, L, Dv), grown by
-    ``torch.cat`` along L at every call; cross-attention K (B, H, S, Dk) and V (B, H, S, Dv),
-    computed from the encoder memory on the first call and reused. ``torch.cat`` was chosen
-    over a preallocated buffer: beam search reorders the cache at every step, which copies
-    the K/V anyway, so a buffer saves no copy and makes SDPA read a strided view
-    (docs/model.md records the timings).
+    Per decoder layer: self-attention K (R, H, L, Dk) and V (R, H, L, Dv) for the R target
+    rows; cross-attention K (N, H, S, Dk) and V (N, H, S, Dv) for the N source rows,
+    computed from the encoder memory on the first call and reused. R is a multiple of N and
+    target row r reads source row r // (R / N): the K beams of a sentence share one copy of
+    its cross-attention K/V (beam search keeps R = N x K), which a beam reorder never has
+    to touch.
+
+    The self-attention K/V live in buffers with room for more positions than L (capacity
+    doubles when full): a step writes its new position in place, and attention reads the
+    first L + t positions as a view. :meth:`reorder` is lazy: the next
+    :meth:`append_self` of each layer gathers the kept rows into a fresh buffer with one
+    ``index_select`` (the only copy of the cached K/V per beam-search step; growing by
+    ``torch.cat`` and then re-indexing copied them twice, docs/model.md has the timings).
+    Inference only: the buffers are written in place, which autograd does not allow.
 
     Attributes:
         length: target positions already decoded (L); the next call starts at this position.
-        cross_attn_mask: (B, 1, 1, S) bool or None, the source padding mask for
+        cross_attn_mask: (N, 1, 1, S) bool or None, the source padding mask for
             cross-attention, computed once with the cross K/V.
     """
 
     def __init__(self, num_layers: int) -> None:
         self.length = 0
-        self.self_k: list[Tensor | None] = [None] * num_layers
-        self.self_v: list[Tensor | None] = [None] * num_layers
+        # Per layer: two (rows, H, capacity, Dk|Dv) K/V buffer pairs used in turn (a reorder
+        # gathers from one into the other, so steady-state steps allocate nothing), the
+        # index of the pair in use, the rows in use, and a row order not yet applied.
+        self._buffers: list[list[tuple[Tensor, Tensor] | None]] = [
+            [None, None] for _ in range(num_layers)
+        ]
+        self._current = [0] * num_layers
+        self._rows = [0] * num_layers
+        self._pending: list[Tensor | None] = [None] * num_layers
         self.cross_k: list[Tensor | None] = [None] * num_layers
         self.cross_v: list[Tensor | None] = [None] * num_layers
         self.cross_attn_mask: Tensor | None = None
         self.has_memory = False
 
+    @property
+    def sources(self) -> int | None:
+        """N, the source rows held by the cross-attention K/V (None before the first call)."""
+        k = next((x for x in self.cross_k if x is not None), None)
+        return None if k is None else k.size(0)
+
+    def _buffer_pair(
+        self, layer: int, slot: int, rows: int, capacity: int, k: Tensor, v: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Buffer pair ``slot`` of ``layer`` with at least ``rows`` rows and ``capacity`` positions."""
+        pair = self._buffers[layer][slot]
+        if pair is None or pair[0].size(0) < rows or pair[0].size(2) < capacity:
+            if pair is not None:
+                rows = max(rows, pair[0].size(0))
+            pair = (
+                k.new_empty(rows, k.size(1), capacity, k.size(3)),
+                v.new_empty(rows, v.size(1), capacity, v.size(3)),
+            )
+            self._buffers[layer][slot] = pair
+        return pair
+
     def append_self(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append new self-attention keys (B, H, t, Dk) and values (B, H, t, Dv).
+        """Append new self-attention keys (R, H, t, Dk) and values (R, H, t, Dv).
 
         Returns:
-            All keys (B, H, L + t, Dk) and values (B, H, L + t, Dv) of this layer.
-        """
-        old_k, old_v = self.self_k[layer], self.self_v[layer]
-        if old_k is not None:
-            k = torch.cat([old_k, k], dim=2)  # (B, H, L + t, Dk)
-            v = torch.cat([old_v, v], dim=2)  # (B, H, L + t, Dv)
-        self.self_k[layer], self.self_v[layer] = k, v
-        return k, v
-
-    @torch.no_grad()
-    def reorder(self, indices: Tensor, cross: bool = True) -> None:
-        """Select batch rows of every cached tensor (beam reorder, dropping finished rows).
-
-        Args:
-            indices: (B',) long, rows of the current batch to keep, in their new order;
-                B' may be smaller or larger than B and may repeat rows.
-            cross: also re-index the cross-attention K/V and source mask. Beam search may
-                pass False when every row moves to a row of the same sentence (all beams of
-                a sentence hold identical cross K/V), which saves that copy.
+            All keys (R, H, L + t, Dk) and values (R, H, L + t, Dv) of this layer (views of
+            the buffers, valid until the next call).
 
         Raises:
-            ValueError: ``cross=False`` with a B' different from B (the cross-attention
-                K/V would no longer line up with the rows).
+            ValueError: R differs from the rows the cache holds (after any reorder).
         """
-        if not cross:
-            rows = next((x.size(0) for x in self.self_k if x is not None), None)
-            if rows is not None and indices.numel() != rows:
+        order, rows = self._pending[layer], k.size(0)
+        start = self.length
+        end = start + k.size(2)
+        if start > 0:
+            held = self._rows[layer] if order is None else order.numel()
+            if rows != held:
                 raise ValueError(
-                    f"DecoderCache.reorder(cross=False) needs {rows} indices (one per cached "
-                    f"row), got {indices.numel()}; pass cross=True when rows are added or dropped"
+                    f"decoder cache holds {held} target rows, the decode call brought "
+                    f"{rows}; reorder the cache to the new rows first"
                 )
-        stores = [self.self_k, self.self_v]
-        if cross:
-            stores += [self.cross_k, self.cross_v]
-            if self.cross_attn_mask is not None:
-                self.cross_attn_mask = self.cross_attn_mask.index_select(0, indices)
-        for store in stores:
+        cur = self._current[layer]
+        pair = self._buffers[layer][cur]
+        capacity = 0 if pair is None else pair[0].size(2)
+        if order is not None or end > capacity or (pair is not None and pair[0].size(0) < rows):
+            new_capacity = capacity if end <= capacity else max(end, 2 * capacity, 16)
+            nxt = 1 - cur
+            new_k, new_v = self._buffer_pair(layer, nxt, rows, new_capacity, k, v)
+            if start > 0:
+                old_k, old_v = pair[0][: self._rows[layer], :, :start], pair[1][: self._rows[layer], :, :start]
+                if order is None:
+                    new_k[:rows, :, :start].copy_(old_k)
+                    new_v[:rows, :, :start].copy_(old_v)
+                else:  # the one copy of a reorder: gather the kept rows into the other pair
+                    torch.index_select(old_k, 0, order, out=new_k[:rows, :, :start])
+                    torch.index_select(old_v, 0, order, out=new_v[:rows, :, :start])
+            self._current[layer], self._pending[layer] = nxt, None
+            pair = (new_k, new_v)
+        self._rows[layer] = rows
+        buf_k, buf_v = pair[0][:rows], pair[1][:rows]
+        buf_k[:, :, start:end] = k
+        buf_v[:, :, start:end] = v
+        return buf_k[:, :, :end], buf_v[:, :, :end]  # (R, H, L + t, Dk|Dv)
+
+    @torch.no_grad()
+    def reorder(self, indices: Tensor, sources: Tensor | None = None) -> None:
+        """Select target rows (beam reorder) and, optionally, source rows (finished sentences).
+
+        Args:
+            indices: (R',) long, target rows of the current batch to keep, in their new order;
+                R' may be smaller or larger than R and may repeat rows. Each new row must
+                belong to the source row it is grouped with afterwards (row r reads source
+                r // (R' / N')): beam search only moves beams within their sentence. The
+                self-attention K/V are gathered lazily, by the next decode call.
+            sources: (N',) long, source rows of the cross-attention K/V (and source mask) to
+                keep, in their new order; None leaves them as they are.
+
+        Raises:
+            ValueError: when R' is not a multiple of N' (target rows could not be grouped
+                onto source rows).
+        """
+        n_src = self.sources if sources is None else sources.numel()
+        rows = indices.numel()
+        if n_src is not None and (rows % n_src if n_src else rows):
+            raise ValueError(
+                f"DecoderCache.reorder: {rows} target rows cannot be grouped onto {n_src} "
+                f"source rows (need a multiple); pass `sources` when sentences are added "
+                f"or dropped"
+            )
+        if self.length > 0:
+            for i, order in enumerate(self._pending):  # compose with a reorder not yet applied
+                self._pending[i] = indices if order is None else order.index_select(0, indices)
+        if sources is None:
+            return
+        if self.cross_attn_mask is not None:
+            self.cross_attn_mask = self.cross_attn_mask.index_select(0, sources)
+        for store in (self.cross_k, self.cross_v):
             for i, x in enumerate(store):
                 if x is not None:
-                    store[i] = x.index_select(0, indices)
+                    store[i] = x.index_select(0, sources)
 
 
 # --------------------------------------------------------------------------------------
@@ -289,22 +360,20 @@ class DecoderCache:
 # --------------------------------------------------------------------------------------
 
 
-def _single_query_attention(
-    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
-) -> Tensor:
-    """softmax(q k^T / sqrt(d_k)) v for one query per row (a cached decoding step).
+def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(d_k)) v for a few queries per row (cached decoding steps).
 
     The same function as SDPA (section 3.2.1) written as two batched matmuls: on CPU the
-    flash kernel's blocking costs more than it saves for a single query.
+    flash kernel's blocking costs more than it saves for one or a few queries.
 
     Args:
-        q: (B, H, 1, Dk); k: (B, H, L, Dk); v: (B, H, L, Dv).
-        attn_mask: bool, broadcastable to (B, H, 1, L), True = may attend; or None.
+        q: (B, H, n, Dk); k: (B, H, L, Dk); v: (B, H, L, Dv).
+        attn_mask: bool, broadcastable to (B, H, n, L), True = may attend; or None.
 
     Returns:
-        (B, H, 1, Dv).
+        (B, H, n, Dv).
     """
-    scores = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, 1, L)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, n, L)
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
     return torch.matmul(scores.softmax(dim=-1), v)
@@ -370,34 +439,58 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             x: (B, t, D) queries (and keys/values for self-attention).
-            memory: (B, S, D) encoder output; cross-attention only (unused when the cache
-                already holds this layer's cross K/V).
-            attn_mask: bool mask broadcastable to (B, H, t, keys), True = may attend, or None.
+            memory: (N, S, D) encoder output; cross-attention only (unused when the cache
+                already holds this layer's cross K/V). Without a cache N = B; with one, B
+                may be a multiple of N (B / N consecutive rows share a source row, see
+                :class:`DecoderCache`).
+            attn_mask: bool mask broadcastable to (B, H, t, keys), True = may attend, or
+                None; for grouped cross-attention (N, 1, 1, S).
             is_causal: let SDPA apply the causal mask itself (square self-attention only).
             cache: decoder cache; self-attention appends to it, cross-attention reads it.
             layer: index of this decoder layer in the cache.
 
         Returns:
             (B, t, D).
+
+        Raises:
+            ValueError: B is not a multiple of the cached source rows N.
         """
         b, t, _ = x.shape
         h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
+        cpu_step = not self.training and x.device.type == "cpu"
         if self.self_attention:
             q, k, v = self.in_proj(x).split([h_k, h_k, h_v], dim=-1)  # 3 x (B, t, H*Dk|H*Dv)
             q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
             if cache is not None:
                 k, v = cache.append_self(layer, k, v)  # (B, H, L + t, Dk|Dv)
         else:
-            q = self._heads(self.q_proj(x), self.d_k)  # (B, H, t, Dk)
             if cache is not None and cache.cross_k[layer] is not None:
-                k, v = cache.cross_k[layer], cache.cross_v[layer]
+                k, v = cache.cross_k[layer], cache.cross_v[layer]  # (N, H, S, Dk|Dv)
             else:
-                k, v = self.kv_proj(memory).split([h_k, h_v], dim=-1)  # (B, S, H*Dk|H*Dv)
-                k, v = self._heads(k, self.d_k), self._heads(v, self.d_v)  # (B, H, S, Dk|Dv)
+                k, v = self.kv_proj(memory).split([h_k, h_v], dim=-1)  # (N, S, H*Dk|H*Dv)
+                k, v = self._heads(k, self.d_k), self._heads(v, self.d_v)  # (N, H, S, Dk|Dv)
                 if cache is not None:
                     cache.cross_k[layer], cache.cross_v[layer] = k, v
-        if t == 1 and not self.training and x.device.type == "cpu":
-            out = _single_query_attention(q, k, v, attn_mask)  # (B, H, 1, Dv)
+            n_src = k.size(0)
+            if n_src != b:
+                if cache is None or b % n_src:
+                    raise ValueError(
+                        f"encoder-decoder attention: {b} target rows cannot share {n_src} "
+                        f"source rows (a cached decode needs a multiple, B / N rows each)"
+                    )
+                # The B / N target rows of a source row become B / N * t queries of one row.
+                g = b // n_src
+                q = self.q_proj(x).view(n_src, g, t, self.heads, self.d_k)
+                q = q.permute(0, 3, 1, 2, 4).reshape(n_src, self.heads, g * t, self.d_k)
+                if cpu_step:
+                    out = _matmul_attention(q, k, v, attn_mask)  # (N, H, g*t, Dv)
+                else:
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+                out = out.view(n_src, self.heads, g, t, self.d_v).permute(0, 2, 3, 1, 4)
+                return self.out_proj(out.reshape(b, t, h_v))  # (N, H, g, t, Dv) -> (B, t, H*Dv)
+            q = self._heads(self.q_proj(x), self.d_k)  # (B, H, t, Dk)
+        if t == 1 and cpu_step:
+            out = _matmul_attention(q, k, v, attn_mask)  # (B, H, 1, Dv)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,
@@ -657,12 +750,19 @@ class Transformer(nn.Module):
             tgt_tokens: (B, t) long. Without a cache, the whole target prefix (positions
                 0 .. t-1, causal mask). With a cache, only the new position(s); their
                 positions continue from ``cache.length``, and the cache grows by t.
-            memory: (B, S, D) from :meth:`encode` (read only on the cache's first call).
-            src_mask: (B, S) bool, True = real source token.
+            memory: (N, S, D) from :meth:`encode` (read only on the cache's first call).
+                N = B, or, with a cache, any N dividing B: then rows
+                r * B/N .. (r+1) * B/N - 1 of ``tgt_tokens`` all translate source row r
+                (the beams of one sentence) and share its cross-attention K/V.
+            src_mask: (N, S) bool, True = real source token.
             cache: from :meth:`new_cache`, or None.
 
         Returns:
             logits (B, t, V) (unnormalised; apply log_softmax for scores).
+
+        Raises:
+            ValueError: B is not a multiple of the source rows N (cached), or N != B
+                (without a cache).
         """
         if cache is None:
             return self._decode(tgt_tokens, memory, key_padding_attn_mask(src_mask), None)

@@ -133,6 +133,7 @@ def search(model: Any, src_tokens: torch.Tensor, decode_cfg: Any) -> list[list[H
         max_len_a=decode_cfg.max_len_a,
         max_len_b=decode_cfg.max_len_b,
         nbest=decode_cfg.nbest,
+        stopping=decode_cfg.stopping,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR
+from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory
 from transformer_nmt.config import validate
 from transformer_nmt.evaluate import evaluate
 
@@ -18,6 +18,7 @@ from transformer_nmt.evaluate import evaluate
 def main(cfg: DictConfig) -> None:
     """Validate the config and run :func:`transformer_nmt.evaluate.evaluate`."""
     validate(cfg)
+    retain_freed_memory()  # beam search allocates large tensors at every step
     evaluate(cfg)
 
 

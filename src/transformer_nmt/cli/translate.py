@@ -13,7 +13,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR
+from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory
 from transformer_nmt.config import validate
 from transformer_nmt.translate import translate
 
@@ -30,6 +30,7 @@ def main(cfg: DictConfig) -> None:
     """Validate the config and run :func:`transformer_nmt.translate.translate`."""
     _log_to_stderr()
     validate(cfg)
+    retain_freed_memory()  # beam search allocates large tensors at every step
     translate(cfg)
 
 
