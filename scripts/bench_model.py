@@ -10,6 +10,7 @@ Examples::
     python scripts/bench_model.py --device cpu --iterations 3 --warmup 1
     python scripts/bench_model.py --preset big --device cuda --iterations 20
     python scripts/bench_model.py --decode --device cpu   # incremental decoding steps
+    python scripts/bench_model.py --cache-ops --threads 2  # K/V cache update per layer and step
 
 Prints target tokens per second and peak memory (CUDA: torch.cuda.max_memory_allocated;
 CPU: the process's peak resident set size, which includes the Python runtime).
@@ -18,6 +19,7 @@ CPU: the process's peak resident set size, which includes the Python runtime).
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import resource
 import time
@@ -27,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from transformer_nmt.cli import retain_freed_memory
 from transformer_nmt.config import BOS_ID, ModelConfig
-from transformer_nmt.model import Transformer
+from transformer_nmt.model import DecoderCache, Transformer
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
 
@@ -92,11 +95,54 @@ def bench_decode(model: Transformer, args, device: torch.device, dtype: torch.dt
             for _ in range(args.tgt_len):
                 logits = model.decode(token, memory, src_mask, cache)  # (B, 1, V)
                 token = logits[:, -1].argmax(-1, keepdim=True)[order]
-                cache.reorder(order)
+                cache.reorder(order, sources=order)  # rows and their sources move together
             sync(device)
             if it >= args.warmup:
                 times.append((time.perf_counter() - start) / args.tgt_len)
     return sum(times) / len(times)
+
+
+def bench_cache_ops(args) -> None:
+    """One layer's self-attention K/V update per beam-search step, append + reorder.
+
+    ``DecoderCache`` (gather the kept rows into its other buffer pair, write the new slot)
+    against growing by ``torch.cat`` and re-indexing with ``index_select`` (two copies into
+    fresh tensors), for 4 heads of d_k 64, with glibc set to keep freed memory as
+    nmt-translate does.
+    """
+    retain_freed_memory()
+    heads, d_k = 4, 64
+    g = torch.Generator().manual_seed(0)
+
+    def timed(fn) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(args.iterations):
+            fn()
+        return (time.perf_counter() - start) / args.iterations * 1e3
+
+    print("| rows x cached positions | torch.cat then index_select | DecoderCache |")
+    print("|---|---:|---:|")
+    for rows, length in [(2400, 10), (2400, 30), (400, 60)]:
+        k_old, v_old = (torch.randn(rows, heads, length, d_k, generator=g) for _ in range(2))
+        k_new, v_new = (torch.randn(rows, heads, 1, d_k, generator=g) for _ in range(2))
+        order = torch.randint(0, rows, (rows,), generator=g)
+        concat = functools.partial(_concat_then_select, k_old, v_old, k_new, v_new, order)
+        cache = DecoderCache(1)
+        cache.append_self(0, k_old, v_old)
+        cache.length = length  # every call appends position `length` again
+        buffered = functools.partial(_cache_update, cache, k_new, v_new, order)
+        print(f"| {rows:,} x {length} | {timed(concat):.2f} ms | {timed(buffered):.2f} ms |")
+
+
+def _concat_then_select(k_old, v_old, k_new, v_new, order) -> None:
+    torch.cat([k_old, k_new], 2).index_select(0, order)
+    torch.cat([v_old, v_new], 2).index_select(0, order)
+
+
+def _cache_update(cache: DecoderCache, k_new, v_new, order) -> None:
+    cache.reorder(order)
+    cache.append_self(0, k_new, v_new)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,7 +160,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--decode", action="store_true",
                    help="time cached decoder steps (with a reorder each step) instead of training")
+    p.add_argument("--cache-ops", action="store_true",
+                   help="time the decoder cache's K/V update per layer and step against "
+                        "torch.cat + index_select")
     args = p.parse_args(argv)
+    if args.cache_ops:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        bench_cache_ops(args)
+        return
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)

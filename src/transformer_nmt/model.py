@@ -228,7 +228,7 @@ class DecoderCache:
     first L + t positions as a view. :meth:`reorder` is lazy: the next
     :meth:`append_self` of each layer gathers the kept rows into a fresh buffer with one
     ``index_select`` (the only copy of the cached K/V per beam-search step; growing by
-    ``torch.cat`` and then re-indexing copied them twice, docs/model.md has the timings).
+    ``torch.cat`` and then re-indexing would copy them twice, docs/model.md has the timings).
     Inference only: the buffers are written in place, which autograd does not allow.
 
     Attributes:
@@ -297,18 +297,20 @@ class DecoderCache:
         cur = self._current[layer]
         pair = self._buffers[layer][cur]
         capacity = 0 if pair is None else pair[0].size(2)
-        if order is not None or end > capacity or (pair is not None and pair[0].size(0) < rows):
+        if order is not None or end > capacity:
             new_capacity = capacity if end <= capacity else max(end, 2 * capacity, 16)
             nxt = 1 - cur
             new_k, new_v = self._buffer_pair(layer, nxt, rows, new_capacity, k, v)
             if start > 0:
-                old_k, old_v = pair[0][: self._rows[layer], :, :start], pair[1][: self._rows[layer], :, :start]
-                if order is None:
-                    new_k[:rows, :, :start].copy_(old_k)
-                    new_v[:rows, :, :start].copy_(old_v)
-                else:  # the one copy of a reorder: gather the kept rows into the other pair
-                    torch.index_select(old_k, 0, order, out=new_k[:rows, :, :start])
-                    torch.index_select(old_v, 0, order, out=new_v[:rows, :, :start])
+                held = self._rows[layer]
+                for old, new in ((pair[0][:held, :, :start], new_k[:rows, :, :start]),
+                                 (pair[1][:held, :, :start], new_v[:rows, :, :start])):
+                    if order is None:
+                        new.copy_(old)
+                    elif k.device.type == "cpu":  # one copy: gather straight into the buffer
+                        torch.index_select(old, 0, order, out=new)
+                    else:
+                        new.copy_(old.index_select(0, order))
             self._current[layer], self._pending[layer] = nxt, None
             pair = (new_k, new_v)
         self._rows[layer] = rows
