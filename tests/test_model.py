@@ -102,12 +102,17 @@ def test_cache_reorder_matches_reordered_forward(variant):
     torch.testing.assert_close(torch.cat(after, 1), full[:, 3:], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("variant", ["post_sinusoidal", "pre_norm"])
-def test_beams_share_cross_attention_rows(variant):
+@pytest.mark.parametrize("path", ["matmul", "sdpa"])
+@pytest.mark.parametrize("variant", ["post_sinusoidal", "pre_norm", "dk_ne_dv"])
+def test_beams_share_cross_attention_rows(variant, path):
     """Two target rows per source row (beam search's layout) equal the full forward pass on
     the repeated source: from the first call, after a reorder within sentences, and after
-    a sentence leaves."""
+    a sentence leaves. ``sdpa``: training mode with dropout 0 takes the SDPA branch that
+    GPUs use instead of the CPU inference matmuls."""
     model = make_model(**VARIANTS[variant])
+    if path == "sdpa":
+        no_dropout = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+        model = make_model(**VARIANTS[variant], **no_dropout).train()
     src = random_batch([5, 3], seed=20)
     src2 = src.repeat_interleave(2, 0)  # two beams per sentence: rows 0, 1 | 2, 3
     tgt = random_batch([6, 6, 6, 6], seed=21)
