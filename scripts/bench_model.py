@@ -11,6 +11,7 @@ Examples::
     python scripts/bench_model.py --preset big --device cuda --iterations 20
     python scripts/bench_model.py --decode --device cpu   # incremental decoding steps
     python scripts/bench_model.py --cache-ops --threads 2  # K/V cache update per layer and step
+    python scripts/bench_model.py --adam --preset tiny --vocab 8000 --threads 2  # optimizer step
 
 Prints target tokens per second and peak memory (CUDA: torch.cuda.max_memory_allocated;
 CPU: the process's peak resident set size, which includes the Python runtime).
@@ -102,6 +103,23 @@ def bench_decode(model: Transformer, args, device: torch.device, dtype: torch.dt
     return sum(times) / len(times)
 
 
+def bench_adam(model: Transformer, args) -> None:
+    """One Adam step over the model's parameters: PyTorch's per-tensor loop vs the fused kernel."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    for label, options in (("per-tensor loop (foreach=False)", {"foreach": False}),
+                           ("foreach", {"foreach": True}), ("fused", {"fused": True})):
+        opt = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **options)
+        for _ in range(args.warmup):
+            opt.step()
+        start = time.perf_counter()
+        for _ in range(args.iterations):
+            opt.step()
+        ms = (time.perf_counter() - start) / args.iterations * 1e3
+        print(f"Adam, {label}: {ms:.1f} ms per step")
+
+
 def bench_cache_ops(args) -> None:
     """One layer's self-attention K/V update per beam-search step, append + reorder.
 
@@ -160,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--decode", action="store_true",
                    help="time cached decoder steps (with a reorder each step) instead of training")
+    p.add_argument("--adam", action="store_true",
+                   help="time one Adam step over the preset's parameters (loop, foreach, fused)")
     p.add_argument("--cache-ops", action="store_true",
                    help="time the decoder cache's K/V update per layer and step against "
                         "torch.cat + index_select")
@@ -188,6 +208,9 @@ def main(argv: list[str] | None = None) -> None:
           f"threads {torch.get_num_threads()}, precision {precision}")
     print(f"{args.preset}: {model.num_parameters():,} parameters, batch {args.batch} x "
           f"{args.src_len} source / {args.tgt_len} target tokens, vocab {args.vocab}")
+    if args.adam:
+        bench_adam(model, args)
+        return
     if args.decode:
         seconds = bench_decode(model, args, device, dtype)
         print(f"decode step: {seconds * 1e3:.1f} ms for {args.batch} sentences "

@@ -41,15 +41,17 @@ def build_optimizer(model: torch.nn.Module, trainer_cfg: Any) -> torch.optim.Ada
     """Adam with the paper's betas and epsilon (section 5.3) over all trainable parameters.
 
     The base learning rate is 1.0: :func:`build_scheduler` multiplies it by the schedule,
-    so the effective rate is exactly :func:`inverse_sqrt_lr`. Uses the fused CUDA kernel
-    when the parameters live on a GPU.
+    so the effective rate is exactly :func:`inverse_sqrt_lr`. Uses PyTorch's fused Adam
+    kernel (one pass over each parameter per step) when the parameters live on a GPU or the
+    CPU; on the 2-core CPU of docs/benchmarks.md it updates the 7.6 M parameters of ``tiny``
+    several times faster than the default per-tensor loop.
 
     Args:
         model: the (plain) model whose parameters are optimised.
         trainer_cfg: ``cfg.trainer`` (``adam_betas``, ``adam_eps``, ``weight_decay``).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    on_cuda = bool(params) and params[0].is_cuda
+    fused = bool(params) and params[0].device.type in ("cuda", "cpu")
     betas = tuple(float(b) for b in trainer_cfg.adam_betas)
     return torch.optim.Adam(
         params,
@@ -57,7 +59,7 @@ def build_optimizer(model: torch.nn.Module, trainer_cfg: Any) -> torch.optim.Ada
         betas=betas,  # type: ignore[arg-type]
         eps=float(trainer_cfg.adam_eps),
         weight_decay=float(trainer_cfg.weight_decay),
-        fused=True if on_cuda else None,
+        fused=True if fused else None,
     )
 
 
