@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -232,6 +233,7 @@ def worker(args) -> None:
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     all_seconds = []
+    faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     if counts["decoder_calls"] is not None:
         counts.update(decoder_calls=0, row_steps=0)  # leave out the warm-up
     for _ in range(args.repeats):  # the same work each time; the fastest is least disturbed
@@ -241,10 +243,12 @@ def worker(args) -> None:
         sync(args)
         all_seconds.append(time.perf_counter() - start)
     seconds = min(all_seconds)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) // args.repeats
     bc.write_json(Path(args.worker_out), {
         "sentences": len(lines), "seconds": seconds, "all_seconds": all_seconds,
         "target_tokens": target_tokens,
         **{k: (v // args.repeats if v is not None else None) for k, v in counts.items()},
+        "page_faults_per_pass": faults,
         "sentences_per_s": len(lines) / seconds, "target_tokens_per_s": target_tokens / seconds,
         "peak_rss_mib": bc.peak_rss_mib(), "peak_gpu_mib": bc.peak_gpu_mib(),
         "port_max_logit_diff": port_diff, "outputs": outputs,
