@@ -1,11 +1,11 @@
 """Time our training step in-process on real batches, Adam variants interleaved.
 
 One model per variant (identical initial weights), stepped in turn on the same real
-Multi30k batches (forward with the pre-softmax projection on real targets only, the fused
-label-smoothed loss, backward, clipping, optimizer step), so that the variants share every
-moment's machine state; on a shared VM this is the fair way to compare two versions of a
-step. Variants: ``default`` (``torch.optim.Adam`` as PyTorch picks it on CPU, the per-tensor
-loop) and ``fused`` (``fused=True``, what ``optim.build_optimizer`` uses).
+Multi30k batches with the training loop's own pieces (``train.forward_backward``: forward,
+label-smoothed loss, backward; clipping; the optimizer step), so that the variants share
+every moment's machine state; on a shared VM this is the fair way to compare two versions
+of a step. Variants: ``default`` (``torch.optim.Adam`` as PyTorch picks it on CPU, the
+per-tensor loop) and ``fused`` (``optim.build_optimizer``, what training uses).
 
 Example::
 
@@ -26,10 +26,9 @@ import torch
 
 from transformer_nmt.batching import LengthBucketSampler, collate
 from transformer_nmt.cli import compose
-from transformer_nmt.config import PAD_ID
-from transformer_nmt.loss import label_smoothed_nll_loss
 from transformer_nmt.model import Transformer
-from transformer_nmt.train import load_split
+from transformer_nmt.optim import build_optimizer
+from transformer_nmt.train import forward_backward, load_split
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,22 +48,24 @@ def main(argv: list[str] | None = None) -> None:
     batches = [collate([data[j] for j in b]) for b, _ in zip(sampler, range(args.steps))]
     torch.manual_seed(0)
     base = Transformer(cfg.model, vocab_size=cfg.data.vocab_size).train()
-    variants = {}
-    for name, fused in (("default", None), ("fused", True)):
-        model = copy.deepcopy(base)
-        variants[name] = (model, torch.optim.Adam(
-            model.parameters(), lr=5e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused))
+    default_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
+    betas = tuple(float(b) for b in cfg.trainer.adam_betas)
+    variants = {
+        "default": (default_model, torch.optim.Adam(
+            default_model.parameters(), lr=1.0, betas=betas, eps=float(cfg.trainer.adam_eps))),
+        "fused": (fused_model, build_optimizer(fused_model, cfg.trainer)),
+    }
+    for _, opt in variants.values():
+        for group in opt.param_groups:
+            group["lr"] = 5e-4  # a constant rate: the schedule is not what is timed
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     epsilon = float(cfg.trainer.label_smoothing)
+    cpu = torch.device("cpu")
     for i, batch in enumerate(batches):
         order = list(variants.items())
         for name, (model, opt) in order if i % 2 == 0 else order[::-1]:
             start = time.perf_counter()
-            keep = batch.tgt_out.ne(PAD_ID)  # (B, T) real target positions
-            logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V)
-            loss, _ = label_smoothed_nll_loss(logits, batch.tgt_out[keep], epsilon,
-                                              ignore_index=None)
-            (loss / batch.ntokens).backward()
+            forward_backward(model, [batch], epsilon=epsilon, device=cpu, world_size=1)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt_start = time.perf_counter()
             opt.step()

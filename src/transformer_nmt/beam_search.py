@@ -248,7 +248,6 @@ def beam_search(
     history = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (A*W, t)
     last = torch.full((bsz, 1), BOS_ID, dtype=torch.long, device=device)  # (A*W, 1)
     thresholds = torch.full((bsz,), -math.inf, device=device)  # (A,) n-th best finished
-    n_finished = torch.zeros(bsz, dtype=torch.long, device=device)  # (A,) "beam" only
 
     t = 0
     while sent_ids.numel() > 0:
@@ -288,16 +287,13 @@ def beam_search(
             toks = history.index_select(0, src_rows).tolist()  # F lists of t tokens
             lps = cand_scores[a_idx, c_idx].tolist()
             norm = fin_scores[a_idx, c_idx].tolist()
-            touched: dict[int, _Finished] = {}
+            touched: dict[int, float] = {}
             for a, tok, lp_, sc in zip(a_idx.tolist(), toks, lps, norm):
                 box = finished[sent_list[a]]
                 box.add(Hypothesis(tokens=tok, score=sc, log_prob=lp_))
-                touched[a] = box
+                touched[a] = box.threshold()
             idx = torch.tensor(list(touched), dtype=torch.long, device=device)
-            boxes = touched.values()
-            thresholds[idx] = torch.tensor([b.threshold() for b in boxes], device=device)
-            if count_finished:
-                n_finished[idx] = torch.tensor([len(b.hyps) for b in boxes], device=device)
+            thresholds[idx] = torch.tensor(list(touched.values()), device=device)
 
         # --- next beam: the best K candidates that do not end in eos
         live_scores = cand_scores.masked_fill(is_eos, -math.inf)  # (A, C)
@@ -313,8 +309,8 @@ def beam_search(
         new_tokens = cand_tokens.gather(1, sel)  # (A, K)
 
         # --- early termination and dropping finished sentences
-        if count_finished:  # K finished hypotheses (or no live beam left)
-            done = n_finished.ge(k) | new_scores[:, 0].eq(-math.inf)  # (A,)
+        if count_finished:  # K finished (the K-th best is finite), or no live beam left
+            done = thresholds.gt(-math.inf) | new_scores[:, 0].eq(-math.inf)  # (A,)
         else:  # exact bound; all-dead beams give -inf <= anything
             bound = _best_possible_score(new_scores[:, 0], t + 1, max_len, lenpen, lenpen_form)
             done = bound <= thresholds  # (A,)
@@ -324,7 +320,6 @@ def beam_search(
             keep = (~done).nonzero().squeeze(1)  # (A',)
             rows, new_scores, new_tokens = rows[keep], new_scores[keep], new_tokens[keep]
             sent_ids, max_len, thresholds = sent_ids[keep], max_len[keep], thresholds[keep]
-            n_finished = n_finished[keep]
             sent_list = sent_ids.tolist()
         if sent_ids.numel() == 0:
             break
