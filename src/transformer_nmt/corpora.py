@@ -261,45 +261,121 @@ def _one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
+STREAM_CHECKPOINT_ROWS = 200_000
+"""Rows between two saved positions of a ``datasets`` stream (what a resumed stream re-reads)."""
+STREAM_RETRIES = 3
+"""Failed reads of a stream retried in the same process (each from the last saved position)."""
+
+
+def _stream_progress(dest: tuple[Path, Path]) -> tuple[tuple[Path, Path], Path]:
+    """The partial output files of a stream and the JSON file holding its saved position."""
+    partial = (dest[0].with_name(dest[0].name + ".partial"),
+               dest[1].with_name(dest[1].name + ".partial"))
+    return partial, dest[0].with_name(dest[0].name + ".partial.json")
+
+
+def _resume_point(partial: tuple[Path, Path], progress: Path, ident: dict) -> dict | None:
+    """The saved position of an interrupted stream of the same source, with the partial files
+    truncated to it; None (and no partial files) when there is nothing to resume."""
+    saved = None
+    if progress.is_file() and partial[0].is_file() and partial[1].is_file():
+        with contextlib.suppress(ValueError, OSError):
+            saved = json.loads(progress.read_text())
+    if not saved or saved.get("source") != ident:
+        for path in (*partial, progress):
+            path.unlink(missing_ok=True)
+        return None
+    for path, size in zip(partial, saved["bytes"]):
+        with open(path, "r+b") as f:
+            f.truncate(size)
+    return saved
+
+
 def _stream_hf(data_cfg: Any, hf_split: str, dest: tuple[Path, Path],
                max_pairs: int | None) -> int:
     """Stream ``{"translation": {lang: text}}`` records of one split to two text files.
 
-    Memory is bounded: records are written as they arrive (``streaming=True``).
+    Memory is bounded: records are written as they arrive (``streaming=True``). Every
+    :data:`STREAM_CHECKPOINT_ROWS` rows the files are flushed and the stream's position
+    (``IterableDataset.state_dict()``) saved beside them, so a failed read is retried from
+    there (:data:`STREAM_RETRIES` times) and a later run resumes an interrupted stream
+    instead of starting again from row 0. ``dest`` appears only once the split is complete.
 
     Returns:
         Number of pairs written.
+
+    Raises:
+        DataError: the dataset cannot be opened, a record lacks a language, or the stream
+            kept failing (the message says from which row the next run resumes).
     """
     import datasets
 
     src, tgt = data_cfg.src_lang, data_cfg.tgt_lang
-    log.info("streaming %s/%s split %s -> %s", data_cfg.hf_dataset, data_cfg.hf_config,
-             hf_split, dest[0].parent)
-    try:
-        records = datasets.load_dataset(
-            data_cfg.hf_dataset, data_cfg.hf_config, split=hf_split, streaming=True
-        )
-    except Exception as e:  # the hub raises many kinds (ConnectionError, FileNotFoundError ...)
-        raise DataError(
-            f"could not open {data_cfg.hf_dataset} ({data_cfg.hf_config}) split {hf_split}: {e}"
-        ) from e
-    n = 0
-    with atomic_write(dest[0]) as fs, atomic_write(dest[1]) as ft:
-        for rec in records:
-            if max_pairs is not None and n >= max_pairs:
-                break
-            pair = rec["translation"]
-            try:
-                s, t = pair[src], pair[tgt]
-            except KeyError as e:
+    name = f"{data_cfg.hf_dataset} ({data_cfg.hf_config}) split {hf_split}"
+    ident = {"dataset": str(data_cfg.hf_dataset), "config": data_cfg.hf_config,
+             "split": hf_split, "langs": [src, tgt]}
+    partial, progress = _stream_progress(dest)
+    dest[0].parent.mkdir(parents=True, exist_ok=True)
+    saved = _resume_point(partial, progress, ident)
+    failures = 0
+    while True:
+        n = saved["rows"] if saved else 0
+        log.info("streaming %s -> %s%s", name, dest[0].parent,
+                 f" (resuming at row {n:,})" if n else "")
+        try:
+            records = datasets.load_dataset(
+                data_cfg.hf_dataset, data_cfg.hf_config, split=hf_split, streaming=True
+            )
+        except Exception as e:  # the hub raises many kinds (ConnectionError, FileNotFoundError ...)
+            raise DataError(f"could not open {name}: {e}") from e
+        if saved:
+            records.load_state_dict(saved["state"])
+        try:
+            with open(partial[0], "ab") as fs, open(partial[1], "ab") as ft:
+                for rec in records:
+                    if max_pairs is not None and n >= max_pairs:
+                        break
+                    pair = rec["translation"]
+                    try:
+                        s, t = pair[src], pair[tgt]
+                    except KeyError as e:
+                        raise DataError(
+                            f"{name} record {n}: no language {e} (has {sorted(pair)})"
+                        ) from e
+                    fs.write((_one_line(s) + "\n").encode("utf-8"))
+                    ft.write((_one_line(t) + "\n").encode("utf-8"))
+                    n += 1
+                    if n % STREAM_CHECKPOINT_ROWS == 0:
+                        saved = _save_stream_position(fs, ft, progress, ident, n, records)
+            break
+        except DataError:
+            raise
+        except Exception as e:  # network and decoding errors of the stream: retry from saved
+            failures += 1
+            at = saved["rows"] if saved else 0
+            if failures > STREAM_RETRIES:
                 raise DataError(
-                    f"{data_cfg.hf_dataset} ({data_cfg.hf_config}) split {hf_split} record {n}: "
-                    f"no language {e} (has {sorted(pair)})"
+                    f"reading {name} failed {failures} times, last at row {n:,}: {e}; "
+                    f"run the same command again to resume at row {at:,}"
                 ) from e
-            fs.write(_one_line(s) + "\n")
-            ft.write(_one_line(t) + "\n")
-            n += 1
+            log.warning("reading %s failed at row %d (%s); retrying from row %d", name, n, e, at)
+            saved = _resume_point(partial, progress, ident)
+    for part, final in zip(partial, dest):
+        os.replace(part, final)
+    progress.unlink(missing_ok=True)
     return n
+
+
+def _save_stream_position(fs, ft, progress: Path, ident: dict, rows: int, records) -> dict:
+    """Flush both partial files to disk and save the stream position reached after ``rows``."""
+    for f in (fs, ft):
+        f.flush()
+        os.fsync(f.fileno())
+    saved = {"source": ident, "rows": rows, "bytes": [fs.tell(), ft.tell()],
+             "state": records.state_dict()}
+    with atomic_write(progress) as f:
+        json.dump(saved, f)
+    return saved
 
 
 def _sacrebleu_wmt14(src: str, tgt: str, dest: tuple[Path, Path]) -> int:
