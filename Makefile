@@ -4,6 +4,7 @@
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
 #   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
+#   make gpu-check          on a CUDA machine: GPU tests, bf16/fp16/DDP/big runs, decoding -> docs/gpu_check.md
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +15,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: install test data train average eval table lint clean bench-install bench
+.PHONY: install test data train average eval table lint clean bench-install bench gpu-check
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -70,6 +71,9 @@ bench:
 	$(BENCH_BIN)/nmt-prepare experiment=$(EXP)
 	$(BENCH_BIN)/python scripts/bench_train.py $(BENCH_TRAIN_ARGS)
 	$(BENCH_BIN)/python scripts/bench_decode.py $(BENCH_DECODE_ARGS)
+
+gpu-check:
+	$(BIN)/python scripts/gpu_check.py
 
 lint:
 	$(BIN)/ruff check src tests scripts

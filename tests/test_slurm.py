@@ -70,7 +70,7 @@ def _run(tmp_path: Path, corpus: Path, stopped_by: str, exit_code: int,
         f"run_dir={run_dir}",
     ]
     proc = subprocess.run(["bash", str(SCRIPT), *overrides], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          check=False, capture_output=True, text=True, timeout=300)
     return proc, tmp_path
 
 
