@@ -327,3 +327,23 @@ def test_pinned_batches_move_to_gpu():
         assert batch.src_tokens.is_pinned() and batch.tgt_out.is_pinned()
         on_gpu = batch.to("cuda")
         assert on_gpu.tgt_in.is_cuda and torch.equal(on_gpu.tgt_in.cpu(), batch.tgt_in)
+
+
+def test_loader_workers_survive_stop_signals():
+    """SLURM signals every process of the job: the workers must leave SIGTERM/SIGUSR1/SIGINT to
+    the training process, which checkpoints, instead of dying and failing the loader."""
+    import os
+    import signal
+
+    ds = random_corpus(400, seed=3)
+    sampler = LengthBucketSampler(ds.src_sizes, ds.tgt_sizes, 64, shuffle=False)
+    loader = build_dataloader(ds, sampler, num_workers=2)
+    it = iter(loader)
+    first = next(it)
+    for worker in it._workers:
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+            os.kill(worker.pid, sig)
+    rest = list(it)
+    assert all(w.exitcode in (None, 0) for w in it._workers)
+    seen = sorted(int(i) for b in [first, *rest] for i in b.ids)
+    assert seen == list(range(len(ds)))

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
@@ -607,4 +608,17 @@ def build_dataloader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         generator=generator,
+        worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
     )
+
+
+WORKER_IGNORED_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+"""Signals a DataLoader worker ignores: SLURM and Ctrl-C signal every process of the job or
+terminal, and a worker that died of them would fail the main process before it checkpoints."""
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """``worker_init_fn``: leave the stop signals to the training process (it checkpoints and
+    exits; the workers end with it)."""
+    for name in WORKER_IGNORED_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
