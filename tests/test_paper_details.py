@@ -121,7 +121,7 @@ def _trace_layer(layer: nn.Module) -> tuple[list[tuple[str, torch.Tensor, torch.
     io: list = []
     handles = []
     for module in layer.modules():
-        if isinstance(module, MultiHeadAttention) or isinstance(module, PositionwiseFeedForward):
+        if isinstance(module, (MultiHeadAttention, PositionwiseFeedForward)):
             kind = "sublayer"
         elif isinstance(module, nn.LayerNorm):
             kind = "norm"
