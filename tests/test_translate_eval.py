@@ -323,7 +323,8 @@ def test_report_tables(tmp_path):
     assert "| 3.3e+18 | 3.3e+18 |" in text and "| 2.3e+19 | 2.3e+19 |" in text
     assert "| Transformer (base), ours: wmt14_en_de_base | 26.9 | 26.0 | – | – | 2.1e+18 | – |" in text
     # Symmetric tokenized BLEU of an older results.json is not the paper's way: not compared.
-    assert "| Transformer (base), ours: wmt14_en_de_old | – | 25.0 | – | – | 2.0e+18 | – |" in text
+    assert "| Transformer (base), ours: wmt14_en_de_old (†) | – | 25.0 | – | – | 2.0e+18 | – |" in text
+    assert "(†): a results.json written before" in text
     assert "29.9" not in text.split("### Table 2 runs")[0]
     assert "| Transformer (big), ours: wmt14_en_fr_big | – | – | 40.5 | 38.8 | – | 1.9e+19 |" in text
     # Table 3: the variant matched to the paper's line (d_k=16: PPL 5.16, BLEU 25.1, 58M).

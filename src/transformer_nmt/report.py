@@ -142,6 +142,23 @@ def _score(result: dict[str, Any], split: str, kind: str) -> float | None:
     return None if entry is None else float(entry["score"])
 
 
+LEGACY_MARK = " (†)"
+LEGACY_NOTE = (
+    "(†): a results.json written before nmt-evaluate scored against the official reference "
+    "files: its sacreBLEU used the cleaned test files, and it has no paper BLEU."
+)
+
+
+def is_legacy(result: dict[str, Any]) -> bool:
+    """True for results scored before ``paper_bleu`` and the official references existed."""
+    tests = (result.get("test_sets") or {}).values()
+    return bool(tests) and not any(PAPER_KIND in (t.get("bleu") or {}) for t in tests)
+
+
+def _name(result: dict[str, Any]) -> str:
+    return str(result["experiment"]) + (LEGACY_MARK if is_legacy(result) else "")
+
+
 def _fmt(x: float | None, digits: int = 1) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
@@ -195,7 +212,7 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
             sacre = _fmt(_score(r, TABLE2_TEST_SET, "sacrebleu"))
             de = tgt == "de"
             rows.append([
-                f"Transformer ({size}), ours: {r['experiment']}",
+                f"Transformer ({size}), ours: {_name(r)}",
                 tok if de else "–", sacre if de else "–",
                 "–" if de else tok, "–" if de else sacre,
                 _fmt_e(flops) if de else "–", "–" if de else _fmt_e(flops), _fmt(hours),
@@ -208,6 +225,7 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
         "reference with German quotes as &quot;, ##AT## compound split, multi-bleu) and",
         f"{TOK_FR}. {SACRE} (detokenized, 13a, mixed case, against the official reference)",
         "is our headline; the paper has no such number.",
+        *([LEGACY_NOTE] if any(is_table2_run(r) and is_legacy(r) for r in results) else []),
         "Paper cost = training time x GPUs x sustained TFLOPS; ours = the `flops` of the run's",
         "train_summary.json (6 x parameters x tokens).",
         "",
@@ -259,7 +277,7 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
         n_avg = r.get("num_checkpoints_averaged")
         for split in r.get("test_sets") or {}:
             rows.append([
-                r["experiment"], f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
+                _name(r), f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
                 str((r.get("model") or {}).get("name")), _params(r), str(r.get("steps", "–")),
                 str(n_avg) if n_avg else "none", split,
                 _fmt(_score(r, split, PAPER_KIND), 2), _fmt(_score(r, split, "sacrebleu"), 2),
@@ -287,6 +305,7 @@ def table2_details_section(results: list[dict[str, Any]]) -> list[str]:
         "### Table 2 runs on every test set",
         "",
         _PER_TEST_SET_LEGEND,
+        *([LEGACY_NOTE] if any(is_legacy(r) for r in runs) else []),
         "",
         *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(runs)),
         "",
@@ -302,6 +321,7 @@ def others_section(results: list[dict[str, Any]]) -> list[str]:
         "## Other runs",
         "",
         _PER_TEST_SET_LEGEND,
+        *([LEGACY_NOTE] if any(is_legacy(r) for r in others) else []),
         "",
         *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(others)),
         "",
