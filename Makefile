@@ -2,6 +2,9 @@
 #   make install            venv + editable install with dev extras (CPU torch pinned unless torch is already there)
 #   make test               the whole test suite
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
+#   make all                the whole default job: train (data first), average, evaluate, table
+# test, data, train, average, eval and table run `make install` first when the environment is
+# missing or older than pyproject.toml (stamp file $(VENV)/.installed).
 #   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
 #   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
 #   make gpu-check          on a CUDA machine: GPU tests, bf16/fp16/DDP/big runs, decoding -> docs/gpu_check.md
@@ -15,7 +18,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: install test data train average eval table lint clean bench-install bench gpu-check
+.PHONY: all install test data train average eval table lint clean bench-install bench gpu-check
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -28,6 +31,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 
+STAMP := $(VENV)/.installed
+
 install: $(BIN)/python
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
 		echo "torch $$($(BIN)/python -c 'import torch; print(torch.__version__)') already installed; keeping it"; \
@@ -35,23 +40,30 @@ install: $(BIN)/python
 		$(BIN)/python -m pip install "$(TORCH_SPEC)"; \
 	fi
 	$(BIN)/python -m pip install -e ".[dev]"
+	@touch $(STAMP)
 
-test:
+# The environment is (re)installed when missing or when pyproject.toml changed since.
+$(STAMP): pyproject.toml
+	$(MAKE) install
+
+all: train eval table
+
+test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-data:
+data: $(STAMP)
 	$(BIN)/nmt-prepare experiment=$(EXP) $(ARGS)
 
 train: data
 	$(BIN)/nmt-train experiment=$(EXP) $(ARGS)
 
-average:
+average: $(STAMP)
 	$(BIN)/nmt-average experiment=$(EXP) $(ARGS)
 
 eval: average
 	$(BIN)/nmt-evaluate experiment=$(EXP) $(ARGS)
 
-table:
+table: $(STAMP)
 	$(BIN)/nmt-table $(ARGS)
 
 $(BENCH_BIN)/python:

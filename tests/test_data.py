@@ -259,12 +259,13 @@ def test_wmt14_streams_records_and_adds_filtered_newstest2014(tmp_path, monkeypa
         return records()
 
     def fake_download_test_set(test_set, langpair):
-        assert (test_set, langpair) == ("wmt14", "en-de")
+        assert test_set in ("wmt14", "wmt14/full") and langpair == "en-de"
+        n = 27 if test_set == "wmt14" else 40
         paths = []
         for lang in ("en", "de"):
-            p = tmp_path / "sacrebleu" / f"wmt14.en-de.{lang}"
-            p.parent.mkdir(exist_ok=True)
-            p.write_text("".join(f"filtered {i} {lang}\n" for i in range(27)))
+            p = tmp_path / "sacrebleu" / test_set / f"en-de.{lang}"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes("".join(f"„{test_set}“ {i} {lang}\u00a0…\n" for i in range(n)).encode())
             paths.append(str(p))
         return paths
 
@@ -274,11 +275,16 @@ def test_wmt14_streams_records_and_adds_filtered_newstest2014(tmp_path, monkeypa
                    "data.num_workers=2", "data.max_train_pairs=300"])
     summary = prepare(cfg)
     assert all(c[:2] == ("wmt/wmt14", "de-en") and c[3] for c in calls)
-    assert {c[2] for c in calls} == {"train", "validation", "test"}
+    assert {c[2] for c in calls} == {"train", "validation"}  # test sets come from sacreBLEU
     assert summary["sentences"] == {"train": summary["pairs"]["train"]["kept"],
                                     "newstest2013": 30, "newstest2014": 40,
                                     "newstest2014_filtered": 27}
     assert summary["pairs"]["train"]["read"] == 300
+    # the official references: sacreBLEU's bytes, untouched by cleaning
+    for split, test_set in (("newstest2014", "wmt14/full"), ("newstest2014_filtered", "wmt14")):
+        assert (corpora.reference_path(cfg.data, split, "de").read_bytes()
+                == (tmp_path / "sacrebleu" / test_set / "en-de.de").read_bytes())
+    assert "\u00a0" not in raw_path(cfg.data, "newstest2014", "de").read_text()  # cleaned copy
     # a newline inside a record does not break the alignment
     assert raw_path(cfg.data, "newstest2013", "de").read_text().splitlines()[3].endswith("zwei")
     calls.clear()

@@ -72,7 +72,7 @@ def test_prepare_train_average_evaluate_table_translate(tmp_path, multi30k_mirro
     results = json.loads((run_dir / "results.json").read_text())
     scores = results["test_sets"]["test_2016_flickr"]
     assert scores["sentences"] == 1000
-    for kind in ("sacrebleu", "tokenized_bleu"):
+    for kind in ("sacrebleu", "paper_bleu"):
         assert scores["bleu"][kind]["label"] and scores["bleu"][kind]["signature"]
         assert 0.0 <= scores["bleu"][kind]["score"] <= 100.0
     assert results["num_checkpoints_averaged"] == 2

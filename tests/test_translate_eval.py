@@ -20,6 +20,7 @@ from transformer_nmt.bpe import SentencePieceTokenizer, train_spm
 from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
 from transformer_nmt.cli import compose
 from transformer_nmt.config import EOS_ID, DecodeConfig
+from transformer_nmt.corpora import reference_path
 from transformer_nmt.evaluate import evaluate
 from transformer_nmt.fileio import raw_path, spm_model_path
 from transformer_nmt.model import Transformer
@@ -66,6 +67,14 @@ def workspace(tmp_path_factory):
     for lang, seed in (("en", 1), ("de", 2)):
         raw_path(cfg.data, "test_2016_flickr", lang).write_text(
             "\n".join(sentences(12, seed)) + "\n", encoding="utf-8")
+    # The official reference as distributed: what the model sees (cleaned) is not what it is
+    # scored against (ellipsis, NBSP, full-width digits, German quotes, soft hyphen).
+    ref = sentences(12, 2)
+    ref[0] = "Zwei\u00a0Hunde \u2026 im \u201ePark\u201c."
+    ref[1] = "\uff12 Kinder spie\u00adlen."
+    reference_path(cfg.data, "test_2016_flickr", "de").parent.mkdir(parents=True)
+    reference_path(cfg.data, "test_2016_flickr", "de").write_bytes(
+        ("\n".join(ref) + "\n").encode("utf-8"))
     return root, cfg
 
 
@@ -201,7 +210,7 @@ def test_evaluate_end_to_end(workspace, tokenizer, tmp_path, capsys):
 
     printed = capsys.readouterr().out
     assert "sacreBLEU (detokenized, 13a, mixed case): " in printed
-    assert "tokenized BLEU (Moses tokenizer, compound-split, multi-bleu): " in printed
+    assert "paper BLEU (t2t get_ende_bleu.sh): " in printed
     assert "chrF" in printed
     translations = run_dir / "translations" / "test_2016_flickr.de"
     assert len(translations.read_text(encoding="utf-8").splitlines()) == 12
@@ -214,9 +223,18 @@ def test_evaluate_end_to_end(workspace, tokenizer, tmp_path, capsys):
     assert saved["training_cost"] == {"gpu_hours": 0.5, "flops": 1.5e15, "train_seconds": 1800.0,
                                       "world_size": 1}
     test = saved["test_sets"]["test_2016_flickr"]
-    for entry in (test["bleu"]["sacrebleu"], test["bleu"]["tokenized_bleu"], test["chrf"]):
+    for entry in (test["bleu"]["sacrebleu"], test["bleu"]["paper_bleu"], test["chrf"]):
         assert entry["label"] and entry["signature"] and 0 <= entry["score"] <= 100
     assert test["speed"]["sentences"] == 12
+    # Scored against the official reference file: the number is what the command line gives.
+    ref_file = reference_path(cfg.data, "test_2016_flickr", "de")
+    assert test["reference"] == str(ref_file)
+    proc = subprocess.run([str(Path(sys.executable).parent / "sacrebleu"), str(ref_file), "-i",
+                           str(translations), "-f", "json", "-w", "6"],
+                          capture_output=True, text=True, check=True)
+    cli = json.loads(proc.stdout)
+    assert test["bleu"]["sacrebleu"]["score"] == pytest.approx(float(cli["score"]), abs=1e-6)
+    assert test["bleu"]["sacrebleu"]["signature"] == cli["signature"]
 
     # The table reads what evaluate wrote (an "other run": Multi30k).
     report = build_report(load_results(str(root / "runs" / "*" / "results.json")))
@@ -263,7 +281,7 @@ def fake_result(experiment, corpus, data_name, tgt, model_name, splits, tok, sac
         "trainer": {"label_smoothing": ls},
         "num_checkpoints_averaged": 5,
         "test_sets": {s: {"bleu": {"sacrebleu": entry("sacrebleu", "sacreBLEU (detokenized)", sacre),
-                                   "tokenized_bleu": entry("tokenized_bleu", "tokenized BLEU", tok)},
+                                   "paper_bleu": entry("paper_bleu", "paper BLEU", tok)},
                           "chrf": entry("chrf", "chrF", 50.0)} for s in splits},
         "training_cost": {"gpu_hours": 96.0, "flops": flops, "train_seconds": 1, "world_size": 8},
         "train_summary": {"valid": {"ppl": ppl}} if ppl else None,
@@ -284,6 +302,11 @@ def test_report_tables(tmp_path):
         "multi30k": fake_result("multi30k", "multi30k", "multi30k_en_de", "de", "tiny",
                                 ["test_2016_flickr", "test_2017_flickr"], 35.52, 34.47),
     }
+    old = fake_result("wmt14_en_de_old", "wmt14", "wmt14_en_de", "de", "base", ["newstest2014"],
+                      29.9, 25.0, flops=2.0e18)
+    for test in old["test_sets"].values():
+        test["bleu"]["tokenized_bleu"] = test["bleu"].pop("paper_bleu")
+    fakes["wmt14_en_de_old"] = old
     for name, result in fakes.items():
         path = tmp_path / "runs" / name / "results.json"
         path.parent.mkdir(parents=True)
@@ -293,20 +316,25 @@ def test_report_tables(tmp_path):
     text = write_report(cfg).read_text(encoding="utf-8")
 
     # Table 2: paper numbers beside ours, every BLEU column named.
-    assert "EN-DE tokenized BLEU (compound-split) | EN-DE sacreBLEU | EN-FR tokenized BLEU" in text
+    assert ("EN-DE paper BLEU (t2t get_ende_bleu.sh) | EN-DE sacreBLEU | "
+            "EN-FR paper BLEU (Moses tokenizer, multi-bleu) | EN-FR sacreBLEU") in text
     for size, paper in PAPER_TABLE2.items():
         assert f"| Transformer ({size}), paper | {paper['de']:.1f} | – | {paper['fr']:.1f} |" in text
     assert "| 3.3e+18 | 3.3e+18 |" in text and "| 2.3e+19 | 2.3e+19 |" in text
     assert "| Transformer (base), ours: wmt14_en_de_base | 26.9 | 26.0 | – | – | 2.1e+18 | – |" in text
+    # Symmetric tokenized BLEU of an older results.json is not the paper's way: not compared.
+    assert "| Transformer (base), ours: wmt14_en_de_old (†) | – | 25.0 | – | – | 2.0e+18 | – |" in text
+    assert "(†): a results.json written before" in text
+    assert "29.9" not in text.split("### Table 2 runs")[0]
     assert "| Transformer (big), ours: wmt14_en_fr_big | – | – | 40.5 | 38.8 | – | 1.9e+19 |" in text
     # Table 3: the variant matched to the paper's line (d_k=16: PPL 5.16, BLEU 25.1, 58M).
     assert "## Table 3" in text
     assert "| B | row_b_dk16 | d_k=16 | 61.0M | 5.20 | 24.8 | 24.1 | newstest2013 | 5.16 | 25.1 | 58M |" in text
     # Other runs: both Multi30k test sets, with every score type named in the header.
-    assert "| tokenized BLEU | sacreBLEU | chrF |" in text
+    assert "| paper BLEU | sacreBLEU | chrF |" in text
     assert "test_2016_flickr | 35.52 | 34.47 | 50.00" in text and "test_2017_flickr" in text
     assert "row_b_dk16" not in text.split("## Other runs")[1].split("## Score")[0]
-    assert "`sig-tokenized_bleu`" in text
+    assert "`sig-paper_bleu`" in text
     # Both newstest2014 variants of the Table 2 runs are listed with their scores.
     assert "| wmt14_en_de_base | wmt14_en_de (en-de) | base | 61.0M | 100000 | 5 | newstest2014_filtered |" in text
 
@@ -337,3 +365,34 @@ def test_retain_freed_memory_stops_page_faults_on_reallocation():
         pytest.skip("the C library is not glibc")
     assert faults["default"][1] > 10 * 16_000 * 0.9, faults  # every reallocation faults again
     assert faults["retain"][1] < 1.1 * 16_384, faults
+
+
+def test_evaluate_scores_against_the_official_reference_bytes(workspace, tokenizer, tmp_path,
+                                                              monkeypatch):
+    """A system that outputs the cleaned (NFKC) reference: scored against the cleaned text it
+    would get 100; against the official file it gets what `sacrebleu REF -i HYP` prints."""
+    import unicodedata
+
+    from transformer_nmt import evaluate as evaluate_module
+
+    _, cfg = workspace
+    cfg = cfg.copy()
+    cfg.run_dir = str(tmp_path / "run")
+    ckpt = tmp_path / "model.pt"
+    write_checkpoint(ckpt, new_model(cfg, tokenizer.vocab_size, 5), cfg, 3)
+    cfg.decode.checkpoint = str(ckpt)
+    ref_file = reference_path(cfg.data, "test_2016_flickr", "de")
+    official = ref_file.read_text(encoding="utf-8").splitlines()
+    cleaned = [" ".join(unicodedata.normalize("NFKC", r.replace("\u00ad", "")).split())
+               for r in official]
+    monkeypatch.setattr(evaluate_module, "translate_lines",
+                        lambda model, tok, lines, decode, device: (cleaned, {"sentences": 12}))
+    results = evaluate(cfg)
+    test = results["test_sets"]["test_2016_flickr"]
+    proc = subprocess.run([str(Path(sys.executable).parent / "sacrebleu"), str(ref_file), "-i",
+                           test["translations"], "-f", "json", "-w", "6"],
+                          capture_output=True, text=True, check=True)
+    score = test["bleu"]["sacrebleu"]["score"]
+    assert score == pytest.approx(float(json.loads(proc.stdout)["score"]), abs=1e-6)
+    assert 50 < score < 99.9  # the two altered lines cost n-grams; the rest match
+    assert test["bleu"]["paper_bleu"]["score"] < 99.9

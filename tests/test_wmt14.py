@@ -164,7 +164,7 @@ def test_prepare_train_evaluate_from_hub_layout(hub_folder, tmp_path):
     common = [
         "experiment=wmt14_en_de_base", f"data.hf_dataset={hub_folder}",
         f"data.root={tmp_path / 'data'}", "data.vocab_size=120", "data.num_workers=1",
-        "data.test_splits=[newstest2014]", f"run_dir={run_dir}", "name=wmt14",
+        "data.test_splits=[newstest2013]", f"run_dir={run_dir}", "name=wmt14",
         "model=tiny", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32",
         "model.d_ff=64", "model.heads=2", "trainer.max_tokens=512", "trainer.update_freq=1",
         "trainer.max_steps=4", "trainer.save_every_steps=2", "trainer.save_every_minutes=null",
@@ -173,7 +173,7 @@ def test_prepare_train_evaluate_from_hub_layout(hub_folder, tmp_path):
     ]
     _run("prepare", common, tmp_path)
     orig = tmp_path / "data" / "raw" / "wmt14_en_de" / "orig"
-    assert (orig / "newstest2014.en").read_text().splitlines() == _expected("test")[0]
+    assert (orig / "newstest2013.en").read_text().splitlines() == _expected("validation")[0]
     assert (orig / "newstest2013.de").read_text().splitlines() == _expected("validation")[1]
     assert len((orig / "train.en").read_text().splitlines()) == SPLIT_ROWS["train"]
 
@@ -181,6 +181,8 @@ def test_prepare_train_evaluate_from_hub_layout(hub_folder, tmp_path):
     assert json.loads((run_dir / "train_summary.json").read_text())["steps"] == 4
     _run("average", common, tmp_path)
     _run("evaluate", common, tmp_path)
-    scores = json.loads((run_dir / "results.json").read_text())["test_sets"]["newstest2014"]
-    assert scores["sentences"] == SPLIT_ROWS["test"]
-    assert len((run_dir / "translations" / "newstest2014.de").read_text().splitlines()) == 80
+    # newstest2014 comes from sacreBLEU's copy (no network here): score newstest2013 instead.
+    scores = json.loads((run_dir / "results.json").read_text())["test_sets"]["newstest2013"]
+    assert scores["sentences"] == SPLIT_ROWS["validation"]
+    hyps = (run_dir / "translations" / "newstest2013.de").read_text().splitlines()
+    assert len(hyps) == SPLIT_ROWS["validation"]

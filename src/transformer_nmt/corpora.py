@@ -8,15 +8,21 @@ Three kinds of source (``data.corpus``):
   ``<root>/raw/<name>/orig/``. Official split names ``train``, ``val``,
   ``test_2016_flickr``, ``test_2017_flickr``; ``val`` becomes ``data.valid_split``.
 * ``wmt14``: the Hugging Face ``datasets`` library (``data.hf_dataset`` / ``data.hf_config``),
-  streamed record by record to ``<root>/raw/<name>/orig/<split>.<lang>``: ``train``,
-  ``validation`` (newstest2013) as the valid split, ``test`` (newstest2014, 3003 lines).
-  The 2737-line filtered newstest2014 comes from sacreBLEU's test-set API
-  (``newstest2014_filtered``).
+  streamed record by record to ``<root>/raw/<name>/orig/<split>.<lang>``: ``train`` and
+  ``validation`` (newstest2013, the valid split). The test sets are sacreBLEU's own copies,
+  copied byte for byte: ``newstest2014`` is sacreBLEU ``wmt14/full`` (3,003 lines, the set
+  fairseq and NVIDIA report on) and ``newstest2014_filtered`` is sacreBLEU ``wmt14`` (the
+  filtered ``test-filtered.tgz``: 2,737 lines for EN-DE; sacreBLEU's dataset definition names
+  files and checksums, not line counts, so the count found is recorded in
+  ``orig/<split>.json``).
 * ``custom``: the user's files ``<prefix>.<src_lang>`` / ``<prefix>.<tgt_lang>`` named per
   split in ``data.custom_files``.
 
 :func:`fetch` returns, per split, the two original text files (plain or gzip) that the
-cleaning stage reads with :func:`read_lines`.
+cleaning stage reads with :func:`read_lines`, and keeps the target side of every test split
+untouched as the official reference, ``<root>/raw/<name>/ref/<split>.<tgt>``
+(:func:`reference_path`): the bytes as distributed (decompressed), which cleaning never
+rewrites and which ``nmt-evaluate`` scores against.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformer_nmt.fileio import atomic_write
+from transformer_nmt.fileio import atomic_write, is_up_to_date
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +48,14 @@ CORPORA = ("multi30k", "wmt14", "custom")
 MIRROR_ENV = "NMT_MULTI30K_MIRROR"
 MULTI30K_VALID = "val"
 """Official name of the Multi30k validation split (stored on disk as ``data.valid_split``)."""
-WMT14_HF_SPLITS = {"train": "train", "newstest2013": "validation", "newstest2014": "test"}
+WMT14_HF_SPLITS = {"train": "train", "newstest2013": "validation"}
 """Our split name -> the ``datasets`` split of ``wmt/wmt14``."""
 WMT14_FILTERED = "newstest2014_filtered"
-"""The 2737-line filtered newstest2014 (sacreBLEU test set ``wmt14``)."""
+"""The filtered newstest2014 (sacreBLEU test set ``wmt14``; 2,737 lines for EN-DE)."""
+WMT14_SACREBLEU = {"newstest2014": "wmt14/full", WMT14_FILTERED: "wmt14"}
+"""Our test split name -> sacreBLEU's test set (newstest2014 full, 3,003 lines; filtered)."""
+REFERENCE_DIR = "ref"
+"""Folder under ``<root>/raw/<name>/`` holding the official references of the test splits."""
 
 
 class DataError(ValueError):
@@ -76,6 +86,32 @@ def orig_dir(data_cfg: Any) -> Path:
     return Path(data_cfg.root) / "raw" / data_cfg.name / "orig"
 
 
+def reference_path(data_cfg: Any, split: str, lang: str) -> Path:
+    """The official reference text of a test split: ``<root>/raw/<name>/ref/<split>.<lang>``."""
+    return Path(data_cfg.root) / "raw" / data_cfg.name / REFERENCE_DIR / f"{split}.{lang}"
+
+
+def keep_references(data_cfg: Any, sources: list[SplitSource]) -> list[Path]:
+    """Copy the target side of every test split, byte for byte (gzip decompressed), to
+    :func:`reference_path`; a copy newer than its original is left as it is.
+
+    Returns:
+        The reference files, one per test split.
+    """
+    tests = set(data_cfg.test_splits)
+    out = []
+    for source in sources:
+        if source.split not in tests:
+            continue
+        dest = reference_path(data_cfg, source.split, data_cfg.tgt_lang)
+        if not is_up_to_date([dest], [source.tgt]):
+            with open_binary(source.tgt) as inp, atomic_write(dest, "wb") as f:
+                shutil.copyfileobj(inp, f, length=1 << 20)
+            log.info("official reference %s -> %s", source.tgt, dest)
+        out.append(dest)
+    return out
+
+
 def splits(data_cfg: Any) -> list[str]:
     """All split names of a corpus, training split first: train, valid, then each test split."""
     names = [data_cfg.train_split, data_cfg.valid_split, *list(data_cfg.test_splits)]
@@ -95,6 +131,7 @@ def fetch(data_cfg: Any) -> tuple[list[SplitSource], bool]:
     Returns:
         ``(sources, did_work)``: one :class:`SplitSource` per split (training split first)
         and whether anything was downloaded or streamed (False when all was already there).
+        The official references are written too (:func:`keep_references`).
 
     Raises:
         DataError: unknown ``data.corpus``, missing file or folder, failed download,
@@ -102,15 +139,18 @@ def fetch(data_cfg: Any) -> tuple[list[SplitSource], bool]:
     """
     corpus = data_cfg.corpus
     if corpus == "multi30k":
-        return _fetch_multi30k(data_cfg)
-    if corpus == "wmt14":
-        return _fetch_wmt14(data_cfg)
-    if corpus == "custom":
-        return _custom_sources(data_cfg), False
-    raise DataError(
-        f"unknown corpus data.corpus={corpus!r} (data.name={data_cfg.name!r}): "
-        f"expected one of {list(CORPORA)}"
-    )
+        sources, did_work = _fetch_multi30k(data_cfg)
+    elif corpus == "wmt14":
+        sources, did_work = _fetch_wmt14(data_cfg)
+    elif corpus == "custom":
+        sources, did_work = _custom_sources(data_cfg), False
+    else:
+        raise DataError(
+            f"unknown corpus data.corpus={corpus!r} (data.name={data_cfg.name!r}): "
+            f"expected one of {list(CORPORA)}"
+        )
+    keep_references(data_cfg, sources)
+    return sources, did_work
 
 
 def _max_pairs(data_cfg: Any, split: str) -> int | None:
@@ -239,14 +279,14 @@ def _fetch_wmt14(data_cfg: Any) -> tuple[list[SplitSource], bool]:
         stamp = out / f"{split}.json"
         max_pairs = _max_pairs(data_cfg, split)
         if not (dest[0].is_file() and dest[1].is_file() and _wmt14_stamp_ok(stamp, max_pairs)):
-            if split == WMT14_FILTERED:
-                n = _sacrebleu_wmt14(src, tgt, dest)
+            if split in WMT14_SACREBLEU:
+                n = _sacrebleu_test_set(WMT14_SACREBLEU[split], src, tgt, dest)
             elif split in WMT14_HF_SPLITS:
                 n = _stream_hf(data_cfg, WMT14_HF_SPLITS[split], dest, max_pairs)
             else:
                 raise DataError(
                     f"WMT14 has no split {split!r}: expected one of "
-                    f"{sorted([*WMT14_HF_SPLITS, WMT14_FILTERED])}"
+                    f"{sorted([*WMT14_HF_SPLITS, *WMT14_SACREBLEU])}"
                 )
             with atomic_write(stamp) as f:
                 json.dump({"pairs": n, "max_pairs": max_pairs}, f)
@@ -378,29 +418,37 @@ def _save_stream_position(fs, ft, progress: Path, ident: dict, rows: int, record
     return saved
 
 
-def _sacrebleu_wmt14(src: str, tgt: str, dest: tuple[Path, Path]) -> int:
-    """Copy sacreBLEU's ``wmt14`` test set (filtered newstest2014, 2737 lines) for ``src-tgt``."""
+def _sacrebleu_test_set(test_set: str, src: str, tgt: str, dest: tuple[Path, Path]) -> int:
+    """Copy sacreBLEU's plain-text source and reference of ``test_set`` for ``src-tgt``
+    byte for byte (what ``sacrebleu -t <test_set> -l <src>-<tgt> --echo src|ref`` prints).
+
+    Returns:
+        The number of lines (the same in both files).
+
+    Raises:
+        DataError: the test set cannot be had, or the two files differ in line count.
+    """
     import sacrebleu.utils
 
     langpair = f"{src}-{tgt}"
     try:
-        paths = sacrebleu.utils.download_test_set("wmt14", langpair)
+        paths = sacrebleu.utils.download_test_set(test_set, langpair)
     except Exception as e:
-        raise DataError(f"could not get sacreBLEU test set wmt14 ({langpair}): {e}") from e
+        raise DataError(f"could not get sacreBLEU test set {test_set} ({langpair}): {e}") from e
     counts = []
-    with atomic_write(dest[0]) as fs, atomic_write(dest[1]) as ft:
-        for path, f in ((paths[0], fs), (paths[1], ft)):
-            n = 0
-            with open(path, encoding="utf-8", newline="\n") as inp:
-                for line in inp:
-                    f.write(_one_line(line.rstrip("\n")) + "\n")
-                    n += 1
-            counts.append(n)
-        if counts[0] != counts[1]:
-            raise DataError(
-                f"sacreBLEU wmt14 ({langpair}): {paths[0]} has {counts[0]} lines but "
-                f"{paths[1]} has {counts[1]}"
-            )
+    for path, out in zip(paths[:2], dest):
+        with open(path, "rb") as inp, atomic_write(out, "wb") as f:
+            data = inp.read()
+            f.write(data)
+        counts.append(data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0))
+    if counts[0] != counts[1]:
+        for out in dest:
+            out.unlink(missing_ok=True)
+        raise DataError(
+            f"sacreBLEU {test_set} ({langpair}): {paths[0]} has {counts[0]} lines but "
+            f"{paths[1]} has {counts[1]}"
+        )
+    log.info("sacreBLEU %s (%s): %d lines", test_set, langpair, counts[0])
     return counts[0]
 
 

@@ -2,14 +2,17 @@
 
 Pipeline position: average -> translate -> **bleu** -> table.
 
-For each split in ``cfg.data.test_splits`` the source ``data/raw/<data>/<split>.<src>`` is
-translated with the run's model (``decode.checkpoint``, else ``checkpoints/averaged.pt``,
+For each split in ``cfg.data.test_splits`` the (cleaned) source ``data/raw/<data>/<split>.<src>``
+is translated with the run's model (``decode.checkpoint``, else ``checkpoints/averaged.pt``,
 else the latest checkpoint), written to ``runs/<name>/translations/<split>.<tgt>`` and
-scored against ``data/raw/<data>/<split>.<tgt>``:
+scored against the official reference exactly as distributed,
+``data/raw/<data>/ref/<split>.<tgt>`` (written by the download stage, never cleaned):
 
-* sacreBLEU (detokenized, 13a, mixed case) and chrF, the comparable modern numbers;
-* tokenized BLEU as in the paper (Moses tokenizer, compound splitting for German,
-  multi-bleu), see :mod:`transformer_nmt.bleu`.
+* sacreBLEU (detokenized, 13a, mixed case), the headline, and chrF: both files are read as
+  the ``sacrebleu`` command line reads them, so the score equals
+  ``sacrebleu data/raw/<data>/ref/<split>.<tgt> -i runs/<name>/translations/<split>.<tgt>``;
+* the paper's BLEU (tensor2tensor's ``get_ende_bleu.sh`` for German, Moses tokenizer +
+  multi-bleu otherwise), see :mod:`transformer_nmt.bleu`.
 
 ``runs/<name>/results.json`` (written atomically) records::
 
@@ -21,8 +24,9 @@ scored against ``data/raw/<data>/<split>.<tgt>``:
       "checkpoint", "steps", "checkpoints_averaged" (file names or null),
       "num_checkpoints_averaged",
       "decode": {beam_size, lenpen, lenpen_form, max_len_a, max_len_b, precision, ...},
-      "test_sets": {split: {"sentences", "translations", "bleu": {"sacrebleu": {...},
-                    "tokenized_bleu": {...}}, "chrf": {...}, "speed": {...}}},
+      "test_sets": {split: {"sentences", "source", "reference", "translations",
+                    "bleu": {"sacrebleu": {...}, "paper_bleu": {...}}, "chrf": {...},
+                    "speed": {...}}},
       "training_cost": {"gpu_hours", "flops", "train_seconds", "world_size"} or null,
       "train_summary": the run's train_summary.json or null
     }
@@ -41,7 +45,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.bleu import format_score, score_all
+from transformer_nmt.bleu import format_score, read_text_lines, score_all
+from transformer_nmt.corpora import reference_path
 from transformer_nmt.fileio import atomic_write, raw_path
 from transformer_nmt.translate import (
     load_tokenizer,
@@ -117,12 +122,13 @@ def evaluate(cfg: Any) -> dict[str, Any]:
     test_sets: dict[str, Any] = {}
     for split in data.test_splits:
         src_file = raw_path(data, split, data.src_lang)
-        ref_file = raw_path(data, split, data.tgt_lang)
+        ref_file = reference_path(data, split, data.tgt_lang)
         for f in (src_file, ref_file):
             if not f.is_file():
-                raise FileNotFoundError(f"test file {f} not found (data.test_splits names {split!r}; "
-                                        "run nmt-prepare first)")
-        sources, references = read_lines(src_file), read_lines(ref_file)
+                raise FileNotFoundError(
+                    f"test file {f} not found (data.test_splits names {split!r}; run "
+                    "nmt-prepare first: it keeps the official references as downloaded)")
+        sources, references = read_lines(src_file), read_text_lines(ref_file)
         if len(sources) != len(references):
             raise ValueError(
                 f"{src_file} has {len(sources)} lines but {ref_file} has {len(references)}"
@@ -130,7 +136,8 @@ def evaluate(cfg: Any) -> dict[str, Any]:
         hypotheses, speed = translate_lines(model, tokenizer, sources, cfg.decode, device)
         out_file = run_dir / "translations" / f"{split}.{data.tgt_lang}"
         write_lines(hypotheses, out_file)
-        scores = score_all(hypotheses, references, data.tgt_lang)
+        # Score the two files as written, as `sacrebleu REF -i HYP` reads them.
+        scores = score_all(read_text_lines(out_file), references, data.tgt_lang)
         print(f"{cfg.name} {split} ({len(sources)} sentences, {data.src_lang}->{data.tgt_lang}):")
         for result in scores.values():
             print(f"  {format_score(result)}")
@@ -139,7 +146,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
             "source": str(src_file),
             "reference": str(ref_file),
             "translations": str(out_file),
-            "bleu": {"sacrebleu": scores["sacrebleu"], "tokenized_bleu": scores["tokenized_bleu"]},
+            "bleu": {"sacrebleu": scores["sacrebleu"], "paper_bleu": scores["paper_bleu"]},
             "chrf": scores["chrf"],
             "speed": speed,
         }

@@ -12,9 +12,11 @@ written by :mod:`transformer_nmt.evaluate`) and writes ``cfg.table_output``
   epsilon_ls and positional encoding.
 * **Other runs** (Multi30k, custom corpora, ...): every test set's scores.
 
-Every BLEU number is in a column or cell that names its kind: the paper's numbers are
-tokenized BLEU (compound-split for EN-DE); ours are given as both tokenized BLEU and
-sacreBLEU. Training cost: the paper's FLOPs are GPU time x sustained single-precision
+Every BLEU number is in a column or cell that names its kind. The paper's numbers are
+tokenized BLEU; they are compared only with ours computed the same way (``paper_bleu`` in
+results.json: tensor2tensor's ``get_ende_bleu.sh`` for EN-DE, Moses tokenizer + multi-bleu
+for EN-FR, see :mod:`transformer_nmt.bleu`); sacreBLEU, our headline, is shown beside it.
+A results.json without ``paper_bleu`` (written before it existed) shows "–" there. Training cost: the paper's FLOPs are GPU time x sustained single-precision
 TFLOPS of the GPUs; ours come from the run's train_summary.json (its ``flops`` field).
 """
 
@@ -72,8 +74,12 @@ PAPER_TABLE3: list[tuple[str, str, dict[str, Any], float, float, float | None]] 
 ]
 TABLE3_TEST_SET = "newstest2013"
 
-TOK = "tokenized BLEU"
+TOK = "paper BLEU"
+TOK_DE = "paper BLEU (t2t get_ende_bleu.sh)"
+TOK_FR = "paper BLEU (Moses tokenizer, multi-bleu)"
 SACRE = "sacreBLEU"
+PAPER_KIND = "paper_bleu"
+"""results.json key of our BLEU computed the paper's way."""
 
 
 def load_results(pattern: str) -> list[dict[str, Any]]:
@@ -136,6 +142,23 @@ def _score(result: dict[str, Any], split: str, kind: str) -> float | None:
     return None if entry is None else float(entry["score"])
 
 
+LEGACY_MARK = " (†)"
+LEGACY_NOTE = (
+    "(†): a results.json written before nmt-evaluate scored against the official reference "
+    "files: its sacreBLEU used the cleaned test files, and it has no paper BLEU."
+)
+
+
+def is_legacy(result: dict[str, Any]) -> bool:
+    """True for results scored before ``paper_bleu`` and the official references existed."""
+    tests = (result.get("test_sets") or {}).values()
+    return bool(tests) and not any(PAPER_KIND in (t.get("bleu") or {}) for t in tests)
+
+
+def _name(result: dict[str, Any]) -> str:
+    return str(result["experiment"]) + (LEGACY_MARK if is_legacy(result) else "")
+
+
 def _fmt(x: float | None, digits: int = 1) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
@@ -172,7 +195,7 @@ def is_table2_run(result: dict[str, Any]) -> bool:
 def table2_section(results: list[dict[str, Any]]) -> list[str]:
     """Markdown lines of the Table 2 section (paper rows always, ours when present)."""
     header = [
-        "model", f"EN-DE {TOK} (compound-split)", f"EN-DE {SACRE}", f"EN-FR {TOK}",
+        "model", f"EN-DE {TOK_DE}", f"EN-DE {SACRE}", f"EN-FR {TOK_FR}",
         f"EN-FR {SACRE}", "training cost EN-DE (FLOPs)", "EN-FR (FLOPs)", "GPU-hours",
     ]
     rows = []
@@ -185,11 +208,11 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
                 continue
             tgt = r["data"]["tgt_lang"]
             flops, hours = _cost(r)
-            tok = _fmt(_score(r, TABLE2_TEST_SET, "tokenized_bleu"))
+            tok = _fmt(_score(r, TABLE2_TEST_SET, PAPER_KIND))
             sacre = _fmt(_score(r, TABLE2_TEST_SET, "sacrebleu"))
             de = tgt == "de"
             rows.append([
-                f"Transformer ({size}), ours: {r['experiment']}",
+                f"Transformer ({size}), ours: {_name(r)}",
                 tok if de else "–", sacre if de else "–",
                 "–" if de else tok, "–" if de else sacre,
                 _fmt_e(flops) if de else "–", "–" if de else _fmt_e(flops), _fmt(hours),
@@ -197,8 +220,12 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
     return [
         "## Table 2: newstest2014 (full, 3,003 sentences)",
         "",
-        f"Paper numbers are {TOK} (Moses tokenizer, multi-bleu; EN-DE with compound splitting).",
-        f"Ours: {TOK} computed the same way, and {SACRE} (detokenized, 13a, mixed case).",
+        "The paper's numbers are tokenized BLEU; beside them only ours computed the same way:",
+        f"{TOK_DE} (hypothesis through Moses replace-unicode-punctuation and tokenizer -l de,",
+        "reference with German quotes as &quot;, ##AT## compound split, multi-bleu) and",
+        f"{TOK_FR}. {SACRE} (detokenized, 13a, mixed case, against the official reference)",
+        "is our headline; the paper has no such number.",
+        *([LEGACY_NOTE] if any(is_table2_run(r) and is_legacy(r) for r in results) else []),
         "Paper cost = training time x GPUs x sustained TFLOPS; ours = the `flops` of the run's",
         "train_summary.json (6 x parameters x tokens).",
         "",
@@ -225,7 +252,7 @@ def table3_section(results: list[dict[str, Any]]) -> list[str]:
         ppl = ((r.get("train_summary") or {}).get("valid") or {}).get("ppl")
         rows.append([
             str(r["table3_row"]), r["experiment"], line[1] if line else "(no paper line)",
-            _params(r), _fmt(ppl, 2), _fmt(_score(r, split, "tokenized_bleu")),
+            _params(r), _fmt(ppl, 2), _fmt(_score(r, split, PAPER_KIND)),
             _fmt(_score(r, split, "sacrebleu")), split,
             _fmt(line[3], 2) if line else "–", _fmt(line[4]) if line else "–",
             f"{line[5]}M" if line and line[5] else "–",
@@ -250,10 +277,10 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
         n_avg = r.get("num_checkpoints_averaged")
         for split in r.get("test_sets") or {}:
             rows.append([
-                r["experiment"], f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
+                _name(r), f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
                 str((r.get("model") or {}).get("name")), _params(r), str(r.get("steps", "–")),
                 str(n_avg) if n_avg else "none", split,
-                _fmt(_score(r, split, "tokenized_bleu"), 2), _fmt(_score(r, split, "sacrebleu"), 2),
+                _fmt(_score(r, split, PAPER_KIND), 2), _fmt(_score(r, split, "sacrebleu"), 2),
                 _fmt(_score(r, split, "chrf"), 2), _fmt(hours, 2), _fmt_e(flops),
             ])
     return rows
@@ -264,8 +291,8 @@ _PER_TEST_SET_HEADER = [
     TOK, SACRE, "chrF", "GPU-hours", "FLOPs",
 ]
 _PER_TEST_SET_LEGEND = (
-    f"{TOK}: Moses tokenizer, multi-bleu (compound-split for German targets); "
-    f"{SACRE}: detokenized, 13a, mixed case; chrF: sacreBLEU's chrF."
+    f"{TOK}: the paper's way (German targets: t2t get_ende_bleu.sh; others: Moses tokenizer, "
+    f"multi-bleu); {SACRE}: detokenized, 13a, mixed case, official reference; chrF: sacreBLEU's chrF."
 )
 
 
@@ -278,6 +305,7 @@ def table2_details_section(results: list[dict[str, Any]]) -> list[str]:
         "### Table 2 runs on every test set",
         "",
         _PER_TEST_SET_LEGEND,
+        *([LEGACY_NOTE] if any(is_legacy(r) for r in runs) else []),
         "",
         *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(runs)),
         "",
@@ -293,6 +321,7 @@ def others_section(results: list[dict[str, Any]]) -> list[str]:
         "## Other runs",
         "",
         _PER_TEST_SET_LEGEND,
+        *([LEGACY_NOTE] if any(is_legacy(r) for r in others) else []),
         "",
         *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(others)),
         "",
