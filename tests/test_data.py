@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from transformer_nmt import binarize, bpe, clean, corpora
 from transformer_nmt.binarize import TokenDataset
@@ -154,9 +155,11 @@ def test_missing_file_and_unknown_corpus(tmp_path):
     cfg.data.test_splits = ["other"]
     with pytest.raises(DataError, match="no entry for split 'other'"):
         prepare(cfg)
-    cfg.data.corpus = "europarl"
+    # the typed config refuses the value; an untyped one (from code) reaches fetch's check
+    untyped = OmegaConf.create(OmegaConf.to_container(cfg.data, enum_to_str=True))
+    untyped.corpus = "europarl"
     with pytest.raises(DataError, match="unknown corpus data.corpus='europarl'"):
-        corpora.fetch(cfg.data)
+        corpora.fetch(untyped)
     from hydra.errors import ConfigCompositionException
 
     with pytest.raises(ConfigCompositionException, match="europarl"):

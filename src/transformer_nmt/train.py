@@ -688,7 +688,8 @@ def _train(cfg: Any, info: distributed.DistInfo) -> dict[str, Any]:
         return {
             "model": model.state_dict(),
             "config": OmegaConf.to_container(
-                cfg if OmegaConf.is_config(cfg) else OmegaConf.structured(cfg), resolve=True
+                cfg if OmegaConf.is_config(cfg) else OmegaConf.structured(cfg), resolve=True,
+                enum_to_str=True,  # plain strings: torch.load(weights_only=True) reads them
             ),
             "vocab_size": vocab_size,
             "step": state["step"],
