@@ -15,8 +15,9 @@ from transformer_nmt.beam_search import (
     length_penalty,
     max_output_lengths,
 )
+from transformer_nmt.cache import DecoderCache
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
-from transformer_nmt.model import DecoderCache, Transformer
+from transformer_nmt.model import Transformer
 
 VOCAB = 8
 # Tokens a hypothesis may contain (pad and bos are never generated; eos only ends it).
