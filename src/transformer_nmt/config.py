@@ -437,6 +437,18 @@ def validate(cfg: Any) -> None:
         raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
 
 
+def to_plain(cfg: Any) -> dict:
+    """The config as plain Python types (choices as ``str``), resolved: what a checkpoint stores.
+
+    ``torch.load(weights_only=True)`` reads no Enum, so every config written into a
+    checkpoint goes through here.
+    """
+    from omegaconf import OmegaConf
+
+    node = cfg if OmegaConf.is_config(cfg) else OmegaConf.structured(cfg)
+    return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+
+
 def register_configs() -> None:
     """Store the schema in Hydra's ConfigStore (called on import of this module)."""
     cs = ConfigStore.instance()
