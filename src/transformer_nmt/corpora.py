@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformer_nmt.config import Corpus
 from transformer_nmt.fileio import (  # noqa: F401  (DataError, read_lines: re-exported)
     DataError,
     atomic_write,
@@ -40,7 +41,7 @@ from transformer_nmt.fileio import (  # noqa: F401  (DataError, read_lines: re-e
 
 log = logging.getLogger(__name__)
 
-CORPORA = ("multi30k", "wmt14", "custom")
+CORPORA = tuple(m.value for m in Corpus)  # ("multi30k", "wmt14", "custom")
 MIRROR_ENV = "NMT_MULTI30K_MIRROR"
 MULTI30K_VALID = "val"
 """Official name of the Multi30k validation split (stored on disk as ``data.valid_split``)."""
