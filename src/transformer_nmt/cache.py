@@ -21,13 +21,11 @@ class DecoderCache:
     its cross-attention K/V (beam search keeps R = N x K), which a beam reorder never has
     to touch.
 
-    The self-attention K/V live in buffers with room for more positions than L (capacity
-    doubles when full): a step writes its new position in place, and attention reads the
-    first L + t positions as a view. :meth:`reorder` is lazy: the next
-    :meth:`append_self` of each layer gathers the kept rows into a fresh buffer with one
-    ``index_select`` (the only copy of the cached K/V per beam-search step; growing by
-    ``torch.cat`` and then re-indexing would copy them twice, docs/model.md has the timings).
-    Inference only: the buffers are written in place, which autograd does not allow.
+    Self-attention K/V live in reused buffers (capacity doubles when full) and
+    :meth:`reorder` is lazy: the next :meth:`append_self` of each layer gathers the kept
+    rows with one ``index_select`` (docs/model.md, "Decoder cache", has the design and its
+    timings). Inference only: the buffers are written in place, which autograd does not
+    allow.
 
     Attributes:
         length: target positions already decoded (L); the next call starts at this position.

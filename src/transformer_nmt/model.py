@@ -23,17 +23,15 @@ materialised when it masks something: a batch without padding attends with
 Target padding needs no mask of its own: targets are right-padded, so the causal mask
 already keeps every real position away from the pads that follow it.
 
-Layer order: post-norm (``LayerNorm(x + Dropout(Sublayer(x)))``, section 3.1 and 5.4) by
-default, pre-norm (``x + Dropout(Sublayer(LayerNorm(x)))`` plus a final LayerNorm on the
-encoder and decoder outputs) with ``norm=pre``.
+Layer order: post-norm ``LayerNorm(x + Dropout(Sublayer(x)))`` (sections 3.1, 5.4) by
+default; ``norm=pre``: ``x + Dropout(Sublayer(LayerNorm(x)))`` plus a final LayerNorm on the
+encoder and decoder outputs.
 
-Initialisation (``init=xavier``, the common reproduction choice; the paper does not say):
-Xavier-uniform weights for every linear layer, each of W^Q, W^K, W^V initialised as its own
-(D, H*Dk) matrix even though they are stored fused; zero biases; token embeddings (and thus
-a tied pre-softmax matrix, and an untied one too) and learned positions from
-N(0, D^-0.5); the padding row of every token embedding is zero. With this scale an
-embedding multiplied by sqrt(D) (section 3.4) has entries of unit variance, and tied
-logits start near unit variance.
+Initialisation (``init=xavier``; the paper does not say): Xavier-uniform linear weights
+(W^Q, W^K, W^V each as its own (D, H*Dk) block), zero biases, N(0, D^-0.5) embeddings and
+learned positions, zero padding rows (details in docs/model.md).
+
+The decoder's incremental cache is :class:`transformer_nmt.cache.DecoderCache`.
 """
 
 from __future__ import annotations
@@ -185,7 +183,7 @@ def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None)
     """softmax(q k^T / sqrt(d_k)) v for a few queries per row (cached decoding steps on CPU).
 
     The same function as SDPA (section 3.2.1) as two batched matmuls: on CPU the flash
-    kernel's blocking costs more than it saves for one or a few queries (docs/model.md).
+    kernel's blocking costs more than it saves for one or a few queries (docs/benchmarks.md).
 
     Args:
         q: (B, H, n, Dk); k: (B, H, L, Dk); v: (B, H, L, Dv).
