@@ -53,17 +53,23 @@ class Choice(str, Enum):
 
 
 class Corpus(Choice):
+    """data.corpus: where the parallel text comes from."""
+
     multi30k = "multi30k"
     wmt14 = "wmt14"
     custom = "custom"
 
 
 class EncodingErrors(Choice):
+    """data.encoding_errors: what invalid UTF-8 gets."""
+
     strict = "strict"
     replace = "replace"
 
 
 class UnicodeForm(Choice):
+    """data.unicode_form: normalisation applied to every line (``none``: unchanged)."""
+
     NFC = "NFC"
     NFKC = "NFKC"
     NFD = "NFD"
@@ -72,31 +78,43 @@ class UnicodeForm(Choice):
 
 
 class SpmModelType(Choice):
+    """data.spm_model_type: the SentencePiece algorithm."""
+
     bpe = "bpe"
     unigram = "unigram"
 
 
 class Norm(Choice):
+    """model.norm: where LayerNorm sits (section 3.1: post)."""
+
     post = "post"
     pre = "pre"
 
 
 class ShareEmbeddings(Choice):
+    """model.share_embeddings: which embedding matrices are one (section 3.4: all)."""
+
     all = "all"
     decoder = "decoder"
     none = "none"
 
 
 class Positions(Choice):
+    """model.positions: section 3.5 (sinusoidal) or Table 3 row E (learned)."""
+
     sinusoidal = "sinusoidal"
     learned = "learned"
 
 
 class Init(Choice):
+    """model.init: the weight initialisation."""
+
     xavier = "xavier"
 
 
 class TrainPrecision(Choice):
+    """trainer.precision: arithmetic of the training step."""
+
     auto = "auto"
     fp32 = "fp32"
     bf16 = "bf16"
@@ -104,17 +122,23 @@ class TrainPrecision(Choice):
 
 
 class DecodePrecision(Choice):
+    """decode.precision: arithmetic of decoding."""
+
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
 
 
 class LenpenForm(Choice):
+    """decode.lenpen_form: the length penalty lp(|Y|)."""
+
     gnmt = "gnmt"
     fairseq = "fairseq"
 
 
 class Stopping(Choice):
+    """decode.stopping: when a sentence's beam search ends."""
+
     bound = "bound"
     beam = "beam"
 
