@@ -14,9 +14,11 @@ from transformer_nmt.beam_search import (
     greedy_search,
     length_penalty,
     max_output_lengths,
+    next_token_log_probs,
 )
+from transformer_nmt.cache import DecoderCache
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
-from transformer_nmt.model import DecoderCache, Transformer
+from transformer_nmt.model import Transformer
 
 VOCAB = 8
 # Tokens a hypothesis may contain (pad and bos are never generated; eos only ends it).
@@ -302,3 +304,29 @@ def test_bad_arguments():
         beam_search(model, src, lenpen_form="marian")
     assert beam_search(model, src[:0]) == []
     assert math.isfinite(beam_search(model, src)[0][0].score)
+
+
+def test_next_token_step_constraints_and_grouped_rows():
+    """The shared step: log-probs of a full decoder pass, pad/bos barred, eos at min/max length."""
+    model = tiny_model(seed=5)
+    src = torch.tensor([[4, 5, 6, EOS_ID], [7, EOS_ID, PAD_ID, PAD_ID]])
+    with torch.inference_mode():
+        memory, src_mask = model.encode(src)
+        width = 3  # three rows per sentence share its cross-attention K/V
+        last = torch.full((2 * width, 1), BOS_ID, dtype=torch.long)
+        lp = next_token_log_probs(
+            model, last, memory, src_mask, model.new_cache(), 0, 0, torch.tensor([5, 0])
+        )  # min_len 0; sentence 1 is at its limit
+        lp_min = next_token_log_probs(
+            model, last, memory, src_mask, model.new_cache(), 0, 1, torch.tensor([5, 5])
+        )
+        ref = torch.log_softmax(model.decode(last[::width], memory, src_mask)[:, -1].float(), -1)
+    assert lp.shape == (2 * width, VOCAB) and lp.dtype == torch.float32
+    assert torch.isinf(lp[:, [PAD_ID, BOS_ID]]).all()
+    assert torch.isinf(lp_min[:, EOS_ID]).all()  # t = 0 < min_len = 1
+    torch.testing.assert_close(lp_min[:width, 4:], lp[:width, 4:])
+    ok = [i for i in range(VOCAB) if i not in (PAD_ID, BOS_ID, EOS_ID)]
+    torch.testing.assert_close(lp[:width, ok], ref[0, ok].expand(width, -1))
+    # at the limit only eos is left, with its own log-probability
+    assert torch.isinf(lp[width:, ok]).all()
+    torch.testing.assert_close(lp[width:, EOS_ID], ref[1, EOS_ID].expand(width))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from transformer_nmt.cli import CONFIG_DIR, compose
 
@@ -49,7 +50,10 @@ def test_wrong_type_names_the_value():
     [
         ("model.heads=7", "model.heads=7"),
         ("model.dropout=1.0", "model.dropout=1.0"),
-        ("model.norm=sandwich", "model.norm='sandwich'"),
+        ("trainer.max_time_minutes=-1", "trainer.max_time_minutes=-1.0"),
+        ("data.tgt_lang=en", "data.src_lang='en' equals data.tgt_lang='en'"),
+        ("trainer.update_freq=0", "trainer.update_freq=0"),
+        ("decode.max_tokens=0", "decode.max_tokens=0"),
         ("decode.nbest=9", "decode.nbest=9"),
         ("trainer.label_smoothing=-0.1", "trainer.label_smoothing=-0.1"),
     ],
@@ -58,6 +62,43 @@ def test_semantic_validation_names_the_value(override, fragment):
     with pytest.raises(ValueError) as err:
         compose([override])
     assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("override", ["trainer.max_time_minutes=-1", "data.tgt_lang=en"])
+def test_single_bad_value_is_one_line(override):
+    with pytest.raises(ValueError) as err:
+        compose([override])
+    assert "\n" not in str(err.value) and str(err.value).startswith("invalid configuration: ")
+
+
+@pytest.mark.parametrize(
+    "key, bad, choices",
+    [
+        ("model.norm", "sandwich", "[post, pre]"),
+        ("model.positions", "rope", "[sinusoidal, learned]"),
+        ("data.corpus", "europarl", "[multi30k, wmt14, custom]"),
+        ("data.unicode_form", "NFX", "[NFC, NFKC, NFD, NFKD, none]"),
+        ("trainer.precision", "fp8", "[auto, fp32, bf16, fp16]"),
+        ("decode.precision", "auto", "[fp32, bf16, fp16]"),
+        ("decode.lenpen_form", "marian", "[gnmt, fairseq]"),
+        ("decode.stopping", "never", "[bound, beam]"),
+    ],
+)
+def test_bad_choice_fails_at_composition_naming_the_key(key, bad, choices):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([f"{key}={bad}"])
+    text = str(err.value) + str(err.value.__cause__)
+    assert f"full_key: {key}" in text and f"Invalid value '{bad}'" in text and choices in text
+
+
+def test_choices_compare_and_print_as_strings():
+    cfg = compose(["model.norm=pre", "trainer.precision=bf16"])
+    assert cfg.model.norm == "pre" and cfg.trainer.precision in ("bf16", "fp16")
+    assert f"{cfg.model.norm}" == str(cfg.model.norm) == "pre"
+    assert {"bf16": 1}[cfg.trainer.precision] == 1
+    assert "norm: pre" in OmegaConf.to_yaml(cfg)
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert type(plain["model"]["norm"]) is str and plain["model"]["norm"] == "pre"
 
 
 def test_table3_variants_are_overrides():

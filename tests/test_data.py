@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import pickle
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from transformer_nmt import binarize, bpe, clean, corpora
 from transformer_nmt.binarize import TokenDataset
@@ -100,6 +102,72 @@ def test_reservoir_sample_is_bounded_seeded_and_covers_the_stream():
     assert bpe.reservoir_sample(iter(lines[:10]), 50, seed=3)[0] == lines[:10]
 
 
+# --- line splitting: one rule for every reader ------------------------------------------------
+
+CR_TEXT = b"a lone\rcarriage return\nwindows line\r\n\r\nlast\rline without newline"
+CR_LINES = ["a lone\rcarriage return", "windows line", "", "last\rline without newline"]
+
+
+def test_one_line_splitting_rule_for_data_and_translate(tmp_path, monkeypatch):
+    """\\n ends a line, \\r\\n is accepted as its ending, a lone \\r stays in the line."""
+    from transformer_nmt import fileio, translate
+
+    plain, packed = tmp_path / "in.txt", tmp_path / "in.txt.gz"
+    plain.write_bytes(CR_TEXT)
+    packed.write_bytes(gzip.compress(CR_TEXT))
+    assert list(fileio.read_lines(plain)) == CR_LINES
+    assert list(fileio.read_lines(packed)) == CR_LINES
+    assert corpora.read_lines is fileio.read_lines and clean.read_lines is fileio.read_lines
+    assert translate.read_lines(plain) == CR_LINES
+    assert len(CR_TEXT.splitlines()) == 6  # what splitting on every separator would give
+
+    class Stdin:
+        buffer = io.BytesIO(CR_TEXT)
+
+    monkeypatch.setattr(sys, "stdin", Stdin)
+    assert translate.read_lines(None) == CR_LINES
+
+
+def test_translate_reader_errors_name_file_and_line(tmp_path):
+    from transformer_nmt import translate
+
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"fine\r\ncaf\xe9\n")
+    with pytest.raises(ValueError, match=rf"{bad}, line 2: invalid UTF-8 at byte 3") as err:
+        translate.read_lines(bad)
+    assert "data.encoding_errors" not in str(err.value)  # not a data-stage setting here
+    with pytest.raises(FileNotFoundError, match="nowhere.en"):
+        translate.read_lines(tmp_path / "nowhere.en")
+
+
+def test_translate_file_writes_one_line_per_input_line(tmp_path):
+    """A carriage return inside a line gives no extra output line (the output stays aligned)."""
+    import torch
+
+    from transformer_nmt.config import DecodeConfig, ModelConfig
+    from transformer_nmt.model import Transformer
+    from transformer_nmt.translate import translate_file
+
+    class CharTokenizer:
+        def encode(self, text):
+            return [4 + ord(c) % 20 for c in text]
+
+        def decode(self, ids):
+            return " ".join(str(i) for i in ids)
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="test", encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32,
+                      heads=2, dropout=0.0, max_positions=128)
+    model = Transformer(cfg, vocab_size=24).eval()
+    src, out = tmp_path / "in.en", tmp_path / "out.de"
+    src.write_bytes(CR_TEXT)
+    decode = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=3)
+    stats = translate_file(model, CharTokenizer(), decode, "cpu", src, out)
+    assert stats["sentences"] == len(CR_LINES)
+    assert len(out.read_bytes().split(b"\n")) - 1 == len(CR_LINES) == len(list(corpora.read_lines(src)))
+    assert b"\r" not in out.read_bytes()
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 
@@ -154,9 +222,11 @@ def test_missing_file_and_unknown_corpus(tmp_path):
     cfg.data.test_splits = ["other"]
     with pytest.raises(DataError, match="no entry for split 'other'"):
         prepare(cfg)
-    cfg.data.corpus = "europarl"
+    # the typed config refuses the value; an untyped one (from code) reaches fetch's check
+    untyped = OmegaConf.create(OmegaConf.to_container(cfg.data, enum_to_str=True))
+    untyped.corpus = "europarl"
     with pytest.raises(DataError, match="unknown corpus data.corpus='europarl'"):
-        corpora.fetch(cfg.data)
+        corpora.fetch(untyped)
     from hydra.errors import ConfigCompositionException
 
     with pytest.raises(ConfigCompositionException, match="europarl"):

@@ -263,6 +263,41 @@ def test_fused_attention_equals_per_head_formula():
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("masked", ["padding", "causal", "none"])
+def test_attention_weights_times_v_equal_the_sdpa_path(masked):
+    """attention_weights (the paper's softmax, written out) @ V == the SDPA path's output."""
+    torch.manual_seed(13)
+    d_model, heads, d_k, d_v = 16, 2, 3, 5
+    x, mem = torch.randn(2, 4, d_model), torch.randn(2, 6, d_model)
+    for self_attention in (True, False):
+        mha = MultiHeadAttention(d_model, heads, d_k, d_v, 0.0, self_attention).eval()
+        mha.reset_parameters()
+        src = x if self_attention else mem
+        n_keys = src.size(1)
+        is_causal = masked == "causal" and self_attention
+        mask = None
+        if masked == "padding":
+            real = torch.ones(2, n_keys, dtype=torch.bool)
+            real[1, n_keys - 2 :] = False  # the second row's last two keys are padding
+            mask = key_padding_attn_mask(real)
+        memory = None if self_attention else mem
+        with torch.no_grad():
+            probs = mha.attention_weights(x, memory, attn_mask=mask, is_causal=is_causal)
+            assert probs.shape == (2, heads, 4, n_keys)
+            torch.testing.assert_close(probs.sum(-1), torch.ones(2, heads, 4))
+            if masked == "padding":
+                assert probs[1, :, :, n_keys - 2 :].eq(0).all()
+            if is_causal:
+                assert probs[..., 0, 1:].eq(0).all() and probs[..., 2, 3:].eq(0).all()
+            if self_attention:
+                v = mha._self_projections(x)[2]  # (B, H, S, Dv)
+            else:
+                v = mha._memory_projections(mem)[1]
+            got = mha.out_proj(mha._merge_heads(probs @ v))  # (B, T, D)
+            expected = mha(x, memory, attn_mask=mask, is_causal=is_causal)  # t = 4: SDPA path
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
 def test_positional_encoding_formula_and_relative_property():
     d = 16
     table = sinusoidal_table(100, d).double()

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from transformer_nmt.beam_search import beam_search
 from transformer_nmt.bpe import SentencePieceTokenizer, train_spm
 from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
 from transformer_nmt.cli import compose
-from transformer_nmt.config import EOS_ID, DecodeConfig
+from transformer_nmt.config import EOS_ID, DecodeConfig, to_plain
 from transformer_nmt.corpora import reference_path
 from transformer_nmt.evaluate import evaluate
 from transformer_nmt.fileio import raw_path, spm_model_path
@@ -90,7 +89,7 @@ def new_model(cfg, vocab_size: int, seed: int) -> Transformer:
 
 def write_checkpoint(path: Path, model: Transformer, cfg, step: int) -> None:
     save_checkpoint(path, {
-        "model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True),
+        "model": model.state_dict(), "config": to_plain(cfg),
         "vocab_size": model.vocab_size, "step": step,
     })
 

@@ -19,7 +19,7 @@ Shape legend (used in every shape comment below):
 Search, step by step (all per-hypothesis work is tensor ops; Python only touches the
 hypotheses that finish and beat what their sentence already has):
     1. One decoder call on the last token of every live beam, (A*W, 1) -> log-probabilities
-       (A*W, V) in fp32; ``pad`` and ``bos`` are never generated, ``eos`` is barred before
+       (A*W, V) in fp32 (:func:`next_token_log_probs`, shared with greedy search); ``pad`` and ``bos`` are never generated, ``eos`` is barred before
        ``min_len`` tokens and forced once a sentence reaches its maximum length.
     2. The best C = 2K tokens of every beam (per-row top-k over V), then the best C of the
        W*C cumulative scores of each sentence: the same candidates as a top-k over all
@@ -60,10 +60,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, LenpenForm, Stopping
 
-LENPEN_FORMS = ("gnmt", "fairseq")
-STOPPING_RULES = ("bound", "beam")
+LENPEN_FORMS = tuple(m.value for m in LenpenForm)  # ("gnmt", "fairseq")
+STOPPING_RULES = tuple(m.value for m in Stopping)  # ("bound", "beam")
 
 
 @dataclass
@@ -150,6 +150,49 @@ def _best_possible_score(
     lp_short = length_penalty(float(t + 1), alpha, form)
     lp_long = length_penalty((max_len + 1).to(log_prob.dtype), alpha, form)  # (A,)
     return log_prob / lp_long.clamp(min=lp_short)
+
+
+def next_token_log_probs(
+    model: Any,
+    last: Tensor,
+    memory: Tensor,
+    src_mask: Tensor,
+    cache: Any,
+    t: int,
+    min_len: int,
+    max_len: Tensor,
+) -> Tensor:
+    """One decoder step over the cache: the next token's log-probabilities, constrained.
+
+    Shared by :func:`beam_search` and :func:`greedy_search` (so beam 1 equals greedy).
+    ``pad`` and ``bos`` get -inf; ``eos`` gets -inf before ``min_len`` tokens; a sentence
+    at its maximum length (``max_len == t``) may only produce ``eos``.
+
+    Args:
+        model: the Transformer (``decode`` with a cache).
+        last: (A*W, 1) long, the last token of each live row; W = rows / A rows per sentence.
+        memory: (A, S, D) encoder output; src_mask: (A, S) bool, True = real token.
+        cache: the :class:`~transformer_nmt.cache.DecoderCache` of these rows (grows by 1).
+        t: tokens generated so far (bos excluded).
+        min_len: ``eos`` is barred while ``t < min_len``.
+        max_len: (A,) long, maximum tokens before ``eos`` per sentence.
+
+    Returns:
+        (A*W, V) float32 natural-log probabilities.
+    """
+    logits = model.decode(last, memory, src_mask, cache)  # (A*W, 1, V)
+    lprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (A*W, V)
+    lprobs[:, PAD_ID] = -math.inf
+    lprobs[:, BOS_ID] = -math.inf
+    if t < min_len:
+        lprobs[:, EOS_ID] = -math.inf
+    at_limit = max_len.eq(t)  # (A,) sentences whose next token must be eos
+    if bool(at_limit.any()):
+        rows = at_limit.repeat_interleave(lprobs.size(0) // max_len.numel())  # (A*W,)
+        eos_lp = lprobs[rows, EOS_ID]
+        lprobs[rows] = -math.inf
+        lprobs[rows, EOS_ID] = eos_lp
+    return lprobs
 
 
 class _Finished:
@@ -252,19 +295,10 @@ def beam_search(
     t = 0
     while sent_ids.numel() > 0:
         n_act, width = scores.shape
-        logits = model.decode(last, memory, src_mask, cache)  # (A*W, 1, V)
-        lprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (A*W, V)
+        lprobs = next_token_log_probs(
+            model, last, memory, src_mask, cache, t, min_len, max_len
+        )  # (A*W, V)
         vocab = lprobs.size(-1)
-        lprobs[:, PAD_ID] = -math.inf
-        lprobs[:, BOS_ID] = -math.inf
-        if t < min_len:
-            lprobs[:, EOS_ID] = -math.inf
-        at_limit = max_len.eq(t)  # (A,) sentences whose next token must be eos
-        if bool(at_limit.any()):
-            rows = at_limit.repeat_interleave(width)  # (A*W,)
-            eos_lp = lprobs[rows, EOS_ID]
-            lprobs[rows] = -math.inf
-            lprobs[rows, EOS_ID] = eos_lp
 
         per_row = min(2 * k, vocab)
         row_lp, row_tokens = lprobs.topk(per_row, dim=1)  # (A*W, C'), sorted best first
@@ -379,17 +413,9 @@ def greedy_search(
     out: list[list[Hypothesis]] = [[] for _ in range(bsz)]
     t = 0
     while sent_ids.numel() > 0:
-        logits = model.decode(last, memory, src_mask, cache)  # (A, 1, V)
-        lprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (A, V)
-        lprobs[:, PAD_ID] = -math.inf
-        lprobs[:, BOS_ID] = -math.inf
-        if t < min_len:
-            lprobs[:, EOS_ID] = -math.inf
-        at_limit = max_len.eq(t)  # (A,)
-        if bool(at_limit.any()):
-            eos_lp = lprobs[at_limit, EOS_ID]
-            lprobs[at_limit] = -math.inf
-            lprobs[at_limit, EOS_ID] = eos_lp
+        lprobs = next_token_log_probs(
+            model, last, memory, src_mask, cache, t, min_len, max_len
+        )  # (A, V)
         best_lp, best = lprobs.max(dim=1)  # (A,), (A,)
         log_probs = log_probs + best_lp
         history = torch.cat([history, best.unsqueeze(1)], dim=1)  # (A, t + 1)

@@ -25,8 +25,8 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from transformer_nmt.corpora import DataError, SplitSource, read_lines
-from transformer_nmt.fileio import atomic_write, raw_path
+from transformer_nmt.corpora import SplitSource
+from transformer_nmt.fileio import DataError, atomic_write, raw_path, read_lines
 
 log = logging.getLogger(__name__)
 

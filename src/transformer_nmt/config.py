@@ -11,14 +11,20 @@ Units are part of the names: ``max_tokens`` is tokens per GPU per micro-batch,
 ``update_freq`` micro-batches per optimizer step, ``warmup_steps`` optimizer
 steps, ``save_every_minutes`` wall-clock minutes.
 
-The semantic checks that Hydra cannot express (d_model divisible by heads,
-dropout in [0, 1), ...) live in :func:`validate`, which every entry point calls
-before doing any work.
+Choice fields are str-valued Enums: OmegaConf rejects a value outside the choices
+at composition (``model.norm=sandwich``: "Invalid value 'sandwich', expected one of
+[post, pre]" with the full key), and a member still compares equal to its string
+(``cfg.model.norm == "pre"``).
+
+The range and cross-field checks that typing cannot express (d_model divisible by
+heads, dropout in [0, 1), positive max_tokens, ...) live in :func:`validate`, which
+every entry point calls before doing any work.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -32,6 +38,111 @@ BOS_ID = 2
 EOS_ID = 3
 
 
+class Choice(str, Enum):
+    """A config choice: member name == value, so OmegaConf accepts the value as written.
+
+    ``str()`` and f-strings give the bare value (``post``, not ``Norm.post``), so messages,
+    file names and SentencePiece arguments read as before.
+    """
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Corpus(Choice):
+    """data.corpus: where the parallel text comes from."""
+
+    multi30k = "multi30k"
+    wmt14 = "wmt14"
+    custom = "custom"
+
+
+class EncodingErrors(Choice):
+    """data.encoding_errors: what invalid UTF-8 gets."""
+
+    strict = "strict"
+    replace = "replace"
+
+
+class UnicodeForm(Choice):
+    """data.unicode_form: normalisation applied to every line (``none``: unchanged)."""
+
+    NFC = "NFC"
+    NFKC = "NFKC"
+    NFD = "NFD"
+    NFKD = "NFKD"
+    none = "none"
+
+
+class SpmModelType(Choice):
+    """data.spm_model_type: the SentencePiece algorithm."""
+
+    bpe = "bpe"
+    unigram = "unigram"
+
+
+class Norm(Choice):
+    """model.norm: where LayerNorm sits (section 3.1: post)."""
+
+    post = "post"
+    pre = "pre"
+
+
+class ShareEmbeddings(Choice):
+    """model.share_embeddings: which embedding matrices are one (section 3.4: all)."""
+
+    all = "all"
+    decoder = "decoder"
+    none = "none"
+
+
+class Positions(Choice):
+    """model.positions: section 3.5 (sinusoidal) or Table 3 row E (learned)."""
+
+    sinusoidal = "sinusoidal"
+    learned = "learned"
+
+
+class Init(Choice):
+    """model.init: the weight initialisation."""
+
+    xavier = "xavier"
+
+
+class TrainPrecision(Choice):
+    """trainer.precision: arithmetic of the training step."""
+
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class DecodePrecision(Choice):
+    """decode.precision: arithmetic of decoding."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class LenpenForm(Choice):
+    """decode.lenpen_form: the length penalty lp(|Y|)."""
+
+    gnmt = "gnmt"
+    fairseq = "fairseq"
+
+
+class Stopping(Choice):
+    """decode.stopping: when a sentence's beam search ends."""
+
+    bound = "bound"
+    beam = "beam"
+
+
 @dataclass
 class DataConfig:
     """Where a parallel corpus comes from and how it is cleaned, tokenized and binarized.
@@ -41,7 +152,7 @@ class DataConfig:
 
     name: str = MISSING
     """Corpus name; also the folder name under data/raw, data/spm, data/bin."""
-    corpus: str = MISSING
+    corpus: Corpus = MISSING
     """Source kind: ``multi30k``, ``wmt14`` or ``custom``."""
     src_lang: str = "en"
     tgt_lang: str = "de"
@@ -70,9 +181,9 @@ class DataConfig:
     """Test sets evaluated by nmt-evaluate, e.g. newstest2014 and newstest2014_filtered."""
 
     # --- cleaning (training split only; test sets are never filtered) ---------------
-    unicode_form: str = "NFKC"
+    unicode_form: UnicodeForm = UnicodeForm.NFKC
     """Unicode normalisation form applied to every line (NFC, NFKC, NFD, NFKD or none)."""
-    encoding_errors: str = "strict"
+    encoding_errors: EncodingErrors = EncodingErrors.strict
     """Invalid UTF-8: ``strict`` fails naming file and line; ``replace`` substitutes U+FFFD."""
     max_len: int = 250
     """Drop training pairs with more whitespace-separated words than this on either side."""
@@ -87,7 +198,7 @@ class DataConfig:
     # --- SentencePiece ----------------------------------------------------------------
     vocab_size: int = 8000
     """Shared BPE vocabulary size (37000 WMT14 EN-DE, 32000 EN-FR)."""
-    spm_model_type: str = "bpe"
+    spm_model_type: SpmModelType = SpmModelType.bpe
     spm_character_coverage: float = 1.0
     spm_sample_sentences: int = 2_000_000
     """Sentences (source and target counted separately) sampled to train SentencePiece."""
@@ -120,16 +231,16 @@ class ModelConfig:
     """Dropout on attention weights."""
     activation_dropout: float = 0.0
     """Dropout after the feed-forward ReLU."""
-    norm: str = "post"
+    norm: Norm = Norm.post
     """``post`` (the paper: LayerNorm(x + Sublayer(x))) or ``pre`` (with a final LayerNorm)."""
-    share_embeddings: str = "all"
+    share_embeddings: ShareEmbeddings = ShareEmbeddings.all
     """``all`` (source, target, pre-softmax are one matrix, section 3.4), ``decoder``
     (target embedding and pre-softmax only) or ``none``."""
-    positions: str = "sinusoidal"
+    positions: Positions = Positions.sinusoidal
     """``sinusoidal`` (section 3.5) or ``learned`` (Table 3 row E)."""
     max_positions: int = 1024
     """Longest sequence (tokens) the positional table covers."""
-    init: str = "xavier"
+    init: Init = Init.xavier
     """``xavier``: Xavier-uniform linear weights, N(0, d_model^-0.5) embeddings."""
 
 
@@ -158,7 +269,7 @@ class TrainerConfig:
     clip_norm: float = 0.0
     """Gradient-norm clipping threshold; 0 = off."""
 
-    precision: str = "auto"
+    precision: TrainPrecision = TrainPrecision.auto
     """``auto`` (bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU), ``fp32``,
     ``bf16`` or ``fp16`` (dynamic loss scaling)."""
     tf32: bool = True
@@ -196,13 +307,13 @@ class DecodeConfig:
     beam_size: int = 4
     lenpen: float = 0.6
     """Length penalty alpha."""
-    lenpen_form: str = "gnmt"
+    lenpen_form: LenpenForm = LenpenForm.gnmt
     """``gnmt``: ((5 + |Y|) / 6)^alpha (Wu et al. 2016, the paper); ``fairseq``: |Y|^alpha."""
     max_len_a: float = 1.0
     max_len_b: int = 50
     """Maximum output length = max_len_a * source length + max_len_b."""
     nbest: int = 1
-    stopping: str = "bound"
+    stopping: Stopping = Stopping.bound
     """When a sentence's search ends: ``bound`` once no live hypothesis can beat its best
     finished one (exact; tensor2tensor's rule, with the length penalty at the maximum
     length); ``beam`` once ``beam_size`` hypotheses have finished (fairseq, Hugging Face
@@ -211,7 +322,7 @@ class DecodeConfig:
     """Source tokens per decoding batch."""
     max_input_tokens: int = 1000
     """Longer inputs are truncated (with a warning)."""
-    precision: str = "fp32"
+    precision: DecodePrecision = DecodePrecision.fp32
     """fp32, bf16 or fp16."""
     device: str = "auto"
     checkpoint: str | None = None
@@ -246,20 +357,64 @@ class Config:
     """Free-form notes copied into results.json."""
 
 
-_CHOICES = {
-    ("data", "corpus"): ("multi30k", "wmt14", "custom"),
-    ("data", "encoding_errors"): ("strict", "replace"),
-    ("data", "unicode_form"): ("NFC", "NFKC", "NFD", "NFKD", "none"),
-    ("data", "spm_model_type"): ("bpe", "unigram"),
-    ("trainer", "precision"): ("auto", "fp32", "bf16", "fp16"),
-    ("decode", "lenpen_form"): ("gnmt", "fairseq"),
-    ("decode", "stopping"): ("bound", "beam"),
-    ("decode", "precision"): ("fp32", "bf16", "fp16"),
+_MODEL_CHOICES: dict[str, type[Choice]] = {
+    "norm": Norm, "share_embeddings": ShareEmbeddings, "positions": Positions, "init": Init,
 }
 
 
+def validate_model_config(cfg: Any, vocab_size: int | None = None, pad_id: int = PAD_ID) -> None:
+    """Check a model config before any tensor is allocated.
+
+    Args:
+        cfg: a :class:`~transformer_nmt.config.ModelConfig` or a DictConfig with its fields.
+        vocab_size: the shared vocabulary size (checked when given).
+        pad_id: the padding id (must lie inside the vocabulary).
+
+    Raises:
+        ValueError: listing every bad field as ``model.<key>=<value>`` and what is allowed.
+            The choice fields are checked here too: a ``ModelConfig`` built in code or
+            a config read back from a checkpoint is not typed by OmegaConf.
+    """
+    errors: list[str] = []
+    for key, choice in _MODEL_CHOICES.items():  # a plain dataclass or dict is not typed
+        value = getattr(cfg, key)
+        allowed = [m.value for m in choice]
+        if value not in allowed:
+            errors.append(f"model.{key}={value!r} is not one of {allowed}")
+    for key in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
+        value = getattr(cfg, key)
+        if not isinstance(value, int) or value <= 0:
+            errors.append(f"model.{key}={value!r} must be a positive integer")
+    for key in ("d_k", "d_v"):
+        value = getattr(cfg, key)
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            errors.append(f"model.{key}={value!r} must be a positive integer or None")
+    d_model, heads = cfg.d_model, cfg.heads
+    if (
+        isinstance(d_model, int) and isinstance(heads, int) and d_model > 0 and heads > 0
+        and d_model % heads != 0 and (cfg.d_k is None or cfg.d_v is None)
+    ):
+        errors.append(
+            f"model.d_model={d_model} is not divisible by model.heads={heads}; "
+            "set model.d_k and model.d_v explicitly or change the sizes"
+        )
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        value = getattr(cfg, key)
+        if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            errors.append(f"model.{key}={value!r} must be in [0, 1)")
+    if vocab_size is not None:
+        if vocab_size <= 0:
+            errors.append(f"vocab_size={vocab_size} must be positive")
+        elif not 0 <= pad_id < vocab_size:
+            errors.append(f"pad_id={pad_id} must be in [0, vocab_size={vocab_size})")
+    if errors:
+        raise ValueError("invalid model configuration:\n  " + "\n  ".join(errors))
+
+
+
+
 def validate(cfg: Any) -> None:
-    """Check the values Hydra's typing cannot (choices, ranges, divisibility).
+    """Check the values typing cannot (ranges, divisibility, combinations).
 
     Args:
         cfg: a composed :class:`Config` (DictConfig or dataclass).
@@ -268,12 +423,6 @@ def validate(cfg: Any) -> None:
         ValueError: naming every offending key with its value and what is allowed.
     """
     errors: list[str] = []
-    for (group, key), allowed in _CHOICES.items():
-        value = getattr(getattr(cfg, group), key)
-        if value not in allowed:
-            errors.append(f"{group}.{key}={value!r} is not one of {list(allowed)}")
-    from transformer_nmt.model import validate_model_config  # model.py imports this module
-
     try:
         validate_model_config(cfg.model)
     except ValueError as e:
@@ -284,17 +433,44 @@ def validate(cfg: Any) -> None:
             errors.append(f"trainer.{key}={getattr(t, key)} must be positive")
     if not 0.0 <= t.label_smoothing < 1.0:
         errors.append(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
+    if t.max_time_minutes is not None and t.max_time_minutes <= 0:
+        errors.append(f"trainer.max_time_minutes={t.max_time_minutes} must be positive (or null)")
     if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):
         errors.append(f"trainer.adam_betas={list(t.adam_betas)} must be two values in [0, 1)")
     d = cfg.decode
     if d.beam_size <= 0:
         errors.append(f"decode.beam_size={d.beam_size} must be positive")
+    for key in ("max_tokens", "max_input_tokens"):
+        if getattr(d, key) <= 0:
+            errors.append(f"decode.{key}={getattr(d, key)} must be positive")
     if not 0 < d.nbest <= d.beam_size:
         errors.append(f"decode.nbest={d.nbest} must be in [1, beam_size={d.beam_size}]")
+    if cfg.data.src_lang == cfg.data.tgt_lang:
+        errors.append(
+            f"data.src_lang={cfg.data.src_lang!r} equals data.tgt_lang={cfg.data.tgt_lang!r}; "
+            "the two sides need different languages"
+        )
+    for key in ("vocab_size", "max_len"):
+        if getattr(cfg.data, key) <= 0:
+            errors.append(f"data.{key}={getattr(cfg.data, key)} must be positive")
     if cfg.data.max_ratio < 1.0:
         errors.append(f"data.max_ratio={cfg.data.max_ratio} must be >= 1")
+    if len(errors) == 1:
+        raise ValueError(f"invalid configuration: {errors[0]}")
     if errors:
         raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
+
+
+def to_plain(cfg: Any) -> dict:
+    """The config as plain Python types (choices as ``str``), resolved: what a checkpoint stores.
+
+    ``torch.load(weights_only=True)`` reads no Enum, so every config written into a
+    checkpoint goes through here.
+    """
+    from omegaconf import OmegaConf
+
+    node = cfg if OmegaConf.is_config(cfg) else OmegaConf.structured(cfg)
+    return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 
 
 def register_configs() -> None:

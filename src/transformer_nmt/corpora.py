@@ -28,23 +28,29 @@ rewrites and which ``nmt-evaluate`` scores against.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import logging
 import os
 import shutil
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformer_nmt.fileio import atomic_write, is_up_to_date
+from transformer_nmt.config import Corpus
+from transformer_nmt.fileio import (  # noqa: F401  (DataError, read_lines: re-exported)
+    DataError,
+    atomic_write,
+    is_up_to_date,
+    open_binary,
+    read_lines,
+    require_file,
+)
 
 log = logging.getLogger(__name__)
 
-CORPORA = ("multi30k", "wmt14", "custom")
+CORPORA = tuple(m.value for m in Corpus)  # ("multi30k", "wmt14", "custom")
 MIRROR_ENV = "NMT_MULTI30K_MIRROR"
 MULTI30K_VALID = "val"
 """Official name of the Multi30k validation split (stored on disk as ``data.valid_split``)."""
@@ -56,10 +62,6 @@ WMT14_SACREBLEU = {"newstest2014": "wmt14/full", WMT14_FILTERED: "wmt14"}
 """Our test split name -> sacreBLEU's test set (newstest2014 full, 3,003 lines; filtered)."""
 REFERENCE_DIR = "ref"
 """Folder under ``<root>/raw/<name>/`` holding the official references of the test splits."""
-
-
-class DataError(ValueError):
-    """Bad or missing input data; the message names the file, line and values at fault."""
 
 
 @dataclass(frozen=True)
@@ -157,12 +159,6 @@ def _max_pairs(data_cfg: Any, split: str) -> int | None:
     return data_cfg.max_train_pairs if split == data_cfg.train_split else None
 
 
-def _require_file(path: Path, what: str) -> Path:
-    if not path.is_file():
-        raise DataError(f"{what}: file not found: {path}")
-    return path
-
-
 # --- Multi30k ------------------------------------------------------------------------------
 
 
@@ -196,7 +192,7 @@ def _fetch_multi30k(data_cfg: Any) -> tuple[list[SplitSource], bool]:
                 path = mirror / fname
                 if not path.is_file() and (mirror / fname[:-3]).is_file():
                     path = mirror / fname[:-3]
-                _require_file(path, f"Multi30k {split} ({lang}) in mirror {mirror}")
+                require_file(path, f"Multi30k {split} ({lang}) in mirror {mirror}")
             else:
                 if not data_cfg.url:
                     raise DataError(
@@ -250,7 +246,7 @@ def _custom_sources(data_cfg: Any) -> list[SplitSource]:
             path = Path(f"{files[split]}.{lang}")
             if not path.is_file() and Path(f"{path}.gz").is_file():
                 path = Path(f"{path}.gz")
-            paths.append(_require_file(path, f"data.custom_files.{split} ({lang})"))
+            paths.append(require_file(path, f"data.custom_files.{split} ({lang})"))
         sources.append(
             SplitSource(split, paths[0], paths[1], split == data_cfg.train_split,
                         _max_pairs(data_cfg, split))
@@ -450,49 +446,3 @@ def _sacrebleu_test_set(test_set: str, src: str, tgt: str, dest: tuple[Path, Pat
         )
     log.info("sacreBLEU %s (%s): %d lines", test_set, langpair, counts[0])
     return counts[0]
-
-
-# --- reading ------------------------------------------------------------------------------------
-
-
-def open_binary(path: Path):
-    """Open a plain or gzip file for reading bytes (gzip detected by its magic number)."""
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
-
-
-def read_lines(path: Path, encoding_errors: str = "strict",
-               stats: dict | None = None) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (plain or gzip) without their ``\\n``.
-
-    Only ``\\n`` ends a line; a stray ``\\r`` or U+2028 inside a line stays in it (cleaning
-    removes it), so parallel files stay aligned.
-
-    Args:
-        path: the file.
-        encoding_errors: ``strict`` (raise) or ``replace`` (U+FFFD for each bad byte).
-        stats: if given, ``stats["invalid_utf8_lines"]`` counts lines that needed replacement.
-
-    Raises:
-        DataError: missing file; invalid UTF-8 under ``strict`` (names file, line and byte).
-    """
-    path = Path(path)
-    _require_file(path, "input text")
-    with contextlib.ExitStack() as stack:
-        f = stack.enter_context(open_binary(path))
-        for lineno, raw in enumerate(f, 1):
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                if encoding_errors != "replace":
-                    raise DataError(
-                        f"{path}, line {lineno}: invalid UTF-8 at byte {e.start} "
-                        f"({raw[max(0, e.start - 10):e.end + 10]!r}): {e.reason}; set "
-                        "data.encoding_errors=replace to substitute U+FFFD"
-                    ) from None
-                if stats is not None:
-                    stats["invalid_utf8_lines"] = stats.get("invalid_utf8_lines", 0) + 1
-                yield raw.decode("utf-8", errors="replace")

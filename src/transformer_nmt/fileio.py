@@ -1,4 +1,8 @@
-"""File layout of the pipeline and all-or-nothing writes.
+"""File layout of the pipeline, all-or-nothing writes, and the one way text is read.
+
+Every stage reads text through :func:`read_lines` (one line-splitting rule: ``\\n`` ends
+a line, ``\\r\\n`` is accepted as its ending, a lone ``\\r`` stays inside the line) and
+reports bad input as :class:`DataError`, naming the file and line.
 
 Every stage writes through :func:`atomic_write` (a temporary file in the same folder,
 renamed over the target on success), so a killed run never leaves a half-written
@@ -14,11 +18,16 @@ Layout (``root`` is ``data.root``, ``name`` is ``data.name``)::
 from __future__ import annotations
 
 import contextlib
+import gzip
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+
+class DataError(ValueError):
+    """Bad or missing input data; the message names the file, line and values at fault."""
 
 
 def _umask() -> int:
@@ -97,3 +106,81 @@ def spm_model_path(data_cfg: Any) -> Path:
 def bin_prefix(data_cfg: Any, split: str, lang: str) -> Path:
     """Prefix of the binarized files: ``<root>/bin/<name>/<split>.<lang>`` (+ .bin / .idx)."""
     return Path(data_cfg.root) / "bin" / data_cfg.name / f"{split}.{lang}"
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+REPLACE_HINT = "set data.encoding_errors=replace to substitute U+FFFD"
+
+
+def require_file(path: Path, what: str) -> Path:
+    """``path`` if it is a file, else :class:`DataError` ``"<what>: file not found: <path>"``."""
+    if not path.is_file():
+        raise DataError(f"{what}: file not found: {path}")
+    return path
+
+
+def open_binary(path: str | os.PathLike) -> IO[bytes]:
+    """Open a plain or gzip file for reading bytes (gzip detected by its magic number)."""
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def iter_lines(
+    f: Iterable[bytes],
+    name: str,
+    encoding_errors: str = "strict",
+    stats: dict | None = None,
+    hint: str | None = REPLACE_HINT,
+) -> Iterator[str]:
+    """Decode the lines of a binary stream (iterating it splits on ``\\n`` only).
+
+    The ending ``\\n`` or ``\\r\\n`` is removed; a lone ``\\r`` (or U+2028, U+0085) inside
+    a line stays in it (cleaning removes it), so parallel files stay aligned and a
+    translation has exactly one output line per input line.
+
+    Args:
+        f: binary file object (plain, gzip, ``sys.stdin.buffer``).
+        name: the file's name for messages.
+        encoding_errors: ``strict`` (raise) or ``replace`` (U+FFFD for each bad byte).
+        stats: if given, ``stats["invalid_utf8_lines"]`` counts lines that needed replacement.
+        hint: appended to the invalid-UTF-8 message (how to get past it), or None.
+
+    Raises:
+        DataError: invalid UTF-8 under ``strict`` (names file, line and byte).
+    """
+    for lineno, raw in enumerate(f, 1):
+        if raw.endswith(b"\n"):
+            raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if encoding_errors != "replace":
+                raise DataError(
+                    f"{name}, line {lineno}: invalid UTF-8 at byte {e.start} "
+                    f"({raw[max(0, e.start - 10):e.end + 10]!r}): {e.reason}"
+                    + (f"; {hint}" if hint else "")
+                ) from None
+            if stats is not None:
+                stats["invalid_utf8_lines"] = stats.get("invalid_utf8_lines", 0) + 1
+            yield raw.decode("utf-8", errors="replace")
+
+
+def read_lines(
+    path: str | os.PathLike,
+    encoding_errors: str = "strict",
+    stats: dict | None = None,
+    hint: str | None = REPLACE_HINT,
+) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file (plain or gzip) without their endings.
+
+    Lines as in :func:`iter_lines`; arguments as there.
+
+    Raises:
+        DataError: missing file; invalid UTF-8 under ``strict`` (names file, line and byte).
+    """
+    path = Path(path)
+    require_file(path, "input text")
+    with open_binary(path) as f:
+        yield from iter_lines(f, str(path), encoding_errors, stats, hint)

@@ -23,17 +23,15 @@ materialised when it masks something: a batch without padding attends with
 Target padding needs no mask of its own: targets are right-padded, so the causal mask
 already keeps every real position away from the pads that follow it.
 
-Layer order: post-norm (``LayerNorm(x + Dropout(Sublayer(x)))``, section 3.1 and 5.4) by
-default, pre-norm (``x + Dropout(Sublayer(LayerNorm(x)))`` plus a final LayerNorm on the
-encoder and decoder outputs) with ``norm=pre``.
+Layer order: post-norm ``LayerNorm(x + Dropout(Sublayer(x)))`` (sections 3.1, 5.4) by
+default; ``norm=pre``: ``x + Dropout(Sublayer(LayerNorm(x)))`` plus a final LayerNorm on the
+encoder and decoder outputs.
 
-Initialisation (``init=xavier``, the common reproduction choice; the paper does not say):
-Xavier-uniform weights for every linear layer, each of W^Q, W^K, W^V initialised as its own
-(D, H*Dk) matrix even though they are stored fused; zero biases; token embeddings (and thus
-a tied pre-softmax matrix, and an untied one too) and learned positions from
-N(0, D^-0.5); the padding row of every token embedding is zero. With this scale an
-embedding multiplied by sqrt(D) (section 3.4) has entries of unit variance, and tied
-logits start near unit variance.
+Initialisation (``init=xavier``; the paper does not say): Xavier-uniform linear weights
+(W^Q, W^K, W^V each as its own (D, H*Dk) block), zero biases, N(0, D^-0.5) embeddings and
+learned positions, zero padding rows (details in docs/model.md).
+
+The decoder's incremental cache is :class:`transformer_nmt.cache.DecoderCache`.
 """
 
 from __future__ import annotations
@@ -46,67 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_nmt.config import PAD_ID
+from transformer_nmt.cache import DecoderCache
+from transformer_nmt.config import PAD_ID, validate_model_config
 
 logger = logging.getLogger(__name__)
-
-_CHOICES = {
-    "norm": ("post", "pre"),
-    "share_embeddings": ("all", "decoder", "none"),
-    "positions": ("sinusoidal", "learned"),
-    "init": ("xavier",),
-}
-
-
-# --------------------------------------------------------------------------------------
-# Configuration checks
-# --------------------------------------------------------------------------------------
-
-
-def validate_model_config(cfg: Any, vocab_size: int | None = None, pad_id: int = PAD_ID) -> None:
-    """Check a model config before any tensor is allocated.
-
-    Args:
-        cfg: a :class:`~transformer_nmt.config.ModelConfig` or a DictConfig with its fields.
-        vocab_size: the shared vocabulary size (checked when given).
-        pad_id: the padding id (must lie inside the vocabulary).
-
-    Raises:
-        ValueError: listing every bad field as ``model.<key>=<value>`` and what is allowed.
-    """
-    errors: list[str] = []
-    for key, allowed in _CHOICES.items():
-        value = getattr(cfg, key)
-        if value not in allowed:
-            errors.append(f"model.{key}={value!r} is not one of {list(allowed)}")
-    for key in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
-        value = getattr(cfg, key)
-        if not isinstance(value, int) or value <= 0:
-            errors.append(f"model.{key}={value!r} must be a positive integer")
-    for key in ("d_k", "d_v"):
-        value = getattr(cfg, key)
-        if value is not None and (not isinstance(value, int) or value <= 0):
-            errors.append(f"model.{key}={value!r} must be a positive integer or None")
-    d_model, heads = cfg.d_model, cfg.heads
-    if (
-        isinstance(d_model, int) and isinstance(heads, int) and d_model > 0 and heads > 0
-        and d_model % heads != 0 and (cfg.d_k is None or cfg.d_v is None)
-    ):
-        errors.append(
-            f"model.d_model={d_model} is not divisible by model.heads={heads}; "
-            "set model.d_k and model.d_v explicitly or change the sizes"
-        )
-    for key in ("dropout", "attention_dropout", "activation_dropout"):
-        value = getattr(cfg, key)
-        if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-            errors.append(f"model.{key}={value!r} must be in [0, 1)")
-    if vocab_size is not None:
-        if vocab_size <= 0:
-            errors.append(f"vocab_size={vocab_size} must be positive")
-        elif not 0 <= pad_id < vocab_size:
-            errors.append(f"pad_id={pad_id} must be in [0, vocab_size={vocab_size})")
-    if errors:
-        raise ValueError("invalid model configuration:\n  " + "\n  ".join(errors))
 
 
 # --------------------------------------------------------------------------------------
@@ -209,164 +150,40 @@ class LearnedPositions(nn.Module):
 
 
 # --------------------------------------------------------------------------------------
-# Decoder cache
-# --------------------------------------------------------------------------------------
-
-
-class DecoderCache:
-    """Keys and values kept between incremental decoder calls (one sentence batch).
-
-    Per decoder layer: self-attention K (R, H, L, Dk) and V (R, H, L, Dv) for the R target
-    rows; cross-attention K (N, H, S, Dk) and V (N, H, S, Dv) for the N source rows,
-    computed from the encoder memory on the first call and reused. R is a multiple of N and
-    target row r reads source row r // (R / N): the K beams of a sentence share one copy of
-    its cross-attention K/V (beam search keeps R = N x K), which a beam reorder never has
-    to touch.
-
-    The self-attention K/V live in buffers with room for more positions than L (capacity
-    doubles when full): a step writes its new position in place, and attention reads the
-    first L + t positions as a view. :meth:`reorder` is lazy: the next
-    :meth:`append_self` of each layer gathers the kept rows into a fresh buffer with one
-    ``index_select`` (the only copy of the cached K/V per beam-search step; growing by
-    ``torch.cat`` and then re-indexing would copy them twice, docs/model.md has the timings).
-    Inference only: the buffers are written in place, which autograd does not allow.
-
-    Attributes:
-        length: target positions already decoded (L); the next call starts at this position.
-        cross_attn_mask: (N, 1, 1, S) bool or None, the source padding mask for
-            cross-attention, computed once with the cross K/V.
-    """
-
-    def __init__(self, num_layers: int) -> None:
-        self.length = 0
-        # Per layer: two (rows, H, capacity, Dk|Dv) K/V buffer pairs used in turn (a reorder
-        # gathers from one into the other, so steady-state steps allocate nothing), the
-        # index of the pair in use, the rows in use, and a row order not yet applied.
-        self._buffers: list[list[tuple[Tensor, Tensor] | None]] = [
-            [None, None] for _ in range(num_layers)
-        ]
-        self._current = [0] * num_layers
-        self._rows = [0] * num_layers
-        self._pending: list[Tensor | None] = [None] * num_layers
-        self.cross_k: list[Tensor | None] = [None] * num_layers
-        self.cross_v: list[Tensor | None] = [None] * num_layers
-        self.cross_attn_mask: Tensor | None = None
-        self.has_memory = False
-
-    @property
-    def sources(self) -> int | None:
-        """N, the source rows held by the cross-attention K/V (None before the first call)."""
-        k = next((x for x in self.cross_k if x is not None), None)
-        return None if k is None else k.size(0)
-
-    def _buffer_pair(
-        self, layer: int, slot: int, rows: int, capacity: int, k: Tensor, v: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Buffer pair ``slot`` of ``layer`` with at least ``rows`` rows and ``capacity`` positions."""
-        pair = self._buffers[layer][slot]
-        if pair is None or pair[0].size(0) < rows or pair[0].size(2) < capacity:
-            if pair is not None:
-                rows = max(rows, pair[0].size(0))
-            pair = (
-                k.new_empty(rows, k.size(1), capacity, k.size(3)),
-                v.new_empty(rows, v.size(1), capacity, v.size(3)),
-            )
-            self._buffers[layer][slot] = pair
-        return pair
-
-    def append_self(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append new self-attention keys (R, H, t, Dk) and values (R, H, t, Dv).
-
-        Returns:
-            All keys (R, H, L + t, Dk) and values (R, H, L + t, Dv) of this layer (views of
-            the buffers, valid until the next call).
-
-        Raises:
-            ValueError: R differs from the rows the cache holds (after any reorder).
-        """
-        order, rows = self._pending[layer], k.size(0)
-        start = self.length
-        end = start + k.size(2)
-        if start > 0:
-            held = self._rows[layer] if order is None else order.numel()
-            if rows != held:
-                raise ValueError(
-                    f"decoder cache holds {held} target rows, the decode call brought "
-                    f"{rows}; reorder the cache to the new rows first"
-                )
-        cur = self._current[layer]
-        pair = self._buffers[layer][cur]
-        capacity = 0 if pair is None else pair[0].size(2)
-        if order is not None or end > capacity:
-            new_capacity = capacity if end <= capacity else max(end, 2 * capacity, 16)
-            nxt = 1 - cur
-            new_k, new_v = self._buffer_pair(layer, nxt, rows, new_capacity, k, v)
-            if start > 0:
-                held = self._rows[layer]
-                for old, new in ((pair[0][:held, :, :start], new_k[:rows, :, :start]),
-                                 (pair[1][:held, :, :start], new_v[:rows, :, :start])):
-                    if order is None:
-                        new.copy_(old)
-                    elif k.device.type == "cpu":  # one copy: gather straight into the buffer
-                        torch.index_select(old, 0, order, out=new)
-                    else:
-                        new.copy_(old.index_select(0, order))
-            self._current[layer], self._pending[layer] = nxt, None
-            pair = (new_k, new_v)
-        self._rows[layer] = rows
-        buf_k, buf_v = pair[0][:rows], pair[1][:rows]
-        buf_k[:, :, start:end] = k
-        buf_v[:, :, start:end] = v
-        return buf_k[:, :, :end], buf_v[:, :, :end]  # (R, H, L + t, Dk|Dv)
-
-    @torch.no_grad()
-    def reorder(self, indices: Tensor, sources: Tensor | None = None) -> None:
-        """Select target rows (beam reorder) and, optionally, source rows (finished sentences).
-
-        Args:
-            indices: (R',) long, target rows of the current batch to keep, in their new order;
-                R' may be smaller or larger than R and may repeat rows. Each new row must
-                belong to the source row it is grouped with afterwards (row r reads source
-                r // (R' / N')): beam search only moves beams within their sentence. The
-                self-attention K/V are gathered lazily, by the next decode call.
-            sources: (N',) long, source rows of the cross-attention K/V (and source mask) to
-                keep, in their new order; None leaves them as they are.
-
-        Raises:
-            ValueError: when R' is not a multiple of N' (target rows could not be grouped
-                onto source rows).
-        """
-        n_src = self.sources if sources is None else sources.numel()
-        rows = indices.numel()
-        if n_src is not None and (rows % n_src if n_src else rows):
-            raise ValueError(
-                f"DecoderCache.reorder: {rows} target rows cannot be grouped onto {n_src} "
-                f"source rows (need a multiple); pass `sources` when sentences are added "
-                f"or dropped"
-            )
-        if self.length > 0:
-            for i, order in enumerate(self._pending):  # compose with a reorder not yet applied
-                self._pending[i] = indices if order is None else order.index_select(0, indices)
-        if sources is None:
-            return
-        if self.cross_attn_mask is not None:
-            self.cross_attn_mask = self.cross_attn_mask.index_select(0, sources)
-        for store in (self.cross_k, self.cross_v):
-            for i, x in enumerate(store):
-                if x is not None:
-                    store[i] = x.index_select(0, sources)
-
-
-# --------------------------------------------------------------------------------------
 # Sub-layers (sections 3.2 and 3.3)
 # --------------------------------------------------------------------------------------
 
 
-def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
-    """softmax(q k^T / sqrt(d_k)) v for a few queries per row (cached decoding steps).
+def attention_probs(
+    q: Tensor, k: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False
+) -> Tensor:
+    """The attention weights softmax(Q K^T / sqrt(d_k)) with the mask applied (section 3.2.1).
 
-    The same function as SDPA (section 3.2.1) written as two batched matmuls: on CPU the
-    flash kernel's blocking costs more than it saves for one or a few queries.
+    Written out the paper's way (SDPA computes the same product without returning it);
+    multiplied with V it gives Attention(Q, K, V).
+
+    Args:
+        q: (B, H, T, Dk); k: (B, H, S, Dk).
+        attn_mask: bool, broadcastable to (B, H, T, S), True = may attend; or None.
+        is_causal: also apply :func:`causal_attn_mask` (square self-attention, T == S).
+
+    Returns:
+        (B, H, T, S) probabilities over the S keys of each query (a fully masked row is NaN,
+        as in SDPA).
+    """
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, T, S)
+    if is_causal:
+        scores = scores.masked_fill(~causal_attn_mask(q.size(2), 0, q.device), float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(d_k)) v for a few queries per row (cached decoding steps on CPU).
+
+    The same function as SDPA (section 3.2.1) as two batched matmuls: on CPU the flash
+    kernel's blocking costs more than it saves for one or a few queries (docs/benchmarks.md).
 
     Args:
         q: (B, H, n, Dk); k: (B, H, L, Dk); v: (B, H, L, Dv).
@@ -375,20 +192,19 @@ def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None)
     Returns:
         (B, H, n, Dv).
     """
-    scores = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, n, L)
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1), v)
+    return torch.matmul(attention_probs(q, k, attn_mask), v)  # (B, H, n, Dv)
 
 
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
     Section 3.2.2. Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (section 3.2.1) runs in
-    ``F.scaled_dot_product_attention``. The per-head projections W_i^Q, W_i^K, W_i^V are
-    stored fused: self-attention keeps [W^Q | W^K | W^V] in one Linear (``in_proj``),
-    encoder-decoder attention keeps W^Q in ``q_proj`` and [W^K | W^V] in ``kv_proj``. Columns
-    h*Dk .. (h+1)*Dk of each block belong to head h, exactly as h separate matrices would.
+    ``F.scaled_dot_product_attention`` (or, for cached CPU steps, two matmuls);
+    :meth:`attention_weights` returns the softmax itself. The per-head projections W_i^Q,
+    W_i^K, W_i^V are stored fused: self-attention keeps [W^Q | W^K | W^V] in one Linear
+    (``in_proj``), encoder-decoder attention keeps W^Q in ``q_proj`` and [W^K | W^V] in
+    ``kv_proj``. Columns h*Dk .. (h+1)*Dk of each block belong to head h, exactly as h
+    separate matrices would.
     """
 
     def __init__(
@@ -424,9 +240,94 @@ class MultiHeadAttention(nn.Module):
             nn.init.xavier_uniform_(self.out_proj.weight)
             self.out_proj.bias.zero_()
 
+    # ---- projections (section 3.2.2) ---------------------------------------------------
+
     def _heads(self, x: Tensor, size: int) -> Tensor:
         b, n, _ = x.shape
         return x.view(b, n, self.heads, size).transpose(1, 2)  # (B, n, H*size) -> (B, H, n, size)
+
+    def _merge_heads(self, out: Tensor) -> Tensor:
+        b, _, n, _ = out.shape
+        return out.transpose(1, 2).reshape(b, n, self.heads * self.d_v)  # (B, H, n, Dv) -> (B, n, H*Dv)
+
+    def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, t, D) -> Q (B, H, t, Dk), K (B, H, t, Dk), V (B, H, t, Dv)."""
+        h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
+        q, k, v = self.in_proj(x).split([h_k, h_k, h_v], dim=-1)  # 3 x (B, t, H*Dk|H*Dv)
+        return self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
+
+    def _memory_projections(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """memory (N, S, D) -> K (N, H, S, Dk), V (N, H, S, Dv)."""
+        h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
+        k, v = self.kv_proj(memory).split([h_k, h_v], dim=-1)  # (N, S, H*Dk|H*Dv)
+        return self._heads(k, self.d_k), self._heads(v, self.d_v)  # (N, H, S, Dk|Dv)
+
+    def _query_key_value(
+        self, x: Tensor, memory: Tensor | None, cache: DecoderCache | None, layer: int
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Q (B, H, t, Dk) and all keys/values this call attends to.
+
+        Self-attention: K/V (B, H, L + t, Dk|Dv), the new ones appended to the cache.
+        Cross-attention: K/V (N, H, S, Dk|Dv), from the cache when it holds them (computed
+        and stored there on the first call); Q is None (see :meth:`forward`).
+        """
+        if self.self_attention:
+            q, k, v = self._self_projections(x)  # (B, H, t, Dk|Dv)
+            if cache is not None:
+                k, v = cache.append_self(layer, k, v)  # (B, H, L + t, Dk|Dv)
+            return q, k, v
+        if cache is not None and cache.cross_k[layer] is not None:
+            return None, cache.cross_k[layer], cache.cross_v[layer]  # (N, H, S, Dk|Dv)
+        k, v = self._memory_projections(memory)  # (N, H, S, Dk|Dv)
+        if cache is not None:
+            cache.cross_k[layer], cache.cross_v[layer] = k, v
+        return None, k, v
+
+    # ---- attention paths -----------------------------------------------------------------
+
+    def _cpu_step(self, x: Tensor) -> bool:
+        return not self.training and x.device.type == "cpu"
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        """SDPA with attention dropout in training: (B, H, t, Dk), (B, H, S, Dk|Dv) -> (B, H, t, Dv)."""
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+            dropout_p=self.attention_dropout if self.training else 0.0,
+        )  # (B, H, t, Dv)
+
+    def _grouped_cross_attention(
+        self, x: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, cached: bool
+    ) -> Tensor:
+        """Cross-attention where B / N consecutive target rows share one source row.
+
+        The g = B / N rows of a source row become g * t queries of that row, so the
+        cross K/V (N, H, S, Dk|Dv) are never repeated per beam.
+
+        Args:
+            x: (B, t, D); k, v: (N, H, S, Dk|Dv); attn_mask: (N, 1, 1, S) or None.
+
+        Returns:
+            (B, t, H*Dv), before W^O.
+
+        Raises:
+            ValueError: without a cache, or when N does not divide B.
+        """
+        b, t, _ = x.shape
+        n_src = k.size(0)
+        if not cached or b % n_src:
+            raise ValueError(
+                f"encoder-decoder attention: {b} target rows cannot share {n_src} "
+                f"source rows (a cached decode needs a multiple, B / N rows each)"
+            )
+        g = b // n_src
+        q = self.q_proj(x).view(n_src, g, t, self.heads, self.d_k)  # (N, g, t, H, Dk)
+        q = q.permute(0, 3, 1, 2, 4).reshape(n_src, self.heads, g * t, self.d_k)  # (N, H, g*t, Dk)
+        if self._cpu_step(x):
+            out = _matmul_attention(q, k, v, attn_mask)  # (N, H, g*t, Dv)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (N, H, g*t, Dv)
+        out = out.view(n_src, self.heads, g, t, self.d_v).permute(0, 2, 3, 1, 4)  # (N, g, t, H, Dv)
+        return out.reshape(b, t, self.heads * self.d_v)  # (B, t, H*Dv)
 
     def forward(
         self,
@@ -444,7 +345,7 @@ class MultiHeadAttention(nn.Module):
             memory: (N, S, D) encoder output; cross-attention only (unused when the cache
                 already holds this layer's cross K/V). Without a cache N = B; with one, B
                 may be a multiple of N (B / N consecutive rows share a source row, see
-                :class:`DecoderCache`).
+                :class:`~transformer_nmt.cache.DecoderCache`).
             attn_mask: bool mask broadcastable to (B, H, t, keys), True = may attend, or
                 None; for grouped cross-attention (N, 1, 1, S).
             is_causal: let SDPA apply the causal mask itself (square self-attention only).
@@ -458,48 +359,38 @@ class MultiHeadAttention(nn.Module):
             ValueError: B is not a multiple of the cached source rows N.
         """
         b, t, _ = x.shape
-        h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
-        cpu_step = not self.training and x.device.type == "cpu"
-        if self.self_attention:
-            q, k, v = self.in_proj(x).split([h_k, h_k, h_v], dim=-1)  # 3 x (B, t, H*Dk|H*Dv)
-            q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
-            if cache is not None:
-                k, v = cache.append_self(layer, k, v)  # (B, H, L + t, Dk|Dv)
-        else:
-            if cache is not None and cache.cross_k[layer] is not None:
-                k, v = cache.cross_k[layer], cache.cross_v[layer]  # (N, H, S, Dk|Dv)
-            else:
-                k, v = self.kv_proj(memory).split([h_k, h_v], dim=-1)  # (N, S, H*Dk|H*Dv)
-                k, v = self._heads(k, self.d_k), self._heads(v, self.d_v)  # (N, H, S, Dk|Dv)
-                if cache is not None:
-                    cache.cross_k[layer], cache.cross_v[layer] = k, v
-            n_src = k.size(0)
-            if n_src != b:
-                if cache is None or b % n_src:
-                    raise ValueError(
-                        f"encoder-decoder attention: {b} target rows cannot share {n_src} "
-                        f"source rows (a cached decode needs a multiple, B / N rows each)"
-                    )
-                # The B / N target rows of a source row become B / N * t queries of one row.
-                g = b // n_src
-                q = self.q_proj(x).view(n_src, g, t, self.heads, self.d_k)
-                q = q.permute(0, 3, 1, 2, 4).reshape(n_src, self.heads, g * t, self.d_k)
-                if cpu_step:
-                    out = _matmul_attention(q, k, v, attn_mask)  # (N, H, g*t, Dv)
-                else:
-                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-                out = out.view(n_src, self.heads, g, t, self.d_v).permute(0, 2, 3, 1, 4)
-                return self.out_proj(out.reshape(b, t, h_v))  # (N, H, g, t, Dv) -> (B, t, H*Dv)
+        q, k, v = self._query_key_value(x, memory, cache, layer)
+        if q is None:  # cross-attention
+            if k.size(0) != b:
+                return self.out_proj(self._grouped_cross_attention(x, k, v, attn_mask, cache is not None))
             q = self._heads(self.q_proj(x), self.d_k)  # (B, H, t, Dk)
-        if t == 1 and cpu_step:
-            out = _matmul_attention(q, k, v, attn_mask)  # (B, H, 1, Dv)
+        if t == 1 and self._cpu_step(x):
+            out = _matmul_attention(q, k, v, attn_mask)  # (B, H, 1, Dv): cached step
         else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                dropout_p=self.attention_dropout if self.training else 0.0,
-            )  # (B, H, t, Dv)
-        out = out.transpose(1, 2).reshape(b, t, h_v)  # (B, H, t, Dv) -> (B, t, H*Dv)
-        return self.out_proj(out)
+            out = self._sdpa(q, k, v, attn_mask, is_causal)  # (B, H, t, Dv)
+        return self.out_proj(self._merge_heads(out))  # (B, t, H*Dv) -> (B, t, D)
+
+    def attention_weights(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        """The attention probabilities of every head, without a cache (for inspection, plots).
+
+        Args:
+            x: (B, T, D) queries; memory: (B, S, D) for cross-attention (self-attention: S = T).
+            attn_mask, is_causal: as in :meth:`forward`.
+
+        Returns:
+            (B, H, T, S): softmax(Q K^T / sqrt(d_k)) per head (section 3.2.1), see
+            :func:`attention_probs`; multiplied with V it gives what :meth:`forward` attends.
+        """
+        q, k, _ = self._query_key_value(x, memory, None, 0)
+        if q is None:
+            q = self._heads(self.q_proj(x), self.d_k)  # (B, H, T, Dk)
+        return attention_probs(q, k, attn_mask, is_causal)  # (B, H, T, S)
 
 
 class PositionwiseFeedForward(nn.Module):

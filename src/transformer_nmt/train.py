@@ -52,7 +52,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from transformer_nmt import checkpoint as ckpt_lib
@@ -65,7 +64,7 @@ from transformer_nmt.batching import (
     collate,
 )
 from transformer_nmt.binarize import TokenDataset
-from transformer_nmt.config import PAD_ID
+from transformer_nmt.config import PAD_ID, to_plain
 from transformer_nmt.fileio import atomic_write, bin_prefix, raw_path, spm_model_path
 from transformer_nmt.loss import label_smoothed_nll_loss
 from transformer_nmt.model import Transformer
@@ -687,9 +686,7 @@ def _train(cfg: Any, info: distributed.DistInfo) -> dict[str, Any]:
             return None
         return {
             "model": model.state_dict(),
-            "config": OmegaConf.to_container(
-                cfg if OmegaConf.is_config(cfg) else OmegaConf.structured(cfg), resolve=True
-            ),
+            "config": to_plain(cfg),
             "vocab_size": vocab_size,
             "step": state["step"],
             "micro_step": state["micro_step"],

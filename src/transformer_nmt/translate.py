@@ -37,7 +37,8 @@ from transformer_nmt.checkpoint import (
     checkpoint_dir,
     latest_checkpoint,
 )
-from transformer_nmt.fileio import atomic_write
+from transformer_nmt.fileio import atomic_write, iter_lines
+from transformer_nmt.fileio import read_lines as fileio_read_lines
 
 log = logging.getLogger(__name__)
 
@@ -255,21 +256,21 @@ def translate_lines(
 
 
 def read_lines(path: str | Path | None) -> list[str]:
-    """Lines of a UTF-8 file (standard input when None), without their newlines.
+    """Lines of a UTF-8 file (plain or gzip; standard input when None), without their endings.
+
+    The data stage's rule (:func:`transformer_nmt.fileio.iter_lines`): ``\\n`` or
+    ``\\r\\n`` ends a line, a lone ``\\r`` stays inside it, so there is one output line
+    per input line.
 
     Raises:
         FileNotFoundError: naming the file.
-        ValueError: naming the file and line number of invalid UTF-8.
+        DataError (a ValueError): naming the file and line number of invalid UTF-8.
     """
-    name = "<stdin>" if path is None else str(path)
-    raw = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
-    lines = []
-    for n, line in enumerate(raw.splitlines(), start=1):
-        try:
-            lines.append(line.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{name}, line {n}: invalid UTF-8 ({e.reason} at byte {e.start})") from e
-    return lines
+    if path is None:
+        return list(iter_lines(sys.stdin.buffer, "<stdin>", hint=None))
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"input file not found: {path}")
+    return list(fileio_read_lines(path, hint=None))
 
 
 def write_lines(lines: Iterable[str], path: str | Path | None) -> None:
