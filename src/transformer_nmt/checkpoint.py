@@ -138,6 +138,81 @@ def restore_modules(
         scaler.load_state_dict(ckpt["scaler"])
 
 
+def save_training(
+    run_dir: str | Path, s: Any, state: Any, info: Any, *, config: Any, seed: int,
+    keep_last: int, best: bool = False, regular: bool = True,
+) -> None:
+    """Write ``checkpoint_<step>.pt`` (pruning to the last ``keep_last``) and / or
+    ``checkpoint_best.pt`` from the trainer's parts.
+
+    Every rank calls it (the RNG states are gathered); rank 0 writes.
+
+    Args:
+        s: :class:`transformer_nmt.train.Setup` (model, optimizer, scheduler, scaler, vocab_size).
+        state: :class:`transformer_nmt.train.TrainState`.
+        info: this process's :class:`transformer_nmt.distributed.DistInfo`.
+    """
+    from transformer_nmt import distributed
+
+    rngs = distributed.all_gather_object(rng_state())
+    if not info.is_main:
+        return
+    ckpt = training_checkpoint(
+        model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, scaler=s.scaler,
+        sampler=state.sampler_state(seed), rng=rngs, train_state=state.state_dict(),
+        config=config, vocab_size=s.vocab_size,
+    )
+    folder = checkpoint_dir(run_dir)
+    if regular:
+        path = save_checkpoint(folder / f"checkpoint_{state.step}.pt", ckpt)
+        prune_checkpoints(run_dir, keep_last)
+        log.info("saved %s", path)
+    if best:
+        save_checkpoint(folder / BEST_NAME, ckpt)
+        log.info("saved %s (step %d)", folder / BEST_NAME, state.step)
+
+
+def resume_training(run_dir: str | Path, s: Any, state: Any, seed: int, info: Any) -> Path | None:
+    """Load the run's latest checkpoint into ``s`` and ``state``; returns its path (or None).
+
+    The same world size restores every rank's RNG states (bit-exact continuation); another
+    world size rescales the data position and reseeds, with a warning.
+
+    Raises:
+        ValueError: the latest checkpoint lacks a part (names the file and the parts).
+    """
+    from transformer_nmt.runtime import seed_everything
+
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        return None
+    saved = load_checkpoint(path, map_location="cpu")
+    check_training_checkpoint(saved, path)
+    restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
+                    scaler=s.scaler)
+    state.load_state_dict(saved["train_state"])
+    state.epoch, state.position = int(saved["sampler"]["epoch"]), int(saved["sampler"]["position"])
+    saved_ws = int(state.world_size)
+    if saved_ws != info.world_size:
+        log.warning(
+            "%s was written with world_size=%d, now %d: the data position is rescaled and "
+            "RNG streams reseeded, so the run will not match an uninterrupted one exactly",
+            path, saved_ws, info.world_size,
+        )
+        state.position = state.position * saved_ws // info.world_size
+        if state.position >= len(s.sampler):
+            state.epoch += 1
+            state.position = 0
+        seed_everything(seed + info.rank + 1000 * int(state.step))
+    else:
+        set_rng_state(saved["rng"][info.rank])
+    state.world_size = info.world_size
+    if info.is_main:
+        log.info("resumed from %s (step %d, epoch %d, batch %d of the epoch)", path,
+                 state.step, state.epoch, state.position)
+    return path
+
+
 def checkpoint_step(ckpt: dict[str, Any]) -> int | None:
     """The optimizer step of a training checkpoint (``train_state.step``) or a model file
     (``step``); None when it has neither."""

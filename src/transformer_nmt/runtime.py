@@ -1,4 +1,5 @@
-"""Where and how tensors run: device, precision, autocast, fp16 loss scaling, seeding.
+"""Where and how tensors run: device, precision, autocast, fp16 loss scaling, seeding, and the
+stop signals of a training process.
 
 Shared by training (:mod:`transformer_nmt.train`) and decoding
 (:mod:`transformer_nmt.translate`, :mod:`transformer_nmt.evaluate`).
@@ -9,10 +10,14 @@ from __future__ import annotations
 import contextlib
 import platform
 import random
+import signal
+from typing import Any
 
 import numpy as np
 import torch
 
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+"""Signals that make training checkpoint and exit at the next step boundary."""
 PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -74,3 +79,34 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+class StopFlag:
+    """Installs SIGTERM / SIGUSR1 handlers that only record that a stop was requested.
+
+    ``requested`` is 0, or the number of the last signal received.
+    """
+
+    def __init__(self) -> None:
+        self.requested = 0
+        self.previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.requested = signum
+
+    def install(self) -> None:
+        """Install the handlers (in the main thread; elsewhere nothing is installed)."""
+        for name in STOP_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is None:
+                continue
+            try:
+                self.previous[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                pass
+
+    def restore(self) -> None:
+        """Put the previous handlers back."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()

@@ -1,33 +1,20 @@
-"""``train(cfg)``: the paper's training recipe (section 5) in one explicit loop.
+"""``train(cfg)``: the paper's training recipe (section 5) as setup, a :class:`TrainState` and one loop.
 
-The same loop runs for every world size: one CPU process, one GPU, ``torchrun`` on eight
-GPUs, or many nodes. With world size 1 there is no process group and every collective in
-:mod:`transformer_nmt.distributed` is a no-op.
+The same loop runs for every world size (one CPU process, one GPU, ``torchrun`` on many
+GPUs or nodes); with world size 1 every collective of :mod:`transformer_nmt.distributed` is
+a no-op. One optimizer ``step`` = ``update_freq`` micro-batches (``micro_step``) per rank:
+their non-pad target tokens are all-reduced once (``ntokens_global``), each micro-batch's
+summed label-smoothed loss is scaled by ``world_size / ntokens_global`` (undoing DDP's mean)
+and back-propagated, so the gradient is that of ``sum(token losses) / ntokens_global``
+whatever the world size and ``update_freq``. A rank without a batch for a micro-step runs a
+zero-weight dummy batch so it joins every all-reduce. Gradients are unscaled (fp16), their
+norm taken (and clipped when ``clip_norm > 0``); a step with a non-finite loss or norm is
+skipped, and ``max_bad_steps`` in a row stop training with a RuntimeError.
 
-One optimizer step (``step``) = ``update_freq`` micro-batches (``micro_step``) per rank:
-
-1. The step's micro-batches are drawn first; their non-pad target tokens are summed and
-   all-reduced once, giving ``ntokens_global`` (all micro-batches, all ranks).
-2. Each micro-batch's summed label-smoothed loss (:mod:`transformer_nmt.loss`) is
-   multiplied by ``world_size / ntokens_global`` and back-propagated; DDP's ``no_sync()``
-   holds the gradient all-reduce until the last micro-batch. DDP *averages* gradients over
-   ranks, so the factor ``world_size`` undoes that average: the final gradient is exactly
-   ``d(sum of all token losses of the step) / d(theta) / ntokens_global``, whatever the
-   world size and ``update_freq``.
-3. A rank whose sampler has no batch left for a micro-step (the ``[]`` padding batches at
-   the end of an epoch) runs a one-token dummy batch with weight 0, so every rank joins
-   every gradient all-reduce.
-4. Gradients are unscaled (fp16), their global norm computed (and clipped when
-   ``clip_norm > 0``); a step whose loss or gradient norm is not finite is skipped: no
-   optimizer or schedule update, gradients zeroed, ``skipped_steps`` incremented. After
-   ``max_bad_steps`` such steps in a row training stops with a RuntimeError.
-
-The counters live in :class:`TrainState`. Checkpoints (rank 0 writes; layout in
-:mod:`transformer_nmt.checkpoint`) hold the model, optimizer, schedule, grad scaler, the
-data position counted by this loop, every rank's RNG states and the train state, so a run
-restarted in the same run directory continues bit-for-bit (same world size). SIGTERM /
-SIGUSR1 set a flag; at the next step boundary rank 0 writes a checkpoint and every rank
-returns. The prepared data is read, never made: run ``nmt-prepare`` first.
+Checkpoints (rank 0 writes; parts in :mod:`transformer_nmt.checkpoint`) restore a run
+bit-for-bit on the same world size. SIGTERM / SIGUSR1 stop the run at the next step
+boundary with a checkpoint. The prepared data is read, never made (``nmt-prepare``).
+See docs/training.md.
 """
 
 from __future__ import annotations
@@ -64,22 +51,20 @@ from transformer_nmt.fileio import atomic_write, bin_prefix, spm_model_path
 from transformer_nmt.flops import FORMULA as FLOPS_FORMULA
 from transformer_nmt.flops import TokenCounts, training_flops
 from transformer_nmt.loss import label_smoothed_nll_loss
+from transformer_nmt.metrics import MetricsLog, Window, log_train_line
 from transformer_nmt.model import Transformer
 from transformer_nmt.optim import build_optimizer, build_scheduler
 from transformer_nmt.runtime import (
+    StopFlag,
     autocast_context,
     device_name,
     grad_scaler,
     resolve_precision,
     seed_everything,
 )
-from transformer_nmt.validation import valid_references, validate_bleu, validate_loss
+from transformer_nmt.validation import run_validation, valid_references
 
 log = logging.getLogger(__name__)
-
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
-"""Signals that make the run checkpoint and exit at the next step boundary."""
-
 
 # ----------------------------------------------------------------------------------- data
 
@@ -137,35 +122,22 @@ class TrainState:
     Token counts are non-pad tokens (eos included) over all ranks, skipped steps included.
     """
 
-    step: int = 0
-    """Successful optimizer updates (the learning-rate schedule follows it)."""
-    micro_step: int = 0
-    """Micro-batches consumed per rank."""
-    tokens_seen: int = 0
-    """Target tokens processed."""
-    src_tokens_seen: int = 0
-    """Source tokens processed."""
-    src_sq_seen: int = 0
-    """Sum over processed sentences of (source length)^2 (attention FLOPs)."""
-    tgt_sq_seen: int = 0
-    """Sum over processed sentences of (target length)^2."""
-    src_tgt_seen: int = 0
-    """Sum over processed sentences of source length x target length."""
-    epoch: int = 0
-    """Completed passes over the training set."""
-    position: int = 0
-    """Batches per rank consumed in the current epoch."""
-    train_seconds: float = 0.0
-    """Wall-clock seconds in the loop, over every resumed segment."""
-    skipped_steps: int = 0
-    """Steps skipped for a non-finite loss or gradient norm."""
-    bad_steps_in_row: int = 0
-    """Consecutive skipped steps (training stops at ``trainer.max_bad_steps``)."""
+    step: int = 0  # successful optimizer updates (the learning-rate schedule follows it)
+    micro_step: int = 0  # micro-batches consumed per rank
+    tokens_seen: int = 0  # target tokens processed
+    src_tokens_seen: int = 0  # source tokens processed
+    src_sq_seen: int = 0  # sum over sentences of source length^2 (attention FLOPs)
+    tgt_sq_seen: int = 0  # sum over sentences of target length^2
+    src_tgt_seen: int = 0  # sum over sentences of source length x target length
+    epoch: int = 0  # completed passes over the training set
+    position: int = 0  # batches per rank consumed in the current epoch
+    train_seconds: float = 0.0  # wall-clock seconds in the loop, all resumed segments
+    skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm
+    bad_steps_in_row: int = 0  # consecutive skipped steps (stop at trainer.max_bad_steps)
     best_valid_loss: float | None = None
     best_valid_bleu: float | None = None
     validations_without_improvement: int = 0
-    world_size: int = 1
-    """Ranks of the run that wrote the state."""
+    world_size: int = 1  # ranks of the run that wrote the state
 
     DATA_POSITION = ("epoch", "position")
 
@@ -299,69 +271,6 @@ def setup(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None = N
     )
 
 
-def resume(run_dir: Path, s: Setup, state: TrainState, seed: int,
-           info: distributed.DistInfo) -> Path | None:
-    """Load the run's latest checkpoint into ``s`` and ``state``; returns its path (or None).
-
-    The same world size restores every rank's RNG states (bit-exact continuation); another
-    world size rescales the data position and reseeds, with a warning.
-
-    Raises:
-        ValueError: the latest checkpoint lacks a part (names the file and the parts).
-    """
-    path = ckpt_lib.latest_checkpoint(run_dir)
-    if path is None:
-        return None
-    saved = ckpt_lib.load_checkpoint(path, map_location="cpu")
-    ckpt_lib.check_training_checkpoint(saved, path)
-    ckpt_lib.restore_modules(saved, model=s.model, optimizer=s.optimizer,
-                             scheduler=s.scheduler, scaler=s.scaler)
-    state.load_state_dict(saved["train_state"])
-    state.epoch, state.position = int(saved["sampler"]["epoch"]), int(saved["sampler"]["position"])
-    saved_ws = int(state.world_size)
-    if saved_ws != info.world_size:
-        log.warning(
-            "%s was written with world_size=%d, now %d: the data position is rescaled and "
-            "RNG streams reseeded, so the run will not match an uninterrupted one exactly",
-            path, saved_ws, info.world_size,
-        )
-        state.position = state.position * saved_ws // info.world_size
-        if state.position >= len(s.sampler):
-            state.epoch += 1
-            state.position = 0
-        seed_everything(seed + info.rank + 1000 * int(state.step))
-    else:
-        ckpt_lib.set_rng_state(saved["rng"][info.rank])
-    state.world_size = info.world_size
-    log.info("resumed from %s (step %d, epoch %d, batch %d of the epoch)", path,
-             state.step, state.epoch, state.position)
-    return path
-
-
-def save(cfg: Any, s: Setup, state: TrainState, info: distributed.DistInfo, *,
-         best: bool = False, regular: bool = True) -> None:
-    """Write ``checkpoint_<step>.pt`` (pruned to ``keep_last``) and / or ``checkpoint_best.pt``.
-
-    Every rank calls it (the RNG states are gathered); rank 0 writes.
-    """
-    rngs = distributed.all_gather_object(ckpt_lib.rng_state())
-    if not info.is_main:
-        return
-    ckpt = ckpt_lib.training_checkpoint(
-        model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, scaler=s.scaler,
-        sampler=state.sampler_state(int(cfg.trainer.seed)), rng=rngs,
-        train_state=state.state_dict(), config=cfg, vocab_size=s.vocab_size,
-    )
-    folder = ckpt_lib.checkpoint_dir(cfg.run_dir)
-    if regular:
-        path = ckpt_lib.save_checkpoint(folder / f"checkpoint_{state.step}.pt", ckpt)
-        ckpt_lib.prune_checkpoints(cfg.run_dir, int(cfg.trainer.keep_last))
-        log.info("saved %s", path)
-    if best:
-        ckpt_lib.save_checkpoint(folder / ckpt_lib.BEST_NAME, ckpt)
-        log.info("saved %s (step %d)", folder / ckpt_lib.BEST_NAME, state.step)
-
-
 # ----------------------------------------------------------------------------- the step
 
 
@@ -385,26 +294,23 @@ def forward_backward(
 ) -> dict[str, Any]:
     """Accumulate the gradient of one optimizer step over its micro-batches.
 
-    The result, after DDP's averaging over ranks, is the gradient of
+    After DDP's averaging over ranks the gradient is that of
     ``sum(token losses over all micro-batches and ranks) / ntokens_global``.
 
     Args:
-        model: the training model (plain, compiled, or wrapped in DDP, which has ``no_sync``).
-        micro_batches: this rank's ``update_freq`` (or fewer, at an epoch's end) batches;
-            None marks a micro-step without data on this rank (a dummy batch with weight 0
-            is run so that every rank joins DDP's all-reduce).
+        model: the training model (plain, compiled, or DDP, whose ``no_sync`` is used).
+        micro_batches: this rank's batches of the step; None = no data on this rank for
+            that micro-step (a zero-weight dummy batch joins DDP's all-reduce).
         epsilon: label smoothing.
-        device: where the model lives.
-        world_size: number of data-parallel ranks (the loss factor that cancels DDP's mean).
+        world_size: data-parallel ranks (the loss factor that cancels DDP's mean).
         autocast: a callable returning the autocast context.
         scaler: an fp16 GradScaler (or None / a disabled one).
 
     Returns:
-        ``{"ntokens": global non-pad target tokens (int), "src_tokens": global source
-        tokens incl. eos (int), "src_sq", "tgt_sq", "src_tgt": global sums over sentences
-        of squared / multiplied lengths (int, for the attention FLOPs), "loss_sum",
-        "nll_sum": this rank's summed losses (float32 0-dim tensors, detached),
-        "nsentences": this rank's sentences (int)}``.
+        Global sums over all ranks, ints: ``ntokens`` (non-pad target tokens),
+        ``src_tokens`` (incl. eos), ``src_sq`` / ``tgt_sq`` / ``src_tgt`` (sums over
+        sentences of squared / multiplied lengths); this rank's ``loss_sum``, ``nll_sum``
+        (float32 0-dim, detached) and ``nsentences``.
     """
     real = [b for b in micro_batches if b is not None]
     src_lens = [b.src_lengths.to(torch.float64) for b in real]  # (B,) each
@@ -471,144 +377,10 @@ def grad_norm_(params: list[torch.nn.Parameter], clip_norm: float) -> float:
 # ---------------------------------------------------------------------------- bookkeeping
 
 
-class _MetricsLog:
-    """TensorBoard scalars and ``metrics.jsonl`` lines (rank 0 only; no-ops elsewhere)."""
-
-    def __init__(self, run_dir: Path, enabled: bool):
-        self.enabled = enabled
-        self.writer = None
-        self.jsonl = run_dir / "metrics.jsonl"
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
-
-    def write(self, split: str, step: int, values: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        for key, value in values.items():
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                self.writer.add_scalar(f"{split}/{key}", value, step)
-        line = {"split": split, "step": step, "time": time.time(), **values}
-        with open(self.jsonl, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
-
-
-class _StopFlag:
-    """Installs SIGTERM / SIGUSR1 handlers that only record that a stop was requested."""
-
-    def __init__(self) -> None:
-        self.requested = 0
-        self.previous: dict[int, Any] = {}
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.requested = signum
-
-    def install(self) -> None:
-        for name in STOP_SIGNALS:
-            sig = getattr(signal, name, None)
-            if sig is None:
-                continue
-            try:
-                self.previous[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread
-                pass
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        self.previous.clear()
-
-
-@dataclass
-class _Window:
-    """Sums over the successful steps since the last train log line."""
-
-    loss: float = 0.0
-    nll: float = 0.0
-    ntokens: int = 0
-    steps: int = 0
-    grad_norm: float = float("nan")
-    start: float = field(default_factory=time.perf_counter)
-
-
-def _fmt_seconds(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
 def _epoch_progress(state: TrainState, sampler: LengthBucketSampler, world_size: int) -> float:
     """Epochs done as a fraction (global batches consumed / batches per epoch)."""
     done = min(state.position * world_size, sampler.num_batches)
     return state.epoch + done / sampler.num_batches
-
-
-def _log_train(metrics: _MetricsLog, state: TrainState, s: Setup, window: _Window, lr: float,
-               total_steps: int | None, world_size: int, quiet: bool) -> None:
-    """One train record (metrics.jsonl, TensorBoard) and, without a progress bar, a log line."""
-    elapsed = time.perf_counter() - window.start
-    ntok = max(window.ntokens, 1)
-    nll = window.nll / ntok
-    record = {
-        "loss": window.loss / ntok,
-        "nll_loss": nll,
-        "ppl": math.exp(min(nll, 100.0)),
-        "lr": lr,
-        "grad_norm": window.grad_norm,
-        "tokens_per_s": window.ntokens / max(elapsed, 1e-9),
-        "seconds_per_step": elapsed / window.steps,
-        "skipped_steps": state.skipped_steps,
-        "epoch": _epoch_progress(state, s.sampler, world_size),
-        "tokens_seen": state.tokens_seen,
-    }
-    if s.device.type == "cuda":
-        record["gpu_mem_gib"] = torch.cuda.max_memory_allocated(s.device) / 2**30
-    metrics.write("train", state.step, record)
-    if not quiet:
-        eta = _fmt_seconds(record["seconds_per_step"] * (total_steps - state.step)) if total_steps else ""
-        log.info(
-            "step %d/%s | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | gnorm %.3f | "
-            "%.0f tok/s | %.3f s/step | epoch %.2f | eta %s",
-            state.step, total_steps, record["loss"], nll, record["ppl"], lr, window.grad_norm,
-            record["tokens_per_s"], record["seconds_per_step"], record["epoch"], eta or "?",
-        )
-
-
-def _validate(cfg: Any, s: Setup, state: TrainState, info: distributed.DistInfo,
-              metrics: _MetricsLog, bleu_refs: list[str], max_batches: int | None) -> tuple[dict, bool]:
-    """Validate (loss; BLEU on rank 0 when ``trainer.valid_bleu``), update the best results
-    and the patience counter in ``state``. Returns ``(results, improved)``."""
-    t_cfg = cfg.trainer
-    res = validate_loss(s.model, s.valid_loader, epsilon=float(t_cfg.label_smoothing),
-                        device=s.device, autocast=s.autocast, max_batches=max_batches)
-    if t_cfg.valid_bleu:
-        bleu = None
-        if info.is_main:
-            bleu = validate_bleu(s.model, s.valid_set, bleu_refs, s.tokenizer, cfg, s.device,
-                                 s.autocast)
-        res["bleu"] = distributed.broadcast_object(bleu)
-    loss_improved = state.best_valid_loss is None or res["loss"] < state.best_valid_loss
-    if loss_improved:
-        state.best_valid_loss = res["loss"]
-    improved = loss_improved
-    if t_cfg.valid_bleu:
-        improved = state.best_valid_bleu is None or res["bleu"] > state.best_valid_bleu
-        if improved:
-            state.best_valid_bleu = res["bleu"]
-    state.validations_without_improvement = 0 if improved else state.validations_without_improvement + 1
-    metrics.write("valid", state.step, res)
-    log.info(
-        "valid step %d | loss %.4f | nll %.4f | ppl %.2f%s%s", state.step, res["loss"],
-        res["nll_loss"], res["ppl"],
-        f" | bleu {res['bleu']:.2f}" if "bleu" in res else "", " | best" if improved else "",
-    )
-    return res, improved
 
 
 def _reached_limit(t_cfg: Any, state: TrainState) -> str | None:
@@ -674,14 +446,14 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
     s = setup(cfg, info, model_vocab_size)
     seed, update_freq, epsilon = int(t_cfg.seed), int(t_cfg.update_freq), float(t_cfg.label_smoothing)
     state = TrainState(world_size=info.world_size)
-    resumed_from = resume(run_dir, s, state, seed, info)
+    resumed_from = ckpt_lib.resume_training(run_dir, s, state, seed, info)
 
-    metrics = _MetricsLog(run_dir, info.is_main)
+    metrics = MetricsLog(run_dir, info.is_main)
     bleu_refs: list[str] = []
     if t_cfg.valid_bleu and info.is_main:
         bleu_refs = valid_references(cfg, s.valid_set, s.tokenizer, int(t_cfg.valid_bleu_sentences))
     last_valid: dict[str, float] = {}
-    stop_flag = _StopFlag()
+    stop_flag = StopFlag()
     stop_flag.install()
     total_steps = (int(t_cfg.max_steps) if t_cfg.max_steps is not None
                    else int(t_cfg.max_epochs) * s.steps_per_epoch if t_cfg.max_epochs is not None
@@ -696,7 +468,7 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
     max_time_s = float(t_cfg.max_time_minutes) * 60 if t_cfg.max_time_minutes else None
     last_saved_step = last_valid_step = state.step if resumed_from is not None else -1
     last_save_time = time.monotonic()
-    window = _Window()
+    window = Window()
     loop_start = time.perf_counter()
     seconds_before = float(state.train_seconds)
     loader_iter = None
@@ -764,8 +536,13 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
                             tok_s=f"{out['ntokens'] / max(step_seconds, 1e-9):,.0f}",
                             refresh=False)
             if state.step % log_every == 0 and window.steps and state.bad_steps_in_row == 0:
-                _log_train(metrics, state, s, window, lr, total_steps, info.world_size, show_bar)
-                window = _Window(grad_norm=window.grad_norm)
+                record = window.record(
+                    lr=lr, skipped_steps=state.skipped_steps, tokens_seen=state.tokens_seen,
+                    epoch=_epoch_progress(state, s.sampler, info.world_size), device=s.device)
+                metrics.write("train", state.step, record)
+                if not show_bar:
+                    log_train_line(state.step, total_steps, record)
+                window = Window(grad_norm=window.grad_norm)
 
             # -- decisions every rank must agree on (time is read on rank 0) --------------------
             flags = torch.tensor(
@@ -790,8 +567,11 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
                 (vfreq and state.step % int(vfreq) == 0)
                 or stopped_by in ("max_steps", "max_epochs", "max_time")
             ):
-                last_valid, best = _validate(cfg, s, state, info, metrics, bleu_refs,
-                                             valid_max_batches)
+                last_valid, best = run_validation(
+                    cfg, s.model, s.valid_loader, s.valid_set, s.tokenizer, state,
+                    device=s.device, autocast=s.autocast, is_main=info.is_main,
+                    references=bleu_refs, max_batches=valid_max_batches)
+                metrics.write("valid", state.step, last_valid)
                 last_valid_step = state.step
                 if (t_cfg.patience is not None and stopped_by is None
                         and state.validations_without_improvement >= int(t_cfg.patience)):
@@ -802,7 +582,8 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
                 or save_for_time or stopped_by is not None
             )
             if regular or best:
-                save(cfg, s, state, info, best=best, regular=regular)
+                ckpt_lib.save_training(run_dir, s, state, info, config=cfg, seed=seed,
+                                       keep_last=int(t_cfg.keep_last), best=best, regular=regular)
                 if regular:
                     last_saved_step, last_save_time = state.step, time.monotonic()
     finally:

@@ -6,6 +6,7 @@ BLEU decodes with the same core as ``nmt-translate`` (:func:`transformer_nmt.tra
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from typing import Any
 
@@ -17,6 +18,8 @@ from transformer_nmt.batching import ParallelDataset
 from transformer_nmt.config import PAD_ID
 from transformer_nmt.fileio import raw_path
 from transformer_nmt.loss import label_smoothed_nll_loss
+
+log = logging.getLogger("transformer_nmt.train")
 
 
 @torch.no_grad()
@@ -107,3 +110,43 @@ def valid_references(cfg: Any, dataset: ParallelDataset, tokenizer: Any, n: int)
         if len(lines) == n:
             return lines
     return [tokenizer.decode(dataset[i][2]) for i in range(n)]
+
+
+def run_validation(cfg: Any, model: torch.nn.Module, loader: DataLoader, dataset: ParallelDataset,
+                   tokenizer: Any, state: Any, *, device: torch.device, autocast: Any,
+                   is_main: bool, references: list[str],
+                   max_batches: int | None = None) -> tuple[dict[str, float], bool]:
+    """One validation of the training loop: loss on every rank, BLEU on rank 0 (broadcast)
+    when ``trainer.valid_bleu``; updates ``state``'s best results and patience counter.
+
+    The best validation is the lowest loss, or with ``trainer.valid_bleu`` the highest BLEU.
+
+    Returns:
+        ``(results, improved)``: :func:`validate_loss`'s dict (plus ``"bleu"``) and whether
+        this validation is the best so far.
+    """
+    t_cfg = cfg.trainer
+    res = validate_loss(model, loader, epsilon=float(t_cfg.label_smoothing), device=device,
+                        autocast=autocast, max_batches=max_batches)
+    if t_cfg.valid_bleu:
+        bleu = None
+        if is_main:
+            bleu = validate_bleu(model, dataset, references, tokenizer, cfg, device, autocast)
+        res["bleu"] = distributed.broadcast_object(bleu)
+    loss_improved = state.best_valid_loss is None or res["loss"] < state.best_valid_loss
+    if loss_improved:
+        state.best_valid_loss = res["loss"]
+    improved = loss_improved
+    if t_cfg.valid_bleu:
+        improved = state.best_valid_bleu is None or res["bleu"] > state.best_valid_bleu
+        if improved:
+            state.best_valid_bleu = res["bleu"]
+    state.validations_without_improvement = (
+        0 if improved else state.validations_without_improvement + 1
+    )
+    log.info(
+        "valid step %d | loss %.4f | nll %.4f | ppl %.2f%s%s", state.step, res["loss"],
+        res["nll_loss"], res["ppl"],
+        f" | bleu {res['bleu']:.2f}" if "bleu" in res else "", " | best" if improved else "",
+    )
+    return res, improved
