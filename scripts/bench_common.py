@@ -259,26 +259,17 @@ def training_flops(size: str, vocab: int, src_lens: np.ndarray, tgt_lens: np.nda
     """Model FLOPs of one training pass (forward + backward) over the given sentences.
 
     Lengths count real tokens (eos on the source, bos/eos position on the target), padding
-    excluded. With L_e/L_d encoder/decoder layers, D = d_model = H * d_k, F = d_ff:
-
-        matmul weights per source token  P_src = L_e (4 D^2 + 2 D F) + L_d (2 D^2)
-        matmul weights per target token  P_tgt = L_d (4 D^2 + 2 D^2 + 2 D F) + D V
-        attention pairs                  A = L_e sum s_i^2 + L_d sum t_i^2 + L_d sum s_i t_i
-        FLOPs = 6 (P_src sum s_i + P_tgt sum t_i) + 12 D A
-
-    6 = 2 FLOPs per multiply-add x 3 (backward costs twice the forward). Each attention
-    (query, key) pair costs 2 D for Q K^T and 2 D for the weights times V in the forward pass,
-    hence 12 D with the backward. Decoder self-attention is counted over the full T x T
-    square (the causal half is not subtracted), as in the PaLM MFU convention. Biases,
-    LayerNorm, softmax, embeddings lookups and the optimizer are left out.
+    excluded. The formula is the trainer's, :mod:`transformer_nmt.flops`.
     """
-    le, ld, d, f, _ = SIZES[size]
-    s = src_lens.astype(np.float64)
-    t = tgt_lens.astype(np.float64)
-    p_src = le * (4 * d * d + 2 * d * f) + ld * 2 * d * d
-    p_tgt = ld * (6 * d * d + 2 * d * f) + d * vocab
-    pairs = le * (s * s).sum() + ld * (t * t).sum() + ld * (s * t).sum()
-    return 6.0 * (p_src * s.sum() + p_tgt * t.sum()) + 12.0 * d * pairs
+    from types import SimpleNamespace
+
+    from transformer_nmt.flops import TokenCounts
+    from transformer_nmt.flops import training_flops as model_training_flops
+
+    le, ld, d, f, h = SIZES[size]
+    model_cfg = SimpleNamespace(encoder_layers=le, decoder_layers=ld, d_model=d, d_ff=f,
+                                heads=h, d_k=None, d_v=None)
+    return model_training_flops(model_cfg, vocab, TokenCounts.of(src_lens, tgt_lens))
 
 
 def flops_per_target_token(size: str, vocab: int, src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> float:

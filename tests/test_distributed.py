@@ -101,7 +101,7 @@ def test_two_ranks_equal_one_process_with_update_freq_2(tmp_path, data_overrides
 
     a = load_checkpoint(latest_checkpoint(ddp_dir))
     b = load_checkpoint(latest_checkpoint(one_dir))
-    assert a["step"] == b["step"] == max_steps
+    assert a["train_state"]["step"] == b["train_state"]["step"] == max_steps
     assert len(a["rng"]) == 2 and len(b["rng"]) == 1  # every rank's RNG state is kept
     for key, value in a["model"].items():
         other = b["model"][key]

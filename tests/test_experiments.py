@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from transformer_nmt.cli import CONFIG_DIR, compose
-from transformer_nmt.train import train
+from transformer_nmt.dryrun import dry_run
 
 WMT14 = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("wmt14_*.yaml"))
 
@@ -47,7 +47,7 @@ def test_wmt14_experiment_dry_run(experiment, slice_files, tmp_path):
         "trainer.dry_run_steps=1",
         "trainer.max_tokens=160",  # the paper's 3125 per GPU costs minutes per step on a CPU
     ]
-    summary = train(compose(overrides))
+    summary = dry_run(compose(overrides))
     assert summary["steps"] == 1
     assert summary["vocab_size"] == full_vocab
     assert summary["update_freq"] == cfg.trainer.update_freq

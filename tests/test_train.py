@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import transformer_nmt.train as train_mod
+from transformer_nmt.batching import LengthBucketSampler
+from transformer_nmt.binarize import TokenDataset
 from transformer_nmt.checkpoint import (
     BEST_NAME,
     checkpoint_dir,
@@ -24,7 +26,10 @@ from transformer_nmt.checkpoint import (
     step_checkpoints,
 )
 from transformer_nmt.cli import compose
-from transformer_nmt.train import estimate_training_flops, train
+from transformer_nmt.dryrun import dry_run
+from transformer_nmt.fileio import bin_prefix
+from transformer_nmt.flops import TokenCounts, training_flops
+from transformer_nmt.train import MissingDataError, train
 
 TINY = [
     "model.d_model=64", "model.d_ff=128", "model.heads=2", "model.encoder_layers=1",
@@ -97,18 +102,24 @@ def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides):
     assert on_disk == json.loads(json.dumps(summary))
     assert on_disk["steps"] == 60 and on_disk["world_size"] == 1
     assert on_disk["train_seconds"] > 0 and on_disk["gpu_hours"] == 0.0
-    expected_flops = estimate_training_flops(cfg.model, on_disk["vocab_size"],
-                                             on_disk["src_tokens_seen"], on_disk["tokens_seen"])
+    counts = on_disk["token_counts"]
+    assert (counts["src"], counts["tgt"]) == (on_disk["src_tokens_seen"], on_disk["tokens_seen"])
+    assert counts["src_sq"] >= counts["src"] and counts["tgt_sq"] >= counts["tgt"] > 0
+    expected_flops = training_flops(cfg.model, on_disk["vocab_size"], TokenCounts(**counts))
     assert on_disk["flops"] == pytest.approx(expected_flops) and on_disk["flops"] > 0
 
     # keep_last=2 of the checkpoints at 20, 40, 60; best = lowest validation loss (step 60).
     assert [p.name for p in step_checkpoints(run)] == ["checkpoint_40.pt", "checkpoint_60.pt"]
     last = load_checkpoint(latest_checkpoint(run))  # torch.load(weights_only=True)
-    assert last["step"] == 60 and last["tokens_seen"] == on_disk["tokens_seen"]
+    assert last["train_state"]["step"] == 60
+    assert last["train_state"]["tokens_seen"] == on_disk["tokens_seen"]
     assert last["config"]["run_dir"] == str(run) and last["vocab_size"] == 500
-    assert {"optimizer", "scheduler", "scaler", "sampler", "rng", "train_state"} <= set(last)
+    # Named parts, each stored once.
+    assert set(last) == {"model", "optimizer", "scheduler", "scaler", "sampler", "rng",
+                         "train_state", "config", "vocab_size"}
+    assert not {"epoch", "position"} & set(last["train_state"])
     best = load_checkpoint(checkpoint_dir(run) / BEST_NAME)
-    assert best["step"] == 60
+    assert best["train_state"]["step"] == 60
     model, _ = load_model(latest_checkpoint(run))
     assert all(torch.equal(v, last["model"][k]) for k, v in model.state_dict().items())
 
@@ -136,20 +147,22 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, data_overrides
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    killed_at = load_checkpoint(latest_checkpoint(run_dir))["step"]
+    killed_at = load_checkpoint(latest_checkpoint(run_dir))["train_state"]["step"]
     assert 5 <= killed_at < 25
 
     subprocess.run(_cli([*common, f"run_dir={run_dir}"]), env=_env(), check=True,
                    capture_output=True, timeout=240)
     a = load_checkpoint(latest_checkpoint(ref_dir))
     b = load_checkpoint(latest_checkpoint(run_dir))
-    assert a["step"] == b["step"] == 25
+    assert a["train_state"]["step"] == b["train_state"]["step"] == 25
     assert json.loads((run_dir / "train_summary.json").read_text())["resumed_from"]
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), f"{key} differs after resume from {killed_at}"
     for k, state in a["optimizer"]["state"].items():
         assert torch.equal(state["exp_avg_sq"], b["optimizer"]["state"][k]["exp_avg_sq"])
-    assert (a["tokens_seen"], a["micro_step"]) == (b["tokens_seen"], b["micro_step"])
+    for key in ("tokens_seen", "micro_step", "src_sq_seen", "tgt_sq_seen", "src_tgt_seen"):
+        assert a["train_state"][key] == b["train_state"][key], key
+    assert a["sampler"] == b["sampler"]
 
 
 def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, data_overrides):
@@ -167,8 +180,15 @@ def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, data_overrides):
     summary = json.loads((run_dir / "train_summary.json").read_text())
     assert summary["stopped_by"] == "signal SIGTERM"
     saved = load_checkpoint(latest_checkpoint(run_dir))
-    assert saved["step"] == summary["steps"] >= 5
-    assert saved["sampler"]["position"] == saved["train_state"]["position"]
+    assert saved["train_state"]["step"] == summary["steps"] >= 5
+    # The data position (stored once, in the sampler part) is the micro-batches consumed.
+    cfg = compose(data_overrides)
+    d = cfg.data
+    n = LengthBucketSampler(TokenDataset(bin_prefix(d, "train", d.src_lang)).sizes,
+                            TokenDataset(bin_prefix(d, "train", d.tgt_lang)).sizes, 1024,
+                            seed=cfg.trainer.seed).num_batches
+    position = saved["sampler"]
+    assert position["epoch"] * n + position["position"] == saved["train_state"]["micro_step"]
 
 
 def test_non_finite_step_is_skipped_and_counted(tmp_path, data_overrides, monkeypatch):
@@ -209,11 +229,28 @@ def test_max_bad_steps_stops_with_a_clear_message(tmp_path, data_overrides, monk
 
 def test_dry_run_leaves_the_real_run_alone(tmp_path, data_overrides):
     run = tmp_path / "run"
-    summary = train(compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.dry_run=true",
-                             "trainer.dry_run_steps=2"]))
+    cfg = compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.dry_run=true",
+                   "trainer.dry_run_steps=2"])
+    with pytest.raises(ValueError, match="dry_run"):
+        train(cfg)  # never a full run in the real run directory
+    summary = dry_run(cfg)
     assert summary["steps"] == 2
     assert (run / "dry_run" / "train_summary.json").is_file()
     assert step_checkpoints(run) == [] and not (run / "train_summary.json").exists()
+
+
+def test_missing_data_fails_with_one_line_naming_the_file(tmp_path, data_overrides):
+    kept = [o for o in data_overrides if not o.startswith("data.root=")]
+    overrides = [*kept, f"data.root={tmp_path / 'empty'}", *TINY,
+                 f"run_dir={tmp_path / 'run'}", "trainer.max_steps=1"]
+    with pytest.raises(MissingDataError, match=r"spm\.model.*nmt-prepare experiment="):
+        train(compose(overrides))
+    proc = subprocess.run(_cli(overrides), check=False, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: prepared data not found: ") and "make data" in last
+    assert "Traceback" not in proc.stderr and not (tmp_path / "empty").exists()
 
 
 def test_validation_bleu_selects_best_and_patience_stops(tmp_path, data_overrides):
@@ -230,4 +267,4 @@ def test_validation_bleu_selects_best_and_patience_stops(tmp_path, data_override
     assert [r["step"] for r in valid] == [2, 4, 6]
     assert all(0.0 <= r["bleu"] <= 100.0 for r in valid)
     assert summary["best_valid_bleu"] == valid[0]["bleu"]
-    assert load_checkpoint(checkpoint_dir(run) / BEST_NAME)["step"] == 2
+    assert load_checkpoint(checkpoint_dir(run) / BEST_NAME)["train_state"]["step"] == 2

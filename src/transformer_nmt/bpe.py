@@ -30,7 +30,7 @@ import sentencepiece as spm
 from transformer_nmt.clean import normalize
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_nmt.corpora import DataError, read_lines
-from transformer_nmt.fileio import atomic_write
+from transformer_nmt.fileio import atomic_write, spm_model_path
 
 log = logging.getLogger(__name__)
 
@@ -188,3 +188,15 @@ class SentencePieceTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """Text of piece ids; pad, bos and eos ids are ignored (unk decodes as `` ⁇ ``)."""
         return self.sp.decode([int(i) for i in ids if int(i) not in self._special])
+
+
+def load_tokenizer(data_cfg: Any) -> SentencePieceTokenizer:
+    """The shared SentencePiece model of ``data_cfg`` (``data/spm/<name>/spm.model``).
+
+    Raises:
+        FileNotFoundError: naming the path when the model is missing (run nmt-prepare).
+    """
+    path = spm_model_path(data_cfg)
+    if not path.is_file():
+        raise FileNotFoundError(f"SentencePiece model {path} not found; run nmt-prepare first")
+    return SentencePieceTokenizer(path)

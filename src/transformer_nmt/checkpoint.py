@@ -1,21 +1,26 @@
-"""Checkpoints: save, load, find, keep-last-N, and parameter averaging.
+"""Checkpoints: named parts, save, load, find, keep-last-N, parameter averaging, RNG states.
 
-A checkpoint is one ``torch.save`` file of plain types and tensors, loadable with
-``torch.load(weights_only=True)``::
+A training checkpoint is one ``torch.save`` file of plain types and tensors, loadable with
+``torch.load(weights_only=True)``, made of named parts, each stored once::
 
     {
-      "model":  state_dict of the plain (unwrapped, uncompiled) Transformer,
-      "config": the resolved run config as a plain dict,
-      "vocab_size": size of the shared vocabulary the model was built with,
-      "step", "micro_step", "tokens_seen", "epoch": counters (ints),
-      "optimizer", "scheduler", "scaler", "sampler", "rng", "train_state": training state
-                (absent from averaged model files); "sampler" is {"epoch", "position", "seed"}
-                with the batches consumed by the training loop, "rng" a list indexed by rank
-                of {"torch", "cuda", "numpy", "python"} RNG states as tensors and lists,
-                "train_state" the loop's bookkeeping (train_seconds, skipped_steps, best
-                validation results, ...),
-      "averaged_from": [file names] (averaged model files only),
+      "model":       state_dict of the plain (unwrapped, uncompiled) Transformer,
+      "optimizer":   optimizer.state_dict(),
+      "scheduler":   the learning-rate schedule's state_dict(),
+      "scaler":      the fp16 GradScaler's state_dict() (empty when disabled),
+      "sampler":     {"epoch", "position", "seed"}: the data position, in batches per rank
+                     consumed by the training loop this epoch,
+      "rng":         a list indexed by rank of {"torch", "cuda", "numpy", "python"} RNG states,
+      "train_state": the loop's counters (transformer_nmt.train.TrainState.state_dict():
+                     step, micro_step, tokens_seen, train_seconds, skipped_steps, best
+                     validation results, world_size, ...),
+      "config":      the resolved run config as a plain dict,
+      "vocab_size":  size of the shared vocabulary the model was built with,
     }
+
+A model file (``averaged.pt``, written by :func:`average_run`) holds only ``"model"``,
+``"config"``, ``"vocab_size"``, ``"step"`` (of the newest input) and ``"averaged_from"``
+(the input file names). :func:`checkpoint_step` reads the step of either kind.
 
 Files live in ``runs/<experiment>/checkpoints/``: ``checkpoint_<step>.pt`` (kept: last
 ``trainer.keep_last``), ``checkpoint_best.pt`` and ``averaged.pt``. Every write goes
@@ -25,14 +30,17 @@ through a temporary file and a rename.
 from __future__ import annotations
 
 import logging
+import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_nmt.config import to_plain
 from transformer_nmt.fileio import atomic_path
 
 log = logging.getLogger(__name__)
@@ -40,6 +48,8 @@ log = logging.getLogger(__name__)
 _STEP_RE = re.compile(r"^checkpoint_(\d+)\.pt$")
 AVERAGED_NAME = "averaged.pt"
 BEST_NAME = "checkpoint_best.pt"
+TRAINING_PARTS = ("model", "optimizer", "scheduler", "scaler", "sampler", "rng", "train_state")
+"""The named parts of a training checkpoint (besides the ``config`` and ``vocab_size``)."""
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -69,6 +79,184 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated file, wrong format, unsafe pickle
         raise RuntimeError(f"cannot read checkpoint {path}: {e}") from e
+
+
+def training_checkpoint(
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any,
+    sampler: dict[str, int],
+    rng: list[dict[str, Any]],
+    train_state: dict[str, Any],
+    config: Any,
+    vocab_size: int,
+) -> dict[str, Any]:
+    """The training checkpoint dict (layout in the module docstring) of these parts.
+
+    Args:
+        model: the plain Transformer (not the DDP / compiled wrapper).
+        sampler: ``{"epoch", "position", "seed"}`` as counted by the training loop.
+        rng: every rank's :func:`rng_state`, indexed by rank.
+        config: the run config (DictConfig, structured config or plain dict).
+    """
+    if OmegaConf.is_config(config) or not isinstance(config, dict):
+        config = to_plain(config)
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "sampler": {k: int(sampler[k]) for k in ("epoch", "position", "seed")},
+        "rng": rng,
+        "train_state": dict(train_state),
+        "config": config,
+        "vocab_size": int(vocab_size),
+    }
+
+
+def check_training_checkpoint(ckpt: dict[str, Any], path: str | Path) -> None:
+    """Raise ValueError naming ``path`` and the missing parts when ``ckpt`` cannot resume a run."""
+    missing = [k for k in (*TRAINING_PARTS, "config", "vocab_size") if k not in ckpt]
+    if missing:
+        raise ValueError(
+            f"{path} is not a training checkpoint of this version: parts {missing} are missing "
+            f"(expected {list(TRAINING_PARTS)}); move it out of the run directory or start a new run"
+        )
+
+
+def restore_modules(
+    ckpt: dict[str, Any], *, model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any
+) -> None:
+    """Load the ``model``, ``optimizer``, ``scheduler`` and ``scaler`` parts (the scaler only
+    when enabled and saved non-empty)."""
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    if ckpt.get("scaler") and scaler.is_enabled():
+        scaler.load_state_dict(ckpt["scaler"])
+
+
+def save_training(
+    run_dir: str | Path, s: Any, state: Any, info: Any, *, config: Any, seed: int,
+    keep_last: int, best: bool = False, regular: bool = True,
+) -> None:
+    """Write ``checkpoint_<step>.pt`` (pruning to the last ``keep_last``) and / or
+    ``checkpoint_best.pt`` from the trainer's parts.
+
+    Every rank calls it (the RNG states are gathered); rank 0 writes.
+
+    Args:
+        s: :class:`transformer_nmt.train.Setup` (model, optimizer, scheduler, scaler, vocab_size).
+        state: :class:`transformer_nmt.train.TrainState`.
+        info: this process's :class:`transformer_nmt.distributed.DistInfo`.
+    """
+    from transformer_nmt import distributed
+
+    rngs = distributed.all_gather_object(rng_state())
+    if not info.is_main:
+        return
+    ckpt = training_checkpoint(
+        model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, scaler=s.scaler,
+        sampler=state.sampler_state(seed), rng=rngs, train_state=state.state_dict(),
+        config=config, vocab_size=s.vocab_size,
+    )
+    folder = checkpoint_dir(run_dir)
+    if regular:
+        path = save_checkpoint(folder / f"checkpoint_{state.step}.pt", ckpt)
+        prune_checkpoints(run_dir, keep_last)
+        log.info("saved %s", path)
+    if best:
+        save_checkpoint(folder / BEST_NAME, ckpt)
+        log.info("saved %s (step %d)", folder / BEST_NAME, state.step)
+
+
+def resume_training(run_dir: str | Path, s: Any, state: Any, seed: int, info: Any) -> Path | None:
+    """Load the run's latest checkpoint into ``s`` and ``state``; returns its path (or None).
+
+    The same world size restores every rank's RNG states (bit-exact continuation); another
+    world size rescales the data position and reseeds, with a warning.
+
+    Raises:
+        ValueError: the latest checkpoint lacks a part (names the file and the parts).
+    """
+    from transformer_nmt.runtime import seed_everything
+
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        return None
+    saved = load_checkpoint(path, map_location="cpu")
+    check_training_checkpoint(saved, path)
+    restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
+                    scaler=s.scaler)
+    state.load_state_dict(saved["train_state"])
+    state.epoch, state.position = int(saved["sampler"]["epoch"]), int(saved["sampler"]["position"])
+    saved_ws = int(state.world_size)
+    if saved_ws != info.world_size:
+        log.warning(
+            "%s was written with world_size=%d, now %d: the data position is rescaled and "
+            "RNG streams reseeded, so the run will not match an uninterrupted one exactly",
+            path, saved_ws, info.world_size,
+        )
+        state.position = state.position * saved_ws // info.world_size
+        if state.position >= len(s.sampler):
+            state.epoch += 1
+            state.position = 0
+        seed_everything(seed + info.rank + 1000 * int(state.step))
+    else:
+        set_rng_state(saved["rng"][info.rank])
+    state.world_size = info.world_size
+    if info.is_main:
+        log.info("resumed from %s (step %d, epoch %d, batch %d of the epoch)", path,
+                 state.step, state.epoch, state.position)
+    return path
+
+
+def checkpoint_step(ckpt: dict[str, Any]) -> int | None:
+    """The optimizer step of a training checkpoint (``train_state.step``) or a model file
+    (``step``); None when it has neither."""
+    if "train_state" in ckpt:
+        return int(ckpt["train_state"]["step"])
+    step = ckpt.get("step")
+    return int(step) if step is not None else None
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states in types ``torch.load(weights_only=True)`` accepts."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {
+            "name": str(np_name),
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_gauss),
+        },
+        "python": {"version": int(py_version), "state": list(py_state), "gauss_next": py_gauss},
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the states saved by :func:`rng_state`."""
+    torch.set_rng_state(state["torch"].cpu())
+    if torch.cuda.is_available() and state.get("cuda"):
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    n = state["numpy"]
+    np.random.set_state(
+        (
+            n["name"],
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
 
 
 def step_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -184,12 +372,12 @@ def average_run(cfg: Any) -> Path:
                         n, folder, len(available))
         paths = available[-n:]
     metas = [load_checkpoint(p) for p in paths]
-    newest = max(range(len(paths)), key=lambda i: (int(metas[i].get("step") or 0), i))
+    newest = max(range(len(paths)), key=lambda i: (checkpoint_step(metas[i]) or 0, i))
     state = {
         "model": average_checkpoints(paths),
         "config": metas[newest]["config"],
         "vocab_size": metas[newest]["vocab_size"],
-        "step": metas[newest].get("step"),
+        "step": checkpoint_step(metas[newest]),
         "averaged_from": [p.name for p in paths],
     }
     out = folder / AVERAGED_NAME

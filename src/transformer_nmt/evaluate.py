@@ -46,13 +46,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.bleu import format_score, read_text_lines, score_all
+from transformer_nmt.bpe import load_tokenizer
+from transformer_nmt.checkpoint import checkpoint_step
 from transformer_nmt.corpora import reference_path
 from transformer_nmt.fileio import atomic_write, raw_path
+from transformer_nmt.runtime import resolve_device
 from transformer_nmt.translate import (
-    load_tokenizer,
     read_lines,
     resolve_checkpoint,
-    resolve_device,
     translate_lines,
     write_lines,
 )
@@ -63,7 +64,8 @@ TRAINING_COST_KEYS = ("gpu_hours", "flops", "train_seconds", "world_size")
 
 
 def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
-    """``step`` and ``averaged_from`` of a checkpoint, read without loading its tensors.
+    """``step`` and ``averaged_from`` of a training checkpoint or model file, read without
+    loading its tensors (memory-mapped).
 
     Returns:
         ``{"step": int | None, "averaged_from": list[str] | None}``.
@@ -71,7 +73,7 @@ def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     averaged = ckpt.get("averaged_from")
     return {
-        "step": int(ckpt["step"]) if ckpt.get("step") is not None else None,
+        "step": checkpoint_step(ckpt),
         "averaged_from": [str(p) for p in averaged] if averaged is not None else None,
     }
 

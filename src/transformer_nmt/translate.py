@@ -23,7 +23,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch
 
 from transformer_nmt.batching import LengthBucketSampler, collate
 from transformer_nmt.beam_search import Hypothesis, beam_search, greedy_search
+from transformer_nmt.bpe import load_tokenizer
 from transformer_nmt.checkpoint import (
     AVERAGED_NAME,
     checkpoint_dir,
@@ -39,31 +40,9 @@ from transformer_nmt.checkpoint import (
 )
 from transformer_nmt.fileio import atomic_write, iter_lines
 from transformer_nmt.fileio import read_lines as fileio_read_lines
+from transformer_nmt.runtime import autocast_context, resolve_device
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def resolve_device(name: str | torch.device | None) -> torch.device:
-    """``auto`` (or None) -> ``cuda`` when available, else ``cpu``; anything else as given."""
-    if name is None or str(name) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def autocast_context(precision: str, device: torch.device):
-    """Autocast for ``bf16``/``fp16`` decoding on ``device``; a no-op for ``fp32``.
-
-    Raises:
-        ValueError: for an unknown precision.
-    """
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if precision not in _DTYPES:
-        raise ValueError(f"decode.precision={precision!r} is not one of ['fp32', 'bf16', 'fp16']")
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
-
 
 def resolve_checkpoint(cfg: Any) -> Path:
     """The model file to decode with.
@@ -97,21 +76,6 @@ def resolve_checkpoint(cfg: Any) -> Path:
         f"no model to decode with: decode.checkpoint is unset, {averaged} does not exist and "
         f"{folder} holds no checkpoint_<step>.pt (train first, or set decode.checkpoint=PATH)"
     )
-
-
-def load_tokenizer(data_cfg: Any):
-    """The shared SentencePiece model of ``data_cfg`` (``data/spm/<name>/spm.model``).
-
-    Raises:
-        FileNotFoundError: naming the path when the model is missing (run nmt-prepare).
-    """
-    from transformer_nmt.bpe import SentencePieceTokenizer
-    from transformer_nmt.fileio import spm_model_path
-
-    path = spm_model_path(data_cfg)
-    if not path.is_file():
-        raise FileNotFoundError(f"SentencePiece model {path} not found; run nmt-prepare first")
-    return SentencePieceTokenizer(path)
 
 
 def search(model: Any, src_tokens: torch.Tensor, decode_cfg: Any) -> list[list[Hypothesis]]:
@@ -151,6 +115,53 @@ def _search_splitting_on_oom(model, src_tokens, decode_cfg):
         return _search_splitting_on_oom(model, src_tokens[:half], decode_cfg) + (
             _search_splitting_on_oom(model, src_tokens[half:], decode_cfg)
         )
+
+
+def decode_ids(
+    ids: Sequence[np.ndarray],
+    search_fn: Callable[[torch.Tensor], list[list[Hypothesis]]],
+    max_tokens: int,
+    device: torch.device,
+    *,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    skip_too_long: bool = False,
+) -> tuple[list[list[Hypothesis]], int]:
+    """Decode source id sequences in length-sorted batches; results in input order.
+
+    The decoding core of :func:`translate_lines` and of validation BLEU
+    (:func:`transformer_nmt.validation.validate_bleu`): sentences are bucketed by length
+    into batches of at most ``max_tokens`` source tokens (``LengthBucketSampler``,
+    ``shuffle=False``), collated (``src + [eos]``, right-padded) and searched.
+
+    Args:
+        ids: source ids per sentence (int64 arrays, no eos): a list or a ``TokenDataset``.
+        search_fn: ``(B, S) long src_tokens on device -> per sentence an n-best list``.
+        max_tokens: source tokens per batch (padding included, eos counted).
+        autocast: a callable returning the autocast context the search runs in.
+        skip_too_long: leave sentences longer than ``max_tokens`` undecoded (an empty
+            n-best list) instead of raising ValueError.
+
+    Returns:
+        ``(nbest, batches)``: per input sentence its n-best list (``[]`` when skipped),
+        and the number of batches searched.
+    """
+    best: list[list[Hypothesis]] = [[] for _ in range(len(ids))]
+    if not best:
+        return best, 0
+    sizes = np.fromiter((len(ids[j]) for j in range(len(ids))), dtype=np.int64, count=len(ids))
+    sampler = LengthBucketSampler(sizes, None, int(max_tokens), shuffle=False,
+                                  skip_too_long=skip_too_long)
+    n_batches = 0
+    with autocast():
+        for batch_indices in sampler:
+            batch = collate([(j, ids[j], None) for j in batch_indices])
+            if batch is None:
+                continue
+            hyps = search_fn(batch.src_tokens.to(device))
+            for j, h in zip(batch.ids.tolist(), hyps):
+                best[j] = h
+            n_batches += 1
+    return best, n_batches
 
 
 def translate_lines(
@@ -207,20 +218,11 @@ def translate_lines(
         ids.append(np.asarray(pieces, dtype=np.int64))
         positions.append(i)
 
-    best: list[list[Hypothesis]] = [[] for _ in ids]
-    n_batches = 0
-    if ids:
-        sizes = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        sampler = LengthBucketSampler(sizes, None, int(decode_cfg.max_tokens), shuffle=False)
-        with autocast_context(decode_cfg.precision, device):
-            for batch_indices in sampler:
-                if not batch_indices:
-                    continue
-                batch = collate([(j, ids[j], None) for j in batch_indices]).to(device)
-                hyps = _search_splitting_on_oom(model, batch.src_tokens, decode_cfg)
-                for j, h in zip(batch.ids.tolist(), hyps):
-                    best[j] = h
-                n_batches += 1
+    best, n_batches = decode_ids(
+        ids, lambda src: _search_splitting_on_oom(model, src, decode_cfg),
+        int(decode_cfg.max_tokens), device,
+        autocast=lambda: autocast_context(decode_cfg.precision, device),
+    )
 
     outputs: list[Any] = [[("", 0.0)] if return_hypotheses else "" for _ in lines]
     target_tokens = 0

@@ -1,14 +1,20 @@
 """``nmt-train``: train a Transformer (``transformer_nmt.train.train``) from the Hydra config.
 
-    nmt-train experiment=multi30k_en_de
+    nmt-prepare experiment=multi30k_en_de && nmt-train experiment=multi30k_en_de
     nmt-train experiment=wmt14_en_de_base trainer.update_freq=8            # one GPU
     torchrun --nproc_per_node=8 -m transformer_nmt.cli.train experiment=wmt14_en_de_base
+    nmt-train experiment=wmt14_en_de_big trainer.dry_run=true             # no corpus needed
 
-The run directory is ``cfg.run_dir`` (``runs/<name>``), the same on every rank; a run
-directory that already holds checkpoints is resumed from its latest one.
+Training reads the prepared data (``nmt-prepare`` / ``make data``) and fails with one line
+naming the missing file when it is not there. The run directory is ``cfg.run_dir``
+(``runs/<name>``), the same on every rank; a run directory that already holds checkpoints
+is resumed from its latest one. ``trainer.dry_run=true`` runs
+:func:`transformer_nmt.dryrun.dry_run` instead.
 """
 
 from __future__ import annotations
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -21,11 +27,20 @@ from transformer_nmt.cli import CONFIG_DIR
 # to this file is not found when the app starts from the nmt-train console script.
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    """Validate the config and train."""
+    """Validate the config and train (or dry-run)."""
     _config.validate(cfg)
-    from transformer_nmt.train import train
+    from transformer_nmt.train import MissingDataError, train
 
-    train(cfg)
+    try:
+        if cfg.trainer.dry_run:
+            from transformer_nmt.dryrun import dry_run
+
+            dry_run(cfg)
+        else:
+            train(cfg)
+    except MissingDataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

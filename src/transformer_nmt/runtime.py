@@ -1,0 +1,112 @@
+"""Where and how tensors run: device, precision, autocast, fp16 loss scaling, seeding, and the
+stop signals of a training process.
+
+Shared by training (:mod:`transformer_nmt.train`) and decoding
+(:mod:`transformer_nmt.translate`, :mod:`transformer_nmt.evaluate`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import random
+import signal
+from typing import Any
+
+import numpy as np
+import torch
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+"""Signals that make training checkpoint and exit at the next step boundary."""
+PRECISIONS = ("fp32", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """``auto`` (or None) -> ``cuda`` when available, else ``cpu``; anything else as given."""
+    if name is None or str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """The training precision actually used: ``fp32``, ``bf16`` or ``fp16``.
+
+    ``auto`` is bf16 on GPUs that support it (Ampere and later), fp16 with dynamic loss
+    scaling on older GPUs (P100 / V100 class), fp32 on CPU.
+
+    Raises:
+        ValueError: fp16 requested on CPU (no loss-scaled fp16 training there).
+    """
+    if device.type != "cuda":
+        if requested == "fp16":
+            raise ValueError("trainer.precision=fp16 needs a CUDA GPU; use fp32 or bf16 on CPU")
+        return "fp32" if requested == "auto" else requested
+    if requested == "auto":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return requested
+
+
+def autocast_context(precision: str, device: torch.device):
+    """Autocast for ``bf16``/``fp16`` on ``device``; a no-op for ``fp32``.
+
+    Raises:
+        ValueError: for an unknown precision.
+    """
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision not in _DTYPES:
+        raise ValueError(f"decode.precision={precision!r} is not one of {list(PRECISIONS)}")
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+
+
+def grad_scaler(enabled: bool):
+    """A dynamic loss scaler for fp16 training (a disabled one, a no-op, otherwise)."""
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda", enabled=enabled)
+    return torch.cuda.amp.GradScaler(enabled=enabled)  # torch < 2.3
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (CPU and every GPU)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def device_name(device: torch.device) -> str:
+    """Human-readable device: the GPU's name, or the CPU's and its torch thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+class StopFlag:
+    """Installs SIGTERM / SIGUSR1 handlers that only record that a stop was requested.
+
+    ``requested`` is 0, or the number of the last signal received.
+    """
+
+    def __init__(self) -> None:
+        self.requested = 0
+        self.previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.requested = signum
+
+    def install(self) -> None:
+        """Install the handlers (in the main thread; elsewhere nothing is installed)."""
+        for name in STOP_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is None:
+                continue
+            try:
+                self.previous[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                pass
+
+    def restore(self) -> None:
+        """Put the previous handlers back."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()

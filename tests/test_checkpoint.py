@@ -1,0 +1,146 @@
+"""Checkpoint parts: each named part survives a save / load (weights_only) round trip."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from transformer_nmt import checkpoint as ck
+from transformer_nmt.batching import LengthBucketSampler
+from transformer_nmt.cli import compose
+from transformer_nmt.distributed import DistInfo
+from transformer_nmt.model import Transformer
+from transformer_nmt.optim import build_optimizer, build_scheduler
+from transformer_nmt.runtime import grad_scaler
+from transformer_nmt.train import TrainState
+
+VOCAB = 30
+TINY = ["model.d_model=16", "model.d_ff=32", "model.heads=2", "model.encoder_layers=1",
+        "model.decoder_layers=1", "model.dropout=0.0", "trainer.warmup_steps=4"]
+
+
+def _parts(cfg, seed: int):
+    torch.manual_seed(seed)
+    model = Transformer(cfg.model, vocab_size=VOCAB)
+    optimizer = build_optimizer(model, cfg.trainer)
+    scheduler = build_scheduler(optimizer, int(cfg.model.d_model), cfg.trainer)
+    return model, optimizer, scheduler, grad_scaler(False)
+
+
+def _step(model, optimizer, scheduler) -> None:
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, VOCAB, (2, 5), generator=g)
+    tgt = torch.randint(4, VOCAB, (2, 4), generator=g)
+    logits = model(src, tgt, torch.ones(2, 4, dtype=torch.bool))  # (8, V)
+    logits.logsumexp(-1).mean().backward()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return compose(TINY)
+
+
+def test_model_optimizer_scheduler_round_trip(cfg, tmp_path):
+    model, optimizer, scheduler, scaler = _parts(cfg, seed=1)
+    for _ in range(3):
+        _step(model, optimizer, scheduler)
+    state = TrainState(step=3, micro_step=3)
+    saved = ck.training_checkpoint(
+        model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+        sampler=state.sampler_state(7), rng=[ck.rng_state()], train_state=state.state_dict(),
+        config=cfg, vocab_size=VOCAB,
+    )
+    assert set(saved) == {*ck.TRAINING_PARTS, "config", "vocab_size"}
+    path = ck.save_checkpoint(tmp_path / "checkpoint_3.pt", saved)
+    loaded = ck.load_checkpoint(path)  # weights_only=True
+    ck.check_training_checkpoint(loaded, path)
+    other = _parts(cfg, seed=2)
+    ck.restore_modules(loaded, model=other[0], optimizer=other[1], scheduler=other[2],
+                       scaler=other[3])
+    assert other[2].state_dict()["last_epoch"] == scheduler.state_dict()["last_epoch"] == 3
+    # The next step from the restored parts equals the next step of the originals.
+    _step(model, optimizer, scheduler)
+    _step(*other[:3])
+    for (name, a), b in zip(model.state_dict().items(), other[0].state_dict().values()):
+        assert torch.equal(a, b), name
+    assert loaded["config"]["model"]["d_model"] == 16 and loaded["vocab_size"] == VOCAB
+    assert ck.checkpoint_step(loaded) == 3
+
+
+def test_rng_round_trip_through_a_file(tmp_path):
+    torch.manual_seed(3)
+    np.random.seed(3)
+    random.seed(3)
+    path = ck.save_checkpoint(tmp_path / "rng.pt", {"rng": [ck.rng_state()]})
+    first = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    ck.set_rng_state(ck.load_checkpoint(path)["rng"][0])
+    again = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    assert torch.equal(first[0], again[0])
+    assert np.array_equal(first[1], again[1]) and first[2] == again[2]
+
+
+def test_train_state_round_trip_keeps_the_data_position_out():
+    state = TrainState(step=12, micro_step=25, tokens_seen=900, src_tokens_seen=800,
+                       src_sq_seen=9, tgt_sq_seen=8, src_tgt_seen=7, epoch=2, position=5,
+                       train_seconds=3.5, skipped_steps=1, best_valid_loss=2.5,
+                       best_valid_bleu=10.0, validations_without_improvement=2, world_size=2)
+    d = state.state_dict()
+    assert "epoch" not in d and "position" not in d  # stored once, in the sampler part
+    restored = TrainState()
+    restored.load_state_dict(d)
+    restored.epoch, restored.position = 2, 5
+    assert restored == state
+    assert state.sampler_state(7) == {"epoch": 2, "position": 5, "seed": 7}
+    with pytest.raises(ValueError, match="unknown keys.*'stepp'"):
+        TrainState().load_state_dict({"stepp": 1})
+
+
+def test_sampler_part_resumes_the_same_batches():
+    sizes = np.arange(1, 60) % 17 + 1
+    sampler = LengthBucketSampler(sizes, sizes, 40, shuffle=True, seed=5)
+    sampler.set_epoch(1)
+    batches = list(sampler)
+    state = TrainState(epoch=1, position=3)
+    resumed = LengthBucketSampler(sizes, sizes, 40, shuffle=True, seed=5)
+    resumed.load_state_dict(state.sampler_state(5))
+    assert list(resumed) == batches[3:]
+
+
+def test_save_training_prunes_and_resume_training_restores(cfg, tmp_path):
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    model, optimizer, scheduler, scaler = _parts(cfg, seed=1)
+    sizes = np.full(20, 3)
+    s = SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                        vocab_size=VOCAB, sampler=LengthBucketSampler(sizes, sizes, 16, seed=1))
+    for step in (1, 2, 3):
+        _step(model, optimizer, scheduler)
+        state = TrainState(step=step, micro_step=step, position=step, tokens_seen=10 * step)
+        ck.save_training(tmp_path, s, state, info, config=cfg, seed=1, keep_last=2,
+                         best=step == 2, regular=True)
+    folder = ck.checkpoint_dir(tmp_path)
+    assert [p.name for p in ck.step_checkpoints(tmp_path)] == ["checkpoint_2.pt", "checkpoint_3.pt"]
+    assert ck.checkpoint_step(ck.load_checkpoint(folder / ck.BEST_NAME)) == 2
+    fresh = _parts(cfg, seed=9)
+    t = SimpleNamespace(model=fresh[0], optimizer=fresh[1], scheduler=fresh[2], scaler=fresh[3],
+                        vocab_size=VOCAB, sampler=s.sampler)
+    restored = TrainState()
+    path = ck.resume_training(tmp_path, t, restored, seed=1, info=info)
+    assert path == folder / "checkpoint_3.pt"
+    assert (restored.step, restored.position, restored.tokens_seen) == (3, 3, 30)
+    for (name, a), b in zip(model.state_dict().items(), fresh[0].state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_old_layout_is_refused_and_model_files_keep_their_step(tmp_path):
+    old = {"model": {}, "config": {}, "vocab_size": 5, "step": 4, "optimizer": {}}
+    with pytest.raises(ValueError, match=r"old\.pt.*'scheduler'.*'train_state'"):
+        ck.check_training_checkpoint(old, tmp_path / "old.pt")
+    assert ck.checkpoint_step({"model": {}, "step": 7, "averaged_from": ["a.pt"]}) == 7
+    assert ck.checkpoint_step({"model": {}}) is None
