@@ -29,11 +29,13 @@ import os
 import shutil
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformer_nmt.errors import UserError
 from transformer_nmt.fileio import atomic_write
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ WMT14_FILTERED = "newstest2014_filtered"
 """The 2737-line filtered newstest2014 (sacreBLEU test set ``wmt14``)."""
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """Bad or missing input data; the message names the file, line and values at fault."""
 
 
@@ -351,24 +353,44 @@ def read_lines(path: Path, encoding_errors: str = "strict",
         stats: if given, ``stats["invalid_utf8_lines"]`` counts lines that needed replacement.
 
     Raises:
-        DataError: missing file; invalid UTF-8 under ``strict`` (names file, line and byte).
+        DataError: missing file; invalid UTF-8 under ``strict`` (names file, line and byte);
+            a UTF-16 file (byte-order mark, under either setting); a truncated or damaged
+            ``.gz`` (names the file and the last line read).
     """
     path = Path(path)
     _require_file(path, "input text")
     with contextlib.ExitStack() as stack:
         f = stack.enter_context(open_binary(path))
-        for lineno, raw in enumerate(f, 1):
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                if encoding_errors != "replace":
+        lineno = 0
+        try:
+            for lineno, raw in enumerate(f, 1):
+                if lineno == 1 and raw[:2] in _UTF16_BOMS:
                     raise DataError(
-                        f"{path}, line {lineno}: invalid UTF-8 at byte {e.start} "
-                        f"({raw[max(0, e.start - 10):e.end + 10]!r}): {e.reason}; set "
-                        "data.encoding_errors=replace to substitute U+FFFD"
-                    ) from None
-                if stats is not None:
-                    stats["invalid_utf8_lines"] = stats.get("invalid_utf8_lines", 0) + 1
-                yield raw.decode("utf-8", errors="replace")
+                        f"{path}: looks like UTF-16 ({_UTF16_BOMS[raw[:2]]} BOM "
+                        f"{raw[:2].hex(' ').upper()}), not UTF-8; convert it first, e.g. "
+                        f"iconv -f UTF-16 -t UTF-8 {path}"
+                    )
+                if raw.endswith(b"\n"):
+                    raw = raw[:-1]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    if encoding_errors != "replace":
+                        raise DataError(
+                            f"{path}, line {lineno}: invalid UTF-8 at byte {e.start} "
+                            f"({raw[max(0, e.start - 10):e.end + 10]!r}): {e.reason}; set "
+                            "data.encoding_errors=replace to substitute U+FFFD"
+                        ) from None
+                    if stats is not None:
+                        stats["invalid_utf8_lines"] = stats.get("invalid_utf8_lines", 0) + 1
+                    line = raw.decode("utf-8", errors="replace")
+                yield line
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise DataError(
+                f"{path}: damaged gzip file after line {lineno} ({type(e).__name__}: {e}); "
+                "download or compress it again"
+            ) from None
+
+
+_UTF16_BOMS = {b"\xff\xfe": "little-endian", b"\xfe\xff": "big-endian"}
+"""Byte-order marks of UTF-16 text (a UTF-16 file is not valid UTF-8)."""

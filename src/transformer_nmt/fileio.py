@@ -14,7 +14,9 @@ Layout (``root`` is ``data.root``, ``name`` is ``data.name``)::
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +38,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside ``path`` for code that writes a file by name (torch.save, spm).
 
     Yields a temporary path beside ``path``; renamed to ``path`` if the block succeeds.
+
+    Raises:
+        transformer_nmt.errors.NoSpaceError: the device is full ("no space left on device:
+            <path>"); ``path`` is left as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,10 +51,26 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield Path(tmp)
         os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        full = _disk_full(e, path.parent)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if full:
+            from transformer_nmt.errors import NoSpaceError
+
+            raise NoSpaceError(f"no space left on device: {path}") from e
         raise
+
+
+def _disk_full(e: BaseException, folder: Path) -> bool:
+    """True when ``e`` is a failed write on a full device: ``OSError`` ENOSPC/EDQUOT, or
+    torch.save's C++ writer (``RuntimeError`` "... file write failed") with no space left."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(e, RuntimeError) and "write failed" in str(e):
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(folder).free < (1 << 20)
+    return False
 
 
 @contextlib.contextmanager

@@ -594,7 +594,7 @@ def _train(cfg: Any, info: distributed.DistInfo) -> dict[str, Any]:
 
     # --- data ---------------------------------------------------------------------------
     ensure_data(cfg, info)
-    from transformer_nmt.bpe import SentencePieceTokenizer
+    from transformer_nmt.bpe import SentencePieceTokenizer, vocab_identity
 
     tokenizer = SentencePieceTokenizer(spm_model_path(cfg.data))
     vocab_size = max(tokenizer.vocab_size, full_vocab or 0)
@@ -691,6 +691,7 @@ def _train(cfg: Any, info: distributed.DistInfo) -> dict[str, Any]:
                 cfg if OmegaConf.is_config(cfg) else OmegaConf.structured(cfg), resolve=True
             ),
             "vocab_size": vocab_size,
+            "vocab": vocab_identity(tokenizer.model_path),
             "step": state["step"],
             "micro_step": state["micro_step"],
             "tokens_seen": state["tokens_seen"],
