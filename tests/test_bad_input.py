@@ -170,13 +170,41 @@ def test_04_decoding_with_another_vocabulary_is_one_error(tmp_path, caplog):
     msg = str(e.value)
     assert "\n" not in msg and str(ckpt) in msg and str(other.model_path) in msg
     assert "another vocabulary" in msg
-    assert bpe.vocab_identity(ours.model_path)["spm_blake2b"][:12] in msg
+    assert bpe.vocab_identity(ours.model_path)["spm_sha256"][:12] in msg
     # a checkpoint without the field: a warning naming it, no failure
     old = tmp_path / "old.pt"
     torch.save({"vocab_size": ours.vocab_size}, old)
     with caplog.at_level(logging.WARNING, logger="transformer_nmt.bpe"):
         bpe.check_vocab(old, other)
     assert "records no vocabulary identity" in caplog.text and str(old) in caplog.text
+
+
+def test_04_trained_checkpoint_records_its_vocabulary_and_translate_checks_it(tmp_path):
+    from transformer_nmt.train import train
+    from transformer_nmt.translate import translate
+
+    ours = make_corpus(tmp_path / "ours", seed=1)
+    tiny = ["model.d_model=16", "model.d_ff=32", "model.heads=2", "model.encoder_layers=1",
+            "model.decoder_layers=1", "trainer.max_tokens=512", "trainer.max_steps=2",
+            "trainer.save_every_minutes=null", "trainer.validate_every_steps=null",
+            f"run_dir={tmp_path / 'run'}"]
+    cfg = corpus_cfg(tmp_path, ours, *tiny)
+    prepare(cfg)
+    train(cfg)
+    ckpt = checkpoint.latest_checkpoint(tmp_path / "run")
+    assert load_checkpoint(ckpt)["vocab"] == bpe.vocab_identity(spm_model_path(cfg.data))
+    # the same size of vocabulary from another corpus under another name
+    other = corpus_cfg(tmp_path, make_corpus(tmp_path / "other", seed=5, tgt_words=FR),
+                       "data.name=other", *tiny)
+    prepare(other)
+    source = tmp_path / "in.en"
+    source.write_text("the dog runs .\n")
+    out = tmp_path / "out.de"
+    other.decode.input, other.decode.output, other.decode.checkpoint = str(source), str(out), str(ckpt)
+    with pytest.raises(DataError, match=f"^{ckpt} was trained with another vocabulary than "
+                       f"{spm_model_path(other.data)}"):
+        translate(other)
+    assert not out.exists()
 
 
 # --- 5: averaging ------------------------------------------------------------------------------------
@@ -225,7 +253,7 @@ def test_05_average_refuses_checkpoints_of_two_runs(tmp_path):
                             "average checkpoints of one run only")
     assert averaged.read_bytes() == before  # not overwritten
     # other vocabularies (same shapes and config)
-    v1, v2 = {"spm_blake2b": "aa", "vocab_size": 40}, {"spm_blake2b": "bb", "vocab_size": 40}
+    v1, v2 = {"spm_sha256": "aa", "vocab_size": 40}, {"spm_sha256": "bb", "vocab_size": 40}
     d = _ckpt(folder, "d.pt", _config(), 40, 4, vocab=v1)
     e2 = _ckpt(folder, "e.pt", _config(), 50, 5, vocab=v2)
     cfg = _run_cfg(tmp_path, f"decode.average_checkpoints=[{d},{e2}]")

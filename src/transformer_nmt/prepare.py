@@ -3,7 +3,7 @@
 Each stage is skipped only when its completion stamp (``clean.stamp.json``,
 ``spm.stamp.json``, ``binarize.stamp.json``) says it was built from the same inputs with the
 same parameters and its outputs are the ones it wrote. A stamp holds the stage's parameters
-and, for every input and output file, its path, size, ``mtime_ns`` and BLAKE2b digest; it is
+and, for every input and output file, its path, size, ``mtime_ns`` and SHA-256 digest; it is
 written last, after every output, and deleted before a stage rebuilds, so outputs become valid
 together (an ``spm.json`` renamed before its ``spm.model`` by a killed run does not match).
 A file whose size and ``mtime_ns`` equal the stamp's is taken as unchanged (the fast path,
@@ -60,12 +60,12 @@ def _plain(value: Any) -> Any:
 
 
 def _fingerprint(path: Path, known: dict | None = None) -> dict:
-    """``{"size", "mtime_ns", "blake2b"}`` of a file; the digest of ``known`` is reused when
+    """``{"size", "mtime_ns", "sha256"}`` of a file; the digest of ``known`` is reused when
     size and ``mtime_ns`` are those of ``known``."""
     st = path.stat()
     if known and known.get("size") == st.st_size and known.get("mtime_ns") == st.st_mtime_ns:
         return dict(known)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "blake2b": bpe.file_digest(path)}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": bpe.file_digest(path)}
 
 
 def _fingerprints(paths: list[Path]) -> dict[str, dict]:
@@ -81,7 +81,7 @@ def _same_files(recorded: dict | None, paths: list[Path]) -> bool:
         if not p.is_file():
             return False
         now = _fingerprint(p, rec)
-        if (now["size"], now["blake2b"]) != (rec.get("size"), rec.get("blake2b")):
+        if (now["size"], now["sha256"]) != (rec.get("size"), rec.get("sha256")):
             return False
     return True
 
