@@ -132,7 +132,8 @@ def test_14_orphaned_temporary_files_removed_when_the_stage_starts(tmp_path):
     d = cfg.data
     raw_dir, spm_dir = raw_path(d, "train", "en").parent, spm_model_path(d).parent
     bin_dir = bin_prefix(d, "train", "en").parent
-    orphans = [raw_dir / ".train.en.k2j3.tmp", spm_dir / ".spm_sample.x81k.txt",
+    (raw_dir / "orig").mkdir()
+    orphans = [raw_dir / "orig" / ".train.en.gz.p2.tmp", raw_dir / ".train.en.k2j3.tmp", spm_dir / ".spm_sample.x81k.txt",
                spm_dir / ".spm.model.q9.tmp", bin_dir / ".train.de.bin.zz.tmp"]
     for p in orphans:
         p.write_text("left by a killed run")

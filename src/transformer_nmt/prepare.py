@@ -138,6 +138,7 @@ def prepare(cfg: Any) -> dict:
     stages: dict[str, dict] = {}
 
     t = time.perf_counter()
+    remove_orphans(corpora.orig_dir(d))  # downloads and streamed WMT14 text
     sources, fetched = corpora.fetch(d)
     stages["download"] = {"status": "done" if fetched else "skipped",
                           "seconds": round(time.perf_counter() - t, 2)}
