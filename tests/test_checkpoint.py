@@ -117,8 +117,10 @@ def test_save_training_prunes_and_resume_training_restores(cfg, tmp_path):
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     model, optimizer, scheduler, scaler = _parts(cfg, seed=1)
     sizes = np.full(20, 3)
+    vocab = {"spm_sha256": "ab" * 32, "vocab_size": VOCAB}
     s = SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                        vocab_size=VOCAB, sampler=LengthBucketSampler(sizes, sizes, 16, seed=1))
+                        vocab_size=VOCAB, vocab=vocab,
+                        sampler=LengthBucketSampler(sizes, sizes, 16, seed=1))
     for step in (1, 2, 3):
         _step(model, optimizer, scheduler)
         state = TrainState(step=step, micro_step=step, position=step, tokens_seen=10 * step)
@@ -127,6 +129,7 @@ def test_save_training_prunes_and_resume_training_restores(cfg, tmp_path):
     folder = ck.checkpoint_dir(tmp_path)
     assert [p.name for p in ck.step_checkpoints(tmp_path)] == ["checkpoint_2.pt", "checkpoint_3.pt"]
     assert ck.checkpoint_step(ck.load_checkpoint(folder / ck.BEST_NAME)) == 2
+    assert ck.load_checkpoint(folder / "checkpoint_3.pt")["vocab"] == vocab
     fresh = _parts(cfg, seed=9)
     t = SimpleNamespace(model=fresh[0], optimizer=fresh[1], scheduler=fresh[2], scaler=fresh[3],
                         vocab_size=VOCAB, sampler=s.sampler)

@@ -15,6 +15,7 @@ which :class:`SentencePieceTokenizer` also applies to new input (the form is kep
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -33,6 +34,58 @@ from transformer_nmt.corpora import DataError, read_lines
 from transformer_nmt.fileio import atomic_write, spm_model_path
 
 log = logging.getLogger(__name__)
+
+
+def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """SHA-256 (hex, as ``sha256sum`` prints it) of a file's bytes, read in ``chunk``-byte
+    blocks (hardware-accelerated on current x86 and ARM CPUs, docs/reliability.md)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def vocab_identity(model_path: str | os.PathLike) -> dict:
+    """What identifies a vocabulary: ``{"spm_sha256": SHA-256 of the spm.model file,
+    "vocab_size": number of pieces}``. Checkpoints keep it under ``"vocab"``
+    (:func:`check_vocab`)."""
+    proc = spm.SentencePieceProcessor(model_file=str(model_path))
+    return {"spm_sha256": file_digest(model_path), "vocab_size": int(proc.get_piece_size())}
+
+
+def check_vocab(checkpoint_path: str | os.PathLike, tokenizer: SentencePieceTokenizer) -> None:
+    """Fail when ``tokenizer`` is not the vocabulary the checkpoint was trained with.
+
+    Compares the checkpoint's ``"vocab"`` (:func:`vocab_identity`, read through a memory
+    map) with the tokenizer's model file; a checkpoint without it (older runs) is checked
+    on ``vocab_size`` only, with a warning.
+
+    Raises:
+        DataError: the identities differ (names both files and the values).
+    """
+    import torch
+
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", mmap=True, weights_only=True)
+    saved = checkpoint.get("vocab")
+    if saved is None:
+        log.warning("%s records no vocabulary identity (older checkpoint): cannot check that %s "
+                    "is the vocabulary it was trained with", checkpoint_path, tokenizer.model_path)
+        n = checkpoint.get("vocab_size")
+        if n is not None and int(n) < tokenizer.vocab_size:
+            raise DataError(
+                f"{checkpoint_path} was trained with {n} pieces but {tokenizer.model_path} has "
+                f"{tokenizer.vocab_size}: another vocabulary (check the data= option)"
+            )
+        return
+    here = vocab_identity(tokenizer.model_path)
+    if here != {k: saved.get(k) for k in here}:
+        raise DataError(
+            f"{checkpoint_path} was trained with another vocabulary than {tokenizer.model_path} "
+            f"(checkpoint: {saved['vocab_size']} pieces, sha256 {saved['spm_sha256'][:12]}; "
+            f"tokenizer: {here['vocab_size']} pieces, sha256 {here['spm_sha256'][:12]}); "
+            "use the data= settings the model was trained with"
+        )
 
 
 def meta_path(model_path: str | os.PathLike) -> Path:

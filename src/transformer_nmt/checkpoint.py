@@ -29,6 +29,7 @@ through a temporary file and a rename.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import re
@@ -41,6 +42,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.config import to_plain
+from transformer_nmt.errors import MissingFileError, UserError
 from transformer_nmt.fileio import atomic_path
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ def training_checkpoint(
     train_state: dict[str, Any],
     config: Any,
     vocab_size: int,
+    vocab: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The training checkpoint dict (layout in the module docstring) of these parts.
 
@@ -100,6 +103,7 @@ def training_checkpoint(
         sampler: ``{"epoch", "position", "seed"}`` as counted by the training loop.
         rng: every rank's :func:`rng_state`, indexed by rank.
         config: the run config (DictConfig, structured config or plain dict).
+        vocab: the vocabulary's identity (:func:`transformer_nmt.bpe.vocab_identity`).
     """
     if OmegaConf.is_config(config) or not isinstance(config, dict):
         config = to_plain(config)
@@ -113,6 +117,7 @@ def training_checkpoint(
         "train_state": dict(train_state),
         "config": config,
         "vocab_size": int(vocab_size),
+        **({"vocab": vocab} if vocab is not None else {}),
     }
 
 
@@ -148,7 +153,8 @@ def save_training(
     Every rank calls it (the RNG states are gathered); rank 0 writes.
 
     Args:
-        s: :class:`transformer_nmt.train.Setup` (model, optimizer, scheduler, scaler, vocab_size).
+        s: :class:`transformer_nmt.train.Setup` (model, optimizer, scheduler, scaler, vocab_size,
+            vocab).
         state: :class:`transformer_nmt.train.TrainState`.
         info: this process's :class:`transformer_nmt.distributed.DistInfo`.
     """
@@ -160,7 +166,7 @@ def save_training(
     ckpt = training_checkpoint(
         model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, scaler=s.scaler,
         sampler=state.sampler_state(seed), rng=rngs, train_state=state.state_dict(),
-        config=config, vocab_size=s.vocab_size,
+        config=config, vocab_size=s.vocab_size, vocab=s.vocab,
     )
     folder = checkpoint_dir(run_dir)
     if regular:
@@ -283,11 +289,75 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
     return doomed
 
 
+RUN_LENGTH_KEYS = ("max_steps", "max_epochs", "max_time_minutes", "patience", "num_workers",
+                   "log_every_steps", "validate_every_steps", "save_every_steps",
+                   "save_every_minutes", "keep_last", "valid_bleu", "valid_bleu_sentences")
+"""``trainer`` fields that may change when a run is resumed (how long it runs, how often it
+logs, validates and saves); every other ``model``, ``data`` and ``trainer`` value, and the run's
+``name``, must be equal for checkpoints to be averaged."""
+
+
+def _run_identity(config: dict | None) -> dict | None:
+    """The part of a stored config that identifies the run (see :data:`RUN_LENGTH_KEYS`)."""
+    if not isinstance(config, dict):
+        return None
+    trainer = {k: v for k, v in (config.get("trainer") or {}).items() if k not in RUN_LENGTH_KEYS}
+    return {"name": config.get("name"), "model": config.get("model"), "data": config.get("data"),
+            "trainer": trainer}
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts, ``key: a != b``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += _differences(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [f"{prefix[:-1]}: {a!r} != {b!r}"]
+
+
+def _load_mmap(path: Path) -> dict[str, Any]:
+    """A checkpoint read through a memory map (tensors stay on disk until touched)."""
+    if not path.is_file():
+        raise MissingFileError(f"checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as e:  # truncated file, wrong format, unsafe pickle
+        raise UserError(f"cannot read checkpoint {path}: {e}") from e
+
+
+def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> None:
+    """Fail unless the checkpoints come from one run: equal configs apart from
+    :data:`RUN_LENGTH_KEYS` and equal vocabulary identity (``"vocab"``), where recorded.
+
+    Raises:
+        UserError: naming the two files and the keys and values that differ.
+    """
+    ref = next((i for i, m in enumerate(metas) if m.get("config") is not None), None)
+    vref = next((i for i, m in enumerate(metas) if m.get("vocab") is not None), None)
+    for i, meta in enumerate(metas):
+        if ref is not None and meta.get("config") is not None:
+            diff = _differences(_run_identity(metas[ref]["config"]), _run_identity(meta["config"]))
+            if diff:
+                raise UserError(
+                    f"{paths[i]} and {paths[ref]} come from different runs ("
+                    + "; ".join(diff[:4]) + (f"; {len(diff) - 4} more" if len(diff) > 4 else "")
+                    + "): average checkpoints of one run only"
+                )
+        if vref is not None and meta.get("vocab") is not None and meta["vocab"] != metas[vref]["vocab"]:
+            raise UserError(
+                f"{paths[i]} and {paths[vref]} were trained with different vocabularies "
+                f"({meta['vocab']} != {metas[vref]['vocab']}): average checkpoints of one run only"
+            )
+
+
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     """Average model parameters over checkpoints (the paper, section 6.1: last 5 or 20).
 
-    Sums in float64 and casts back to each tensor's dtype; integer buffers are taken
-    from the last checkpoint.
+    Streams: one checkpoint at a time is read through a memory map and added into a float32
+    sum (as fairseq's ``average_checkpoints.py``), so memory holds about two models (the sum
+    and the checkpoint being read) whatever the number of files; the mean is cast back to
+    each tensor's dtype. Integer buffers are taken from the last checkpoint.
 
     Args:
         paths: checkpoint files, each holding a ``"model"`` state dict.
@@ -296,93 +366,143 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
         The averaged state dict.
 
     Raises:
-        ValueError: when ``paths`` is empty, or the checkpoints differ in keys or shapes
-            (the message names the files and the keys or shapes that differ).
+        UserError (a ValueError): when ``paths`` is empty, or the checkpoints differ in keys
+            or shapes (the message names the files and the keys or shapes that differ).
+        MissingFileError / UserError: a file missing or unreadable (named).
     """
     if not paths:
-        raise ValueError("average_checkpoints: no checkpoint files given")
+        raise UserError("average_checkpoints: no checkpoint files given")
     paths = [Path(p) for p in paths]
     total: dict[str, torch.Tensor] = {}
-    reference: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     first = paths[0]
     for path in paths:
-        model = load_checkpoint(path)["model"]
-        if not reference:
-            reference = model
-            total = {
-                k: v.to(torch.float64) if v.is_floating_point() else v.clone()
-                for k, v in model.items()
-            }
+        model = _load_mmap(path)["model"]
+        if not total:
+            for k, v in model.items():
+                dtypes[k], shapes[k] = v.dtype, tuple(v.shape)
+                total[k] = v.to(torch.float32, copy=True) if v.is_floating_point() else v.clone()
+            del model
             continue
-        missing = sorted(set(reference) - set(model))
-        extra = sorted(set(model) - set(reference))
+        missing = sorted(set(total) - set(model))
+        extra = sorted(set(model) - set(total))
         if missing or extra:
-            raise ValueError(
+            raise UserError(
                 f"cannot average {path} with {first}: keys missing from {path.name}: {missing[:5]}, "
                 f"keys only in {path.name}: {extra[:5]}"
             )
         for k, v in model.items():
-            if v.shape != reference[k].shape:
-                raise ValueError(
+            if tuple(v.shape) != shapes[k]:
+                raise UserError(
                     f"cannot average {path} with {first}: {k} has shape {tuple(v.shape)} "
-                    f"in {path.name} but {tuple(reference[k].shape)} in {first.name}"
+                    f"in {path.name} but {shapes[k]} in {first.name}"
                 )
             if v.is_floating_point():
-                total[k] += v.to(torch.float64)
+                total[k] += v  # in place: no float32 copy of the whole checkpoint
             else:
                 total[k] = v.clone()
+        del model
     n = len(paths)
-    return {
-        k: (v / n).to(reference[k].dtype) if reference[k].is_floating_point() else v
-        for k, v in total.items()
-    }
+    out = {}
+    for k in list(total):
+        v = total.pop(k)
+        out[k] = v.div_(n).to(dtypes[k]) if dtypes[k].is_floating_point else v
+    return out
+
+
+def _periodic(paths: list[Path], metas: list[dict[str, Any]],
+              save_every_steps: int | None) -> tuple[list[int], str]:
+    """Indices of the checkpoints saved at the regular interval, and why others were left out.
+
+    With ``trainer.save_every_steps`` set, a checkpoint is regular when its step is a multiple
+    of it (the one written when training stops at another step is not). With time-based saves
+    (``save_every_minutes``), the newest checkpoint is left out when it is less than half the
+    median step interval after the one before it (written when training stopped).
+    """
+    steps = [int(checkpoint_step(m) or 0) for m in metas]
+    if save_every_steps:
+        keep = [i for i, s in enumerate(steps) if s % int(save_every_steps) == 0]
+        left = [paths[i].name for i in range(len(paths)) if i not in keep]
+        why = (f"left out {', '.join(left)}: step not a multiple of "
+               f"trainer.save_every_steps={save_every_steps}") if left else ""
+        return keep, why
+    keep = list(range(len(paths)))
+    if len(steps) >= 3:
+        gaps = sorted(b - a for a, b in itertools.pairwise(steps[:-1]))
+        median = gaps[len(gaps) // 2]
+        last_gap = steps[-1] - steps[-2]
+        if median > 0 and last_gap < median / 2:
+            keep.pop()
+            return keep, (f"left out {paths[-1].name}: {last_gap} steps after the one before it "
+                          f"(the others are about {median} apart), written when training stopped")
+    return keep, ""
 
 
 def average_run(cfg: Any) -> Path:
     """Average checkpoints into ``<run_dir>/checkpoints/averaged.pt``.
 
     Which files: ``cfg.decode.average_checkpoints`` when given, else the last
-    ``cfg.decode.average_last`` step checkpoints of ``cfg.run_dir`` (fewer, with a warning,
-    when the run has fewer). The output holds ``"model"`` (the mean in float64, cast back),
-    ``"config"``, ``"vocab_size"`` and ``"step"`` of the newest input (highest step) and
-    ``"averaged_from"`` (the input file names, oldest first), so translate and evaluate load
-    it like any checkpoint.
+    ``cfg.decode.average_last`` regularly spaced step checkpoints of ``cfg.run_dir``
+    (:func:`_periodic`: the checkpoint written when training stopped is left out; fewer,
+    with a warning, when the run has fewer). The checkpoints must come from one run
+    (:func:`check_same_run`). The output holds ``"model"`` (the mean, streamed by
+    :func:`average_checkpoints`), ``"config"``, ``"vocab_size"``, ``"vocab"`` and ``"step"``
+    of the newest input (highest step), ``"averaged_from"`` (the input file names, oldest
+    first) and ``"averaged_steps"``, so translate and evaluate load it like any checkpoint.
 
     Returns:
         The path written.
 
     Raises:
-        FileNotFoundError: no checkpoint to average (names the folder) or a named file missing.
-        ValueError: checkpoints with different keys or shapes (from
-            :func:`transformer_nmt.checkpoint.average_checkpoints`, naming them).
+        UserError: ``decode.average_last`` below 1; checkpoints of different runs or with
+            different keys or shapes (naming them); MissingFileError (a FileNotFoundError):
+            no checkpoint to average (names the folder) or a named file missing.
     """
     folder = checkpoint_dir(cfg.run_dir)
+    note = ""
     if cfg.decode.average_checkpoints:
         paths = [Path(p) for p in cfg.decode.average_checkpoints]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
-            raise FileNotFoundError(f"decode.average_checkpoints: not found: {missing}")
+            raise MissingFileError(f"decode.average_checkpoints: not found: {missing}")
+        metas = [_load_mmap(p) for p in paths]
     else:
+        n = int(cfg.decode.average_last)
+        if n < 1:
+            raise UserError(f"decode.average_last must be at least 1, got {n}")
         available = step_checkpoints(cfg.run_dir)
         if not available:
-            raise FileNotFoundError(f"no checkpoint_<step>.pt in {folder} to average")
-        n = int(cfg.decode.average_last)
-        if len(available) < n:
-            log.warning("decode.average_last=%d but %s holds only %d checkpoints; averaging those",
-                        n, folder, len(available))
-        paths = available[-n:]
-    metas = [load_checkpoint(p) for p in paths]
-    newest = max(range(len(paths)), key=lambda i: (checkpoint_step(metas[i]) or 0, i))
+            raise MissingFileError(f"no checkpoint_<step>.pt in {folder} to average")
+        metas = [_load_mmap(p) for p in available]
+        stored = metas[-1].get("config") or {}
+        save_every = (stored.get("trainer") or {}).get("save_every_steps",
+                                                       cfg.trainer.save_every_steps)
+        keep, note = _periodic(available, metas, save_every)
+        if len(keep) < n:
+            log.warning("decode.average_last=%d but %s holds only %d regularly spaced "
+                        "checkpoints; averaging those", n, folder, len(keep))
+        keep = keep[-n:]
+        paths = [available[i] for i in keep]
+        metas = [metas[i] for i in keep]
+    check_same_run(paths, metas)
+    steps = [checkpoint_step(m) for m in metas]
+    newest = max(range(len(paths)), key=lambda i: (int(steps[i] or 0), i))
+    head = {k: metas[newest].get(k) for k in ("config", "vocab_size", "vocab")}
+    head["step"] = steps[newest]
+    del metas  # drop the memory maps before streaming
     state = {
         "model": average_checkpoints(paths),
-        "config": metas[newest]["config"],
-        "vocab_size": metas[newest]["vocab_size"],
-        "step": checkpoint_step(metas[newest]),
+        **{k: v for k, v in head.items() if v is not None or k == "step"},
         "averaged_from": [p.name for p in paths],
+        "averaged_steps": steps,
     }
     out = folder / AVERAGED_NAME
     save_checkpoint(out, state)
-    log.info("averaged %d checkpoints (%s) into %s", len(paths), ", ".join(p.name for p in paths), out)
+    if note:
+        log.info("%s", note)
+    log.info("averaged %d checkpoints (%s; steps %s) into %s", len(paths),
+             ", ".join(p.name for p in paths), steps, out)
     return out
 
 

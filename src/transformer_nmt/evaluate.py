@@ -108,6 +108,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
             test file (named).
         ValueError: a test source and reference with different line counts (both named).
     """
+    from transformer_nmt.bpe import check_vocab
     from transformer_nmt.checkpoint import load_model
 
     run_dir = Path(cfg.run_dir)
@@ -117,6 +118,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
     meta = checkpoint_metadata(ckpt_path)
     model, model_cfg = load_model(ckpt_path, device)
     tokenizer = load_tokenizer(data)
+    check_vocab(ckpt_path, tokenizer)
     params = int(model.num_parameters())
     log.info("evaluating %s (%s, %d parameters, step %s) on %s",
              ckpt_path, model_cfg.model.name, params, meta["step"], device)

@@ -18,15 +18,20 @@ Layout (``root`` is ``data.root``, ``name`` is ``data.name``)::
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import os
+import shutil
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from transformer_nmt.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError):
     """Bad or missing input data; the message names the file, line and values at fault."""
 
 
@@ -45,6 +50,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside ``path`` for code that writes a file by name (torch.save, spm).
 
     Yields a temporary path beside ``path``; renamed to ``path`` if the block succeeds.
+
+    Raises:
+        transformer_nmt.errors.NoSpaceError: the device is full ("no space left on device:
+            <path>"); ``path`` is left as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,10 +63,26 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield Path(tmp)
         os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        full = _disk_full(e, path.parent)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if full:
+            from transformer_nmt.errors import NoSpaceError
+
+            raise NoSpaceError(f"no space left on device: {path}") from e
         raise
+
+
+def _disk_full(e: BaseException, folder: Path) -> bool:
+    """True when ``e`` is a failed write on a full device: ``OSError`` ENOSPC/EDQUOT, or
+    torch.save's C++ writer (``RuntimeError`` "... file write failed") with no space left."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(e, RuntimeError) and "write failed" in str(e):
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(folder).free < (1 << 20)
+    return False
 
 
 @contextlib.contextmanager
@@ -148,23 +173,43 @@ def iter_lines(
         hint: appended to the invalid-UTF-8 message (how to get past it), or None.
 
     Raises:
-        DataError: invalid UTF-8 under ``strict`` (names file, line and byte).
+        DataError: invalid UTF-8 under ``strict`` (names file, line and byte); a UTF-16 file
+            (byte-order mark, under either setting); a truncated or damaged ``.gz`` (names the
+            file and the last line read).
     """
-    for lineno, raw in enumerate(f, 1):
-        if raw.endswith(b"\n"):
-            raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
-        try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            if encoding_errors != "replace":
+    lineno = 0
+    try:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw[:2] in _UTF16_BOMS:
                 raise DataError(
-                    f"{name}, line {lineno}: invalid UTF-8 at byte {e.start} "
-                    f"({raw[max(0, e.start - 10):e.end + 10]!r}): {e.reason}"
-                    + (f"; {hint}" if hint else "")
-                ) from None
-            if stats is not None:
-                stats["invalid_utf8_lines"] = stats.get("invalid_utf8_lines", 0) + 1
-            yield raw.decode("utf-8", errors="replace")
+                    f"{name}: looks like UTF-16 ({_UTF16_BOMS[raw[:2]]} BOM "
+                    f"{raw[:2].hex(' ').upper()}), not UTF-8; convert it first, e.g. "
+                    f"iconv -f UTF-16 -t UTF-8 {name}"
+                )
+            if raw.endswith(b"\n"):
+                raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if encoding_errors != "replace":
+                    raise DataError(
+                        f"{name}, line {lineno}: invalid UTF-8 at byte {e.start} "
+                        f"({raw[max(0, e.start - 10):e.end + 10]!r}): {e.reason}"
+                        + (f"; {hint}" if hint else "")
+                    ) from None
+                if stats is not None:
+                    stats["invalid_utf8_lines"] = stats.get("invalid_utf8_lines", 0) + 1
+                line = raw.decode("utf-8", errors="replace")
+            yield line
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(
+            f"{name}: damaged gzip file after line {lineno} ({type(e).__name__}: {e}); "
+            "download or compress it again"
+        ) from None
+
+
+_UTF16_BOMS = {b"\xff\xfe": "little-endian", b"\xfe\xff": "big-endian"}
+"""Byte-order marks of UTF-16 text (a UTF-16 file is not valid UTF-8)."""
 
 
 def read_lines(

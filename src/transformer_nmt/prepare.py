@@ -1,16 +1,25 @@
 """``nmt-prepare``: download -> clean -> bpe -> binarize for ``cfg.data``, then a summary.
 
-Each stage is skipped when its outputs are up to date (``fileio.is_up_to_date``: every
-output exists and is newer than every input) and were made with the same settings (the
-cleaning report and ``spm.json`` keep the settings they were made with). Every file is
-written through ``fileio.atomic_write``, so a failed or killed run leaves no
-half-written output.
+Each stage is skipped only when its completion stamp (``clean.stamp.json``,
+``spm.stamp.json``, ``binarize.stamp.json``) says it was built from the same inputs with the
+same parameters and its outputs are the ones it wrote. A stamp holds the stage's parameters
+and, for every input and output file, its path, size, ``mtime_ns`` and SHA-256 digest; it is
+written last, after every output, and deleted before a stage rebuilds, so outputs become valid
+together (an ``spm.json`` renamed before its ``spm.model`` by a killed run does not match).
+A file whose size and ``mtime_ns`` equal the stamp's is taken as unchanged (the fast path,
+as make and git do); any other file is hashed again and compared by content, so a different
+corpus under the same name rebuilds whatever its file times, and a touched but identical
+file does not. Every file is written through ``fileio.atomic_write``, so a failed or killed
+run leaves no half-written output; the temporary files a killed run leaves behind
+(``.*.tmp``, SentencePiece's ``.spm_sample.*.txt``) are deleted when the same stage next
+starts.
 
 Outputs::
 
     <root>/raw/<name>/<split>.<lang>, clean_report.json     cleaned text + counts per rule
     <root>/spm/<name>/spm.model, spm.vocab, spm.json         shared SentencePiece model
     <root>/bin/<name>/<split>.<lang>.bin/.idx, summary.json  token ids + the summary
+    clean.stamp.json, spm.stamp.json, binarize.stamp.json    completion stamps (beside each)
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import numpy as np
 
 from transformer_nmt import binarize, bpe, clean, corpora
 from transformer_nmt.config import UNK_ID
-from transformer_nmt.fileio import atomic_write, bin_prefix, is_up_to_date, raw_path, spm_model_path
+from transformer_nmt.fileio import atomic_write, bin_prefix, raw_path, spm_model_path
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +54,67 @@ def _load_json(path: Path) -> dict | None:
         return None
 
 
-def _same_params(saved: dict | None, params: dict) -> bool:
-    return saved is not None and saved.get("params") == json.loads(json.dumps(params))
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would give it back (tuples become lists, keys strings)."""
+    return json.loads(json.dumps(value))
+
+
+def _fingerprint(path: Path, known: dict | None = None) -> dict:
+    """``{"size", "mtime_ns", "sha256"}`` of a file; the digest of ``known`` is reused when
+    size and ``mtime_ns`` are those of ``known``."""
+    st = path.stat()
+    if known and known.get("size") == st.st_size and known.get("mtime_ns") == st.st_mtime_ns:
+        return dict(known)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": bpe.file_digest(path)}
+
+
+def _fingerprints(paths: list[Path]) -> dict[str, dict]:
+    return {str(p): _fingerprint(p) for p in paths}
+
+
+def _same_files(recorded: dict | None, paths: list[Path]) -> bool:
+    """True when ``paths`` are exactly the recorded files, each with the recorded content."""
+    if not isinstance(recorded, dict) or set(recorded) != {str(p) for p in paths}:
+        return False
+    for p in paths:
+        rec = recorded[str(p)]
+        if not p.is_file():
+            return False
+        now = _fingerprint(p, rec)
+        if (now["size"], now["sha256"]) != (rec.get("size"), rec.get("sha256")):
+            return False
+    return True
+
+
+def stamp_is_current(stamp: Path, params: Any, inputs: list[Path], outputs: list[Path]) -> bool:
+    """True when ``stamp`` records these ``params`` and the current content of ``inputs`` and
+    ``outputs`` (see the module docstring)."""
+    saved = _load_json(stamp)
+    return (saved is not None and saved.get("params") == _plain(params)
+            and _same_files(saved.get("inputs"), inputs)
+            and _same_files(saved.get("outputs"), outputs))
+
+
+def write_stamp(stamp: Path, params: Any, inputs: list[Path], outputs: list[Path]) -> None:
+    """Record a finished stage (written last, atomically)."""
+    with atomic_write(stamp) as f:
+        json.dump({"params": _plain(params), "inputs": _fingerprints(inputs),
+                   "outputs": _fingerprints(outputs)}, f, indent=2)
+
+
+def remove_orphans(folder: Path, patterns: tuple[str, ...] = (".*.tmp",)) -> list[Path]:
+    """Delete temporary files that a killed run of a stage left in ``folder``."""
+    removed = []
+    if folder.is_dir():
+        for pattern in patterns:
+            for p in folder.glob(pattern):
+                if p.is_file():
+                    p.unlink(missing_ok=True)
+                    removed.append(p)
+    if removed:
+        log.info("removed %d temporary files of an earlier run from %s: %s", len(removed), folder,
+                 ", ".join(p.name for p in removed))
+    return removed
 
 
 def prepare(cfg: Any) -> dict:
@@ -70,6 +138,7 @@ def prepare(cfg: Any) -> dict:
     stages: dict[str, dict] = {}
 
     t = time.perf_counter()
+    remove_orphans(corpora.orig_dir(d))  # downloads and streamed WMT14 text
     sources, fetched = corpora.fetch(d)
     stages["download"] = {"status": "done" if fetched else "skipped",
                           "seconds": round(time.perf_counter() - t, 2)}
@@ -79,41 +148,66 @@ def prepare(cfg: Any) -> dict:
     t = time.perf_counter()
     text = {(s, lang): raw_path(d, s, lang) for s in split_names for lang in langs}
     report_file = clean.report_path(d)
-    report = _load_json(report_file)
-    if (is_up_to_date([*text.values(), report_file],
-                      [p for s in sources for p in (s.src, s.tgt)])
-            and _same_params(report, clean.clean_params(d))
-            and set(report.get("splits", {})) == set(split_names)):
+    stamp = report_file.with_name("clean.stamp.json")
+    remove_orphans(report_file.parent)
+    inputs = [p for s in sources for p in (s.src, s.tgt)]
+    outputs = [*text.values(), report_file]
+    params = {"clean": clean.clean_params(d),
+              "splits": [[s.split, s.is_train, s.max_pairs] for s in sources]}
+    if stamp_is_current(stamp, params, inputs, outputs):
+        report = _load_json(report_file)
         stages["clean"] = {"status": "skipped"}
     else:
+        stamp.unlink(missing_ok=True)
         report = clean.clean_corpus(d, sources)
+        write_stamp(stamp, params, inputs, outputs)
         stages["clean"] = {"status": "done"}
     stages["clean"]["seconds"] = round(time.perf_counter() - t, 2)
 
     # bpe ---------------------------------------------------------------------------------------
     t = time.perf_counter()
     model = spm_model_path(d)
+    stamp = model.with_name("spm.stamp.json")
+    remove_orphans(model.parent, (".*.tmp", ".spm_sample.*.txt"))
     train_text = [text[(d.train_split, lang)] for lang in langs]
-    if (is_up_to_date([model, bpe.meta_path(model)], train_text)
-            and _same_params(_load_json(bpe.meta_path(model)), bpe.spm_params(d))):
+    outputs = [model, model.with_suffix(".vocab"), bpe.meta_path(model)]
+    if stamp_is_current(stamp, bpe.spm_params(d), train_text, outputs):
         stages["bpe"] = {"status": "skipped"}
     else:
+        stamp.unlink(missing_ok=True)
         bpe.train_spm(d, train_text, model)
+        write_stamp(stamp, bpe.spm_params(d), train_text, outputs)
         stages["bpe"] = {"status": "done"}
     tokenizer = bpe.SentencePieceTokenizer(model)
     stages["bpe"]["seconds"] = round(time.perf_counter() - t, 2)
 
     # binarize ----------------------------------------------------------------------------------
     t = time.perf_counter()
-    jobs = []
+    stamp = summary_path(d).with_name("binarize.stamp.json")
+    remove_orphans(stamp.parent)
+    jobs, job_files = [], {}
     for (split, lang), path in text.items():
         prefix = bin_prefix(d, split, lang)
-        if not is_up_to_date([Path(f"{prefix}.bin"), Path(f"{prefix}.idx")], [path, model]):
+        job_files[str(prefix)] = ([path, model], [Path(f"{prefix}.bin"), Path(f"{prefix}.idx")])
+    saved = _load_json(stamp) or {}
+    done_before = saved.get("jobs", {}) if isinstance(saved.get("jobs"), dict) else {}
+    for (split, lang), path in text.items():
+        prefix = bin_prefix(d, split, lang)
+        ins, outs = job_files[str(prefix)]
+        rec = done_before.get(str(prefix)) or {}
+        if not (rec and _same_files(rec.get("inputs"), ins)
+                and _same_files(rec.get("outputs"), outs)):
             jobs.append((path, prefix))
+    if jobs:
+        stamp.unlink(missing_ok=True)
     results = binarize.binarize_files(jobs, model, tokenizer.vocab_size, d.num_workers)
     for (path, _), r in zip(jobs, results):
         log.info("binarize %s: %d sentences, %d tokens, %d unk", path.name, r["sentences"],
                  r["tokens"], r["unk"])
+    if jobs or set(done_before) != set(job_files):
+        with atomic_write(stamp) as f:
+            json.dump({"jobs": {k: {"inputs": _fingerprints(ins), "outputs": _fingerprints(outs)}
+                                for k, (ins, outs) in job_files.items()}}, f, indent=2)
     done = len(jobs)
     stages["binarize"] = {"status": "done" if done else "skipped",
                           "seconds": round(time.perf_counter() - t, 2)}

@@ -45,8 +45,9 @@ from transformer_nmt.batching import (
     collate,
 )
 from transformer_nmt.binarize import TokenDataset
-from transformer_nmt.bpe import SentencePieceTokenizer
+from transformer_nmt.bpe import SentencePieceTokenizer, vocab_identity
 from transformer_nmt.config import PAD_ID
+from transformer_nmt.errors import MissingFileError
 from transformer_nmt.fileio import atomic_write, bin_prefix, spm_model_path
 from transformer_nmt.flops import FORMULA as FLOPS_FORMULA
 from transformer_nmt.flops import TokenCounts, training_flops
@@ -69,7 +70,7 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------- data
 
 
-class MissingDataError(FileNotFoundError):
+class MissingDataError(MissingFileError):
     """The prepared data training reads (SentencePiece model, binarized splits) is missing."""
 
 
@@ -191,6 +192,8 @@ class Setup:
     valid_loader: DataLoader
     tokenizer: SentencePieceTokenizer
     vocab_size: int
+    vocab: dict[str, Any]
+    """The vocabulary's identity (:func:`transformer_nmt.bpe.vocab_identity`), saved in checkpoints."""
     steps_per_epoch: int
     params: list[torch.nn.Parameter] = field(default_factory=list)
 
@@ -266,7 +269,8 @@ def setup(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None = N
         device=device, precision=precision, model=model, train_model=train_model,
         optimizer=optimizer, scheduler=scheduler, scaler=scaler, sampler=sampler,
         train_loader=train_loader, valid_set=valid_set, valid_loader=valid_loader,
-        tokenizer=tokenizer, vocab_size=vocab_size, steps_per_epoch=steps_per_epoch,
+        tokenizer=tokenizer, vocab_size=vocab_size, vocab=vocab_identity(tokenizer.model_path),
+        steps_per_epoch=steps_per_epoch,
         params=[p for p in model.parameters() if p.requires_grad],
     )
 

@@ -321,12 +321,14 @@ def translate(cfg: Any) -> dict[str, Any]:
     Returns:
         The stats of :func:`translate_lines` plus ``checkpoint``.
     """
+    from transformer_nmt.bpe import check_vocab
     from transformer_nmt.checkpoint import load_model
 
     device = resolve_device(cfg.decode.device)
     path = resolve_checkpoint(cfg)
     model, _ = load_model(path, device)
     tokenizer = load_tokenizer(cfg.data)
+    check_vocab(path, tokenizer)
     log.info("decoding with %s on %s", path, device)
     stats = translate_file(model, tokenizer, cfg.decode, device, cfg.decode.input, cfg.decode.output)
     stats["checkpoint"] = str(path)

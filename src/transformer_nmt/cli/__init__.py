@@ -2,19 +2,34 @@
 
 All of them compose ``configs/config.yaml`` (typed by :class:`transformer_nmt.config.Config`),
 so ``nmt-train experiment=wmt14_en_de_base trainer.max_steps=1000`` works for every stage.
+
+User errors (:data:`USER_ERRORS`: a bad value, file or combination) print one line
+``error: <message>`` on standard error and exit with status 2 (:func:`run_app`). The config is
+composed and validated before Hydra creates the run directory, so a bad override leaves
+nothing behind; a user error raised later removes the ``.hydra`` folder and log that this
+command created (or restores the ``.hydra`` files of an existing run). Other exceptions keep
+Hydra's report with their traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
-from collections.abc import Sequence
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from transformer_nmt import config as _config  # registers the schema
+from transformer_nmt.errors import UserError
+
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
+"""Exceptions reported as ``error: ...`` with exit status 2 (``DataError`` is a UserError)."""
+USER_EXIT = 2
 
 CONFIG_DIR = os.environ.get(
     "NMT_CONFIG_DIR", str(Path(__file__).resolve().parents[3] / "configs")
@@ -74,3 +89,120 @@ def retain_freed_memory() -> bool:
         return False
     ok = libc.mallopt(_M_MMAP_MAX, 0) == 1
     return ok and libc.mallopt(_M_TRIM_THRESHOLD, -1) == 1
+
+
+class _UserExit(BaseException):
+    """Carries a user error out of the Hydra task (Hydra reports every ``Exception`` itself)."""
+
+
+def one_line(error: BaseException) -> str:
+    """The message of ``error`` on one line (its lines joined with ``; ``)."""
+    text = str(error) or type(error).__name__
+    if isinstance(error, FileNotFoundError) and error.filename and str(error.filename) not in text:
+        text = f"{text}: {error.filename}"
+    cause = error.__cause__
+    if cause is not None and not isinstance(error, UserError):  # Hydra's composition errors
+        detail = str(cause).splitlines()[0].strip() if str(cause).strip() else ""
+        if detail and detail not in text:
+            text = f"{text}: {detail}"
+    text = text.split("\nConfig search path:")[0]
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip()).replace(":; ", ": ")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Inside a Hydra task: turn :data:`USER_ERRORS` into an exit that :func:`run_app` reports."""
+    try:
+        yield
+    except USER_ERRORS as e:
+        raise _UserExit(one_line(e)) from e
+
+
+def _preflight(overrides: list[str]) -> tuple[Path | None, str | None]:
+    """Compose and validate as Hydra will, before it creates the run directory.
+
+    Returns:
+        ``(run_dir, error)``: Hydra's ``hydra.run.dir`` and ``None``, or ``(None, message)``
+        for a bad override or value.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=overrides,
+                                return_hydra_config=True)
+        run_dir = Path(str(OmegaConf.select(cfg, "hydra.run.dir")))
+        OmegaConf.set_struct(cfg, False)
+        cfg.pop("hydra")
+        _config.validate(cfg)
+    except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
+        # composition (unknown key or group, bad type, bad override) or validation
+        return None, one_line(e)
+    return run_dir, None
+
+
+def _snapshot(run_dir: Path, job: str) -> dict[Path, bytes] | None:
+    """The run directory's ``.hydra/<job>`` files before Hydra rewrites them; None when the
+    run directory does not exist yet."""
+    if not run_dir.exists():
+        return None
+    folder = run_dir / ".hydra" / job
+    return {p: p.read_bytes() for p in folder.glob("*") if p.is_file()} if folder.is_dir() else {}
+
+
+def _undo_hydra_files(run_dir: Path, job: str, before: dict[Path, bytes] | None) -> None:
+    """Remove what Hydra wrote for a command that failed on a user error: for a new run
+    directory its ``.hydra`` folder, its log and the directory itself when nothing else is
+    in it; for an existing one, the ``.hydra/<job>`` files as they were."""
+    hydra_dir = run_dir / ".hydra"
+    with contextlib.suppress(OSError):
+        if before is None:
+            shutil.rmtree(hydra_dir / job, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                hydra_dir.rmdir()  # only when empty
+            log_file = run_dir / f"{job}.log"
+            others = [p for p in run_dir.iterdir() if p != log_file] if run_dir.is_dir() else []
+            if log_file.is_file() and (not others or log_file.stat().st_size == 0):
+                log_file.unlink()
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only when empty
+        else:
+            for p in (hydra_dir / job).glob("*"):
+                if p.is_file() and p not in before:
+                    p.unlink()
+            for p, data in before.items():
+                p.write_bytes(data)
+
+
+def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None) -> None:
+    """Run a ``@hydra.main`` app as a console script with one-line user errors.
+
+    Args:
+        app: the Hydra-decorated task of a ``cli`` module; its body runs inside
+            :func:`user_errors`.
+        job: Hydra's job name for that module (its file name: ``train``, ``prepare`` ...),
+            which names ``.hydra/<job>`` and ``<job>.log`` in the run directory.
+        argv: the command-line arguments (default ``sys.argv[1:]``).
+
+    Exits with status 2 after printing ``error: <message>`` on a user error; Hydra flags
+    (``--help``, ``--cfg``, ``-m`` ...) skip the checks made before Hydra starts.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    run_dir, before = None, None
+    if not any(a.startswith("-") for a in args):
+        run_dir, error = _preflight(args)
+        if error is not None:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(USER_EXIT)
+        before = _snapshot(run_dir, job)
+    try:
+        app()
+    except _UserExit as e:
+        if run_dir is not None:
+            _undo_hydra_files(run_dir, job, before)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(USER_EXIT)

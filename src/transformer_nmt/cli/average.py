@@ -11,15 +11,21 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt.checkpoint import average_run
-from transformer_nmt.cli import CONFIG_DIR
+from transformer_nmt.cli import CONFIG_DIR, run_app, user_errors
 from transformer_nmt.config import validate
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def app(cfg: DictConfig) -> None:
     """Validate the config and run :func:`average_run`."""
-    validate(cfg)
-    print(average_run(cfg))
+    with user_errors():
+        validate(cfg)
+        print(average_run(cfg))
+
+
+def main() -> None:
+    """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
+    run_app(app, "average")
 
 
 if __name__ == "__main__":

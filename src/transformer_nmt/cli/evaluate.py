@@ -9,17 +9,23 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory
+from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory, run_app, user_errors
 from transformer_nmt.config import validate
 from transformer_nmt.evaluate import evaluate
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def app(cfg: DictConfig) -> None:
     """Validate the config and run :func:`transformer_nmt.evaluate.evaluate`."""
-    validate(cfg)
-    retain_freed_memory()  # beam search allocates large tensors at every step
-    evaluate(cfg)
+    with user_errors():
+        validate(cfg)
+        retain_freed_memory()  # beam search allocates large tensors at every step
+        evaluate(cfg)
+
+
+def main() -> None:
+    """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
+    run_app(app, "evaluate")
 
 
 if __name__ == "__main__":

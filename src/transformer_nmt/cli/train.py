@@ -14,33 +14,33 @@ is resumed from its latest one. ``trainer.dry_run=true`` runs
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt import config as _config
-from transformer_nmt.cli import CONFIG_DIR
+from transformer_nmt.cli import CONFIG_DIR, run_app, user_errors
 
 
 # An absolute config path (the repository's configs/, or $NMT_CONFIG_DIR): a path relative
 # to this file is not found when the app starts from the nmt-train console script.
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
-    """Validate the config and train (or dry-run)."""
-    _config.validate(cfg)
-    from transformer_nmt.train import MissingDataError, train
-
-    try:
+def app(cfg: DictConfig) -> None:
+    """Validate the config and train (or dry-run: prepare a slice, then train a few steps)."""
+    with user_errors():
+        _config.validate(cfg)
         if cfg.trainer.dry_run:
             from transformer_nmt.dryrun import dry_run
 
             dry_run(cfg)
         else:
+            from transformer_nmt.train import train
+
             train(cfg)
-    except MissingDataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+
+
+def main() -> None:
+    """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
+    run_app(app, "train")
 
 
 if __name__ == "__main__":

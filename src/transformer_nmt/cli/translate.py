@@ -13,7 +13,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory
+from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory, run_app, user_errors
 from transformer_nmt.config import validate
 from transformer_nmt.translate import translate
 
@@ -26,12 +26,18 @@ def _log_to_stderr() -> None:
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def app(cfg: DictConfig) -> None:
     """Validate the config and run :func:`transformer_nmt.translate.translate`."""
     _log_to_stderr()
-    validate(cfg)
-    retain_freed_memory()  # beam search allocates large tensors at every step
-    translate(cfg)
+    with user_errors():
+        validate(cfg)
+        retain_freed_memory()  # beam search allocates large tensors at every step
+        translate(cfg)
+
+
+def main() -> None:
+    """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
+    run_app(app, "translate")
 
 
 if __name__ == "__main__":

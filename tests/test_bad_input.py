@@ -1,0 +1,386 @@
+"""Bad input and killed runs: each case asserts the exact outcome (docs/reliability.md).
+
+Numbers in the test names are the rows of the table in docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from transformer_nmt import bpe, checkpoint, fileio
+from transformer_nmt.binarize import TokenDataset
+from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
+from transformer_nmt.cli import compose
+from transformer_nmt.corpora import DataError, read_lines
+from transformer_nmt.errors import NoSpaceError, UserError
+from transformer_nmt.fileio import bin_prefix, raw_path, spm_model_path
+from transformer_nmt.prepare import prepare
+
+REPO = Path(__file__).resolve().parents[1]
+EN = ["the", "a", "man", "woman", "dog", "cat", "runs", "walks", "park", "street", "red", "blue"]
+DE = ["der", "die", "mann", "frau", "hund", "katze", "läuft", "geht", "park", "straße", "rot", "blau"]
+FR = ["le", "la", "homme", "femme", "chien", "chat", "court", "marche", "parc", "rue", "rouge",
+      "bleu"]
+
+
+def write_pairs(prefix: Path, n: int, seed: int, tgt_words=DE) -> None:
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        idx = [rng.randrange(len(EN)) for _ in range(rng.randint(3, 10))]
+        src.append(" ".join(EN[i] for i in idx) + " .")
+        tgt.append(" ".join(tgt_words[i] for i in idx) + " .")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{prefix}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+    Path(f"{prefix}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+
+
+def corpus_cfg(tmp_path: Path, corpus: Path, *extra: str):
+    """data=custom under the default name ``custom``, files <corpus>/{train,valid,test}.{en,de}."""
+    return compose([
+        "data=custom", "data.src_lang=en", "data.tgt_lang=de", f"data.root={tmp_path / 'data'}",
+        "data.vocab_size=60", "data.num_workers=1",
+        f"+data.custom_files.train={corpus / 'train'}",
+        f"+data.custom_files.valid={corpus / 'valid'}",
+        f"+data.custom_files.test={corpus / 'test'}", *extra,
+    ])
+
+
+def make_corpus(folder: Path, seed: int, tgt_words=DE, n_train: int = 200) -> Path:
+    write_pairs(folder / "train", n_train, seed, tgt_words)
+    write_pairs(folder / "valid", 10, seed + 1, tgt_words)
+    write_pairs(folder / "test", 10, seed + 2, tgt_words)
+    return folder
+
+
+def statuses(summary: dict) -> dict[str, str]:
+    return {k: v["status"] for k, v in summary["stages"].items()}
+
+
+# --- 2, 3, 14: prepared data ---------------------------------------------------------------------
+
+
+def test_02_second_custom_corpus_with_older_files_rebuilds(tmp_path):
+    first = make_corpus(tmp_path / "first", seed=1)
+    prepare(corpus_cfg(tmp_path, first))
+    # a second corpus, prepared under the same name, whose files are older than the outputs
+    second = make_corpus(tmp_path / "second", seed=7, tgt_words=FR)
+    for p in second.iterdir():
+        os.utime(p, (1_000_000_000, 1_000_000_000))  # 2001
+    cfg = corpus_cfg(tmp_path, second)
+    summary = prepare(cfg)
+    assert statuses(summary) == {"download": "skipped", "clean": "done", "bpe": "done",
+                                 "binarize": "done"}
+    d = cfg.data
+    assert (raw_path(d, "train", "de").read_text(encoding="utf-8")
+            == (second / "train.de").read_text(encoding="utf-8"))
+    tok = bpe.SentencePieceTokenizer(spm_model_path(d))
+    ds = TokenDataset(bin_prefix(d, "train", "de"))
+    first_line = (second / "train.de").read_text(encoding="utf-8").split("\n")[0]
+    assert tok.decode(ds[0]) == first_line and tok.unk_id not in ds[0].tolist()
+    # the same corpus again: nothing to do, and a touched but identical file rebuilds nothing
+    os.utime(second / "train.en")
+    assert set(statuses(prepare(cfg)).values()) == {"skipped"}
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL between two renames."""
+
+
+def test_03_spm_json_renamed_before_a_killed_spm_model_is_not_current(tmp_path, monkeypatch):
+    corpus = make_corpus(tmp_path / "c", seed=1)
+    prepare(corpus_cfg(tmp_path, corpus))
+    cfg = corpus_cfg(tmp_path, corpus, "data.vocab_size=50")
+    model = spm_model_path(cfg.data)
+    old_model = model.read_bytes()
+    real = bpe.atomic_write
+
+    def kill_at_model(path, *a, **k):
+        if Path(path) == model:
+            raise Killed
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(bpe, "atomic_write", kill_at_model)
+    with pytest.raises(Killed):
+        prepare(cfg)
+    monkeypatch.setattr(bpe, "atomic_write", real)
+    # the kill left a new spm.json (vocab_size 50) beside the old spm.model (60 pieces)
+    assert json.loads(bpe.meta_path(model).read_text())["params"]["vocab_size"] == 50
+    assert model.read_bytes() == old_model
+    summary = prepare(cfg)
+    assert summary["stages"]["bpe"]["status"] == "done"
+    assert bpe.SentencePieceTokenizer(model).vocab_size == 50 == summary["vocab_size"]
+
+
+def test_14_orphaned_temporary_files_removed_when_the_stage_starts(tmp_path):
+    corpus = make_corpus(tmp_path / "c", seed=1)
+    cfg = corpus_cfg(tmp_path, corpus)
+    prepare(cfg)
+    d = cfg.data
+    raw_dir, spm_dir = raw_path(d, "train", "en").parent, spm_model_path(d).parent
+    bin_dir = bin_prefix(d, "train", "en").parent
+    (raw_dir / "orig").mkdir()
+    orphans = [raw_dir / "orig" / ".train.en.gz.p2.tmp", raw_dir / ".train.en.k2j3.tmp", spm_dir / ".spm_sample.x81k.txt",
+               spm_dir / ".spm.model.q9.tmp", bin_dir / ".train.de.bin.zz.tmp"]
+    for p in orphans:
+        p.write_text("left by a killed run")
+    kept = sorted(p for p in (tmp_path / "data").rglob("*") if p.is_file() and p not in orphans)
+    summary = prepare(cfg)
+    assert set(statuses(summary).values()) == {"skipped"}
+    assert [p for p in orphans if p.exists()] == []
+    assert sorted(p for p in (tmp_path / "data").rglob("*") if p.is_file()) == kept
+
+
+# --- 4: the checkpoint's vocabulary -----------------------------------------------------------------
+
+
+def _spm(tmp_path: Path, name: str, words: list[str], vocab: int = 40) -> bpe.SentencePieceTokenizer:
+    text = tmp_path / f"{name}.txt"
+    rng = random.Random(len(name))
+    text.write_text("\n".join(" ".join(rng.choices(words, k=8)) for _ in range(200)) + "\n")
+    path = tmp_path / name / "spm.model"
+    path.parent.mkdir()
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(path.with_suffix("")),
+                                   vocab_size=vocab, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+                                   minloglevel=2)
+    return bpe.SentencePieceTokenizer(path)
+
+
+def test_04_decoding_with_another_vocabulary_is_one_error(tmp_path, caplog):
+    ours = _spm(tmp_path, "ours", EN + DE)
+    other = _spm(tmp_path, "other", EN + FR)  # same size, other pieces
+    assert ours.vocab_size == other.vocab_size
+    ckpt = tmp_path / "checkpoint_10.pt"
+    torch.save({"vocab": bpe.vocab_identity(ours.model_path), "vocab_size": ours.vocab_size}, ckpt)
+    bpe.check_vocab(ckpt, ours)  # the right one passes
+    with pytest.raises(DataError) as e:
+        bpe.check_vocab(ckpt, other)
+    msg = str(e.value)
+    assert "\n" not in msg and str(ckpt) in msg and str(other.model_path) in msg
+    assert "another vocabulary" in msg
+    assert bpe.vocab_identity(ours.model_path)["spm_sha256"][:12] in msg
+    # a checkpoint without the field: a warning naming it, no failure
+    old = tmp_path / "old.pt"
+    torch.save({"vocab_size": ours.vocab_size}, old)
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.bpe"):
+        bpe.check_vocab(old, other)
+    assert "records no vocabulary identity" in caplog.text and str(old) in caplog.text
+
+
+def test_04_trained_checkpoint_records_its_vocabulary_and_translate_checks_it(tmp_path):
+    from transformer_nmt.train import train
+    from transformer_nmt.translate import translate
+
+    ours = make_corpus(tmp_path / "ours", seed=1)
+    tiny = ["model.d_model=16", "model.d_ff=32", "model.heads=2", "model.encoder_layers=1",
+            "model.decoder_layers=1", "trainer.max_tokens=512", "trainer.max_steps=2",
+            "trainer.save_every_minutes=null", "trainer.validate_every_steps=null",
+            f"run_dir={tmp_path / 'run'}"]
+    cfg = corpus_cfg(tmp_path, ours, *tiny)
+    prepare(cfg)
+    train(cfg)
+    ckpt = checkpoint.latest_checkpoint(tmp_path / "run")
+    assert load_checkpoint(ckpt)["vocab"] == bpe.vocab_identity(spm_model_path(cfg.data))
+    # the same size of vocabulary from another corpus under another name
+    other = corpus_cfg(tmp_path, make_corpus(tmp_path / "other", seed=5, tgt_words=FR),
+                       "data.name=other", *tiny)
+    prepare(other)
+    source = tmp_path / "in.en"
+    source.write_text("the dog runs .\n")
+    out = tmp_path / "out.de"
+    other.decode.input, other.decode.output, other.decode.checkpoint = str(source), str(out), str(ckpt)
+    with pytest.raises(DataError, match=f"^{ckpt} was trained with another vocabulary than "
+                       f"{spm_model_path(other.data)}"):
+        translate(other)
+    assert not out.exists()
+
+
+# --- 5: averaging ------------------------------------------------------------------------------------
+
+
+def _run_cfg(tmp_path: Path, *extra: str):
+    return compose([f"run_dir={tmp_path / 'run'}", "model=tiny", *extra])
+
+
+def _ckpt(folder: Path, name: str, config: dict, step: int, seed: int, vocab=None) -> Path:
+    g = torch.Generator().manual_seed(seed)
+    state = {"model": {"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g),
+                       "n": torch.tensor(step)},
+             "config": config, "vocab_size": 40, "step": step}
+    if vocab is not None:
+        state["vocab"] = vocab
+    return save_checkpoint(folder / name, state)
+
+
+def _config(seed: int = 1, max_steps: int = 100, save_every_steps=None) -> dict:
+    return {"name": "run", "model": {"d_model": 16}, "data": {"name": "toy"},
+            "trainer": {"seed": seed, "max_steps": max_steps, "save_every_steps": save_every_steps}}
+
+
+def test_05_average_last_must_be_at_least_one(tmp_path):
+    folder = checkpoint.checkpoint_dir(tmp_path / "run")
+    for step in (10, 20, 30):
+        _ckpt(folder, f"checkpoint_{step}.pt", _config(), step, step)
+    for n in (0, -2):
+        with pytest.raises(UserError, match=rf"^decode.average_last must be at least 1, got {n}$"):
+            average_run(_run_cfg(tmp_path, f"decode.average_last={n}"))
+    assert not (folder / checkpoint.AVERAGED_NAME).exists()
+
+
+def test_05_average_refuses_checkpoints_of_two_runs(tmp_path):
+    folder = checkpoint.checkpoint_dir(tmp_path / "run")
+    a = _ckpt(folder, "a.pt", _config(seed=1), 10, 1)
+    b = _ckpt(folder, "b.pt", _config(seed=2), 20, 2)
+    c = _ckpt(folder, "c.pt", _config(seed=1, max_steps=500), 30, 3)  # resumed, longer: fine
+    averaged = _ckpt(folder, checkpoint.AVERAGED_NAME, _config(), 5, 9)
+    before = averaged.read_bytes()
+    cfg = _run_cfg(tmp_path, f"decode.average_checkpoints=[{a},{b}]")
+    with pytest.raises(UserError) as e:
+        average_run(cfg)
+    assert str(e.value) == (f"{b} and {a} come from different runs (trainer.seed: 1 != 2): "
+                            "average checkpoints of one run only")
+    assert averaged.read_bytes() == before  # not overwritten
+    # other vocabularies (same shapes and config)
+    v1, v2 = {"spm_sha256": "aa", "vocab_size": 40}, {"spm_sha256": "bb", "vocab_size": 40}
+    d = _ckpt(folder, "d.pt", _config(), 40, 4, vocab=v1)
+    e2 = _ckpt(folder, "e.pt", _config(), 50, 5, vocab=v2)
+    cfg = _run_cfg(tmp_path, f"decode.average_checkpoints=[{d},{e2}]")
+    with pytest.raises(UserError, match="trained with different vocabularies"):
+        average_run(cfg)
+    # run-length fields may differ: a and c average to the mean
+    cfg = _run_cfg(tmp_path, f"decode.average_checkpoints=[{a},{c}]")
+    out = load_checkpoint(average_run(cfg))
+    ma, mc = torch.load(a)["model"], torch.load(c)["model"]
+    torch.testing.assert_close(out["model"]["w"], (ma["w"] + mc["w"]) / 2)
+    assert out["averaged_steps"] == [10, 30] and out["step"] == 30
+
+
+def test_05_final_checkpoint_at_an_odd_step_is_not_averaged(tmp_path, caplog):
+    folder = checkpoint.checkpoint_dir(tmp_path / "run")
+    for step in (10, 20, 30, 37):  # 37: written when training stopped
+        _ckpt(folder, f"checkpoint_{step}.pt", _config(save_every_steps=10), step, step)
+    cfg = _run_cfg(tmp_path, "decode.average_last=3")
+    with caplog.at_level(logging.INFO, logger="transformer_nmt.checkpoint"):
+        out = load_checkpoint(average_run(cfg))
+    assert out["averaged_from"] == ["checkpoint_10.pt", "checkpoint_20.pt", "checkpoint_30.pt"]
+    assert "left out checkpoint_37.pt: step not a multiple of trainer.save_every_steps=10" in caplog.text
+    # time-based saves: the newest is left out when it comes soon after the one before it
+    other = tmp_path / "timed"
+    folder = checkpoint.checkpoint_dir(other / "run")
+    for step in (100, 205, 298, 402, 430):
+        _ckpt(folder, f"checkpoint_{step}.pt", _config(), step, step)
+    out = load_checkpoint(average_run(_run_cfg(other, "decode.average_last=3")))
+    assert out["averaged_steps"] == [205, 298, 402]
+
+
+# --- 11: damaged .gz, disk full -------------------------------------------------------------------
+
+
+def test_11_truncated_gz_names_the_file(tmp_path):
+    path = tmp_path / "train.en.gz"
+    data = gzip.compress(("".join(f"line {i} of a corpus\n" for i in range(5000))).encode())
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError) as e:
+        list(read_lines(path))
+    assert str(e.value).startswith(f"{path}: damaged gzip file after line ")
+    assert "EOFError" in str(e.value)
+
+
+def test_11_disk_full_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint_best.pt"
+    save_checkpoint(path, {"step": 1})
+    before = path.read_bytes()
+    real_save = torch.save
+
+    def full_disk(obj, f, *a, **k):
+        Path(f).write_bytes(b"PK\x03\x04 partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(NoSpaceError) as e:
+        save_checkpoint(path, {"step": 2})
+    assert str(e.value) == f"no space left on device: {path}"
+
+    # torch's own writer reports a full disk as a RuntimeError
+    def torch_full(obj, f, *a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter "
+                           "failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", torch_full)
+    monkeypatch.setattr(fileio.shutil, "disk_usage", lambda p: SimpleNamespace(free=0))
+    with pytest.raises(NoSpaceError, match=f"^no space left on device: {path}$"):
+        save_checkpoint(path, {"step": 2})
+    monkeypatch.setattr(torch, "save", real_save)
+    assert path.read_bytes() == before and load_checkpoint(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no temporary file left
+
+
+# --- 12: one-line user errors, nothing left behind -----------------------------------------------
+
+
+def _cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"transformer_nmt.cli.{module}", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+
+
+def test_12_bad_override_is_one_line_exit_2_and_no_run_dir(tmp_path):
+    run_dir = tmp_path / "runs" / "x"
+    r = _cli("train", "trainer.max_step=5", f"run_dir={run_dir}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        ("error: Could not override 'trainer.max_step'.; To append to your config use "
+         "+trainer.max_step=5: Key 'max_step' not in 'TrainerConfig'")]
+    r = _cli("translate", "model.d_model=-3", f"run_dir={run_dir}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "error: invalid configuration: model.d_model=-3 must be a positive integer"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_12_bad_file_inside_the_task_leaves_no_hydra_folder(tmp_path):
+    run_dir = tmp_path / "runs" / "x"
+    missing = tmp_path / "nowhere" / "train"
+    args = ["data=custom", f"data.root={tmp_path / 'data'}", f"run_dir={run_dir}",
+            f"+data.custom_files.train={missing}", f"+data.custom_files.valid={missing}",
+            f"+data.custom_files.test={missing}"]
+    r = _cli("prepare", *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and f"{missing}.en" in lines[0]
+    assert "Traceback" not in r.stderr and not run_dir.exists()
+    # an existing run keeps its .hydra files as they were
+    (run_dir / ".hydra" / "prepare").mkdir(parents=True)
+    (run_dir / ".hydra" / "prepare" / "config.yaml").write_text("earlier: run\n")
+    r = _cli("prepare", *args, cwd=tmp_path)
+    assert r.returncode == 2
+    assert sorted(p.name for p in (run_dir / ".hydra" / "prepare").iterdir()) == ["config.yaml"]
+    assert (run_dir / ".hydra" / "prepare" / "config.yaml").read_text() == "earlier: run\n"
+
+
+# --- 13: UTF-16 -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding, bom", [("utf-16-le", "FF FE"), ("utf-16-be", "FE FF")])
+def test_13_utf16_file_is_named_as_utf16(tmp_path, encoding, bom):
+    path = tmp_path / "train.en"
+    path.write_bytes(("\ufeffA dog runs.\nA cat walks.\n").encode(encoding))
+    for errors in ("strict", "replace"):
+        with pytest.raises(DataError) as e:
+            list(read_lines(path, errors))
+        endian = "little" if bom == "FF FE" else "big"
+        assert str(e.value) == (f"{path}: looks like UTF-16 ({endian}-endian BOM {bom}), not "
+                                f"UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8 {path}")
