@@ -2,6 +2,7 @@
 #   make install            venv + editable install with dev extras (CPU torch pinned unless torch is already there)
 #   make test               the whole test suite
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
+#   make plots EXP=<experiment>   training curves, BLEU per checkpoint (runs/<experiment>/plots/)
 #   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
 #   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
 
@@ -14,7 +15,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: install test data train average eval table lint clean bench-install bench
+.PHONY: install test data train average eval table plots lint clean bench-install bench
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -52,6 +53,9 @@ eval: average
 
 table:
 	$(BIN)/nmt-table $(ARGS)
+
+plots:
+	$(BIN)/nmt-plot experiment=$(EXP) $(ARGS)
 
 $(BENCH_BIN)/python:
 	$(PYTHON) -m venv $(BENCH_VENV)
