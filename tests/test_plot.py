@@ -118,6 +118,17 @@ def test_resumed_run_has_no_gap_and_no_duplicate_steps(tmp_path, dead_until, res
         # Against tokens seen: the same values, at the steps' token counts.
         tok_ax = fig.axes[3]
         assert list(tok_ax.lines[0].get_xdata()) == [500 * s for s in train_steps]
+        assert list(fig.axes[4].lines[0].get_xdata()) == [500 * 50, 500 * 100]
+    finally:
+        plot.close(fig)
+
+
+def test_valid_after_the_last_train_record_maps_to_later_tokens(tmp_path):
+    recs = [train_rec(50, 3.0), train_rec(100, 2.0), valid_rec(100, 9.0), valid_rec(118, 8.0)]
+    hist = plot.read_metrics(write_jsonl(tmp_path / "metrics.jsonl", recs))
+    fig = plot.plot_curves({"run": hist}, tmp_path / "curves.png")
+    try:
+        assert list(fig.axes[4].lines[0].get_xdata()) == [50_000, 59_000]
     finally:
         plot.close(fig)
 

@@ -132,11 +132,21 @@ def _series(records: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray,
 
 
 def _tokens_at(train: Sequence[Mapping[str, Any]], steps: np.ndarray) -> np.ndarray:
-    """Target tokens seen at ``steps``, interpolated between the train records' counts."""
+    """Target tokens seen at ``steps`` (valid records do not hold the count).
+
+    Linear between the train records' counts (and 0 at step 0); past the last train
+    record (a final validation), extended at the tokens per step of the last interval.
+    """
     xs, toks = _series(train, "tokens_seen")
     if xs.size == 0:
         return np.full(steps.shape, np.nan)
-    return np.interp(steps, np.concatenate([[0], xs]), np.concatenate([[0.0], toks]))
+    xs = np.concatenate([[0], xs])
+    toks = np.concatenate([[0.0], toks])
+    out = np.interp(steps, xs, toks)
+    rate = (toks[-1] - toks[-2]) / max(xs[-1] - xs[-2], 1)
+    past = steps > xs[-1]
+    out[past] = toks[-1] + rate * (steps[past] - xs[-1])
+    return out
 
 
 # --------------------------------------------------------------------------------------
