@@ -5,6 +5,7 @@
 #   make all                the whole default job: train (data first), average, evaluate, table
 # test, data, train, average, eval and table run `make install` first when the environment is
 # missing or older than pyproject.toml (stamp file $(VENV)/.installed).
+#   make plots EXP=<experiment>   training curves, BLEU per checkpoint (runs/<experiment>/plots/)
 #   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
 #   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
 #   make gpu-check          on a CUDA machine: GPU tests, bf16/fp16/DDP/big runs, decoding -> docs/gpu_check.md
@@ -18,7 +19,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: all install test data train average eval table lint clean bench-install bench gpu-check
+.PHONY: all install test data train average eval table plots lint clean bench-install bench gpu-check
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -65,6 +66,9 @@ eval: average
 
 table: $(STAMP)
 	$(BIN)/nmt-table $(ARGS)
+
+plots: $(STAMP)
+	$(BIN)/nmt-plot experiment=$(EXP) $(ARGS)
 
 $(BENCH_BIN)/python:
 	$(PYTHON) -m venv $(BENCH_VENV)
