@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from transformer_nmt import plot
 from transformer_nmt.bleu import sacrebleu_score
 from transformer_nmt.bpe import SentencePieceTokenizer, train_spm
 from transformer_nmt.checkpoint import average_checkpoints, save_checkpoint
 from transformer_nmt.cli import compose
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig, to_plain
 from transformer_nmt.fileio import raw_path, spm_model_path
 from transformer_nmt.model import Transformer
 from transformer_nmt.translate import translate_lines
@@ -248,7 +247,7 @@ def run(tmp_path_factory):
         torch.manual_seed(seed)
         model = Transformer(cfg.model, vocab_size=tok.vocab_size)
         save_checkpoint(run_dir / "checkpoints" / f"checkpoint_{step}.pt", {
-            "model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True),
+            "model": model.state_dict(), "config": to_plain(cfg),
             "vocab_size": tok.vocab_size, "step": step,
         })
     write_jsonl(run_dir / "metrics.jsonl", resumed_records(70, 200))
