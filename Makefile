@@ -1,7 +1,8 @@
 # transformer-nmt: one entry point per pipeline stage.
-#   make install            venv + editable install with dev extras (CPU torch pinned unless torch is already there)
+#   make install            venv + editable install with dev and export extras (CPU torch pinned unless torch is already there)
 #   make test               the whole test suite
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
+#   make export EXP=<experiment>  runs/<experiment>/export/hf (ARGS="export.format=ctranslate2 export.quantization=int8")
 #   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
 #   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
 
@@ -14,7 +15,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: install test data train average eval table lint clean bench-install bench
+.PHONY: install test data train average eval export table lint clean bench-install bench
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -33,7 +34,7 @@ install: $(BIN)/python
 	else \
 		$(BIN)/python -m pip install "$(TORCH_SPEC)"; \
 	fi
-	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install -e ".[dev,export]"
 
 test:
 	$(BIN)/python -m pytest -q tests
@@ -49,6 +50,9 @@ average:
 
 eval: average
 	$(BIN)/nmt-evaluate experiment=$(EXP) $(ARGS)
+
+export: average
+	$(BIN)/nmt-export experiment=$(EXP) $(ARGS)
 
 table:
 	$(BIN)/nmt-table $(ARGS)

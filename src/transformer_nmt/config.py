@@ -213,6 +213,8 @@ class DecodeConfig:
     """Longer inputs are truncated (with a warning)."""
     precision: str = "fp32"
     """fp32, bf16 or fp16."""
+    engine: str = "native"
+    """``native`` (our beam search), ``ctranslate2`` or ``ctranslate2_int8`` (transformer_nmt.export)."""
     device: str = "auto"
     checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
@@ -255,6 +257,7 @@ _CHOICES = {
     ("decode", "lenpen_form"): ("gnmt", "fairseq"),
     ("decode", "stopping"): ("bound", "beam"),
     ("decode", "precision"): ("fp32", "bf16", "fp16"),
+    ("decode", "engine"): ("native", "ctranslate2", "ctranslate2_int8"),
 }
 
 
