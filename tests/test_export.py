@@ -317,3 +317,14 @@ def test_decode_engine_converts_once_and_translates(post_norm, spm_model, senten
                               SentencePieceTokenizer(spm_model), sentences[0], cfg.decode)
     assert all(int8) and len(int8) == len(ours)
     assert ex.decode_engine(model, ckpt, compose(SMALL), "cpu") is model  # native
+
+
+def test_load_initial_weights_for_fine_tuning(post_norm, tmp_path):
+    model = Transformer(compose(SMALL).model, V)
+    ex.load_initial_weights(model, post_norm)
+    original = load_checkpoint(post_norm)["model"]
+    assert all(torch.equal(v, original[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ex.ExportError, match="does not fit"):
+        ex.load_initial_weights(Transformer(compose([*SMALL, "model.d_ff=48"]).model, V), post_norm)
+    with pytest.raises(ex.ExportError, match="vocabulary"):
+        ex.load_initial_weights(Transformer(compose(SMALL).model, V + 8), post_norm)

@@ -656,6 +656,33 @@ def import_marian(folder: str | Path, run_cfg: Any, checkpoint_out: str | Path,
     return ckpt
 
 
+def load_initial_weights(model: Any, path: str | Path) -> None:
+    """``trainer.init_from``: copy a model file's weights into a freshly built model.
+
+    For fine-tuning from an imported (or any) model; optimizer, schedule and counters start
+    from scratch. The run's model config must describe the same architecture.
+
+    Raises:
+        ExportError: a different vocabulary size, or parameters missing, extra or of
+            another shape (named).
+    """
+    from transformer_nmt.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    if int(ckpt["vocab_size"]) != model.vocab_size:
+        raise ExportError(f"trainer.init_from={path}: vocabulary of {ckpt['vocab_size']} pieces, "
+                          f"the run's model has {model.vocab_size}")
+    own = model.state_dict()
+    bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in ckpt["model"].items()
+           if k in own and v.shape != own[k].shape]
+    missing = sorted(set(own) - set(ckpt["model"]))
+    extra = sorted(set(ckpt["model"]) - set(own))
+    if bad or missing or extra:
+        raise ExportError(f"trainer.init_from={path} does not fit the run's model config: "
+                          f"shapes {bad[:3]}, missing {missing[:3]}, extra {extra[:3]}")
+    model.load_state_dict(ckpt["model"])
+
+
 # --------------------------------------------------------------------------------------
 # CTranslate2
 # --------------------------------------------------------------------------------------
