@@ -283,7 +283,7 @@ def test_nmt_export_cli_refuses_with_one_line(spm_model, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "transformer_nmt.cli.export", f"decode.checkpoint={pre}",
          f"data.root={tmp_path}", f"run_dir={tmp_path}/run", "hydra.run.dir=" + str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=120)
+        check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: model.norm=pre")
     assert "Traceback" not in proc.stderr
