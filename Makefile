@@ -1,11 +1,12 @@
 # transformer-nmt: one entry point per pipeline stage.
-#   make install            venv + editable install with dev extras (CPU torch pinned unless torch is already there)
+#   make install            venv + editable install with dev and export extras (CPU torch pinned unless torch is already there)
 #   make test               the whole test suite
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make all                the whole default job: train (data first), average, evaluate, table
 # test, data, train, average, eval and table run `make install` first when the environment is
 # missing or older than pyproject.toml (stamp file $(VENV)/.installed).
 #   make plots EXP=<experiment>   training curves, BLEU per checkpoint (runs/<experiment>/plots/)
+#   make export EXP=<experiment>  runs/<experiment>/export/hf (ARGS="export.format=ctranslate2 export.quantization=int8")
 #   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
 #   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
 #   make gpu-check          on a CUDA machine: GPU tests, bf16/fp16/DDP/big runs, decoding -> docs/gpu_check.md
@@ -19,7 +20,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: all install test data train average eval table plots lint clean bench-install bench gpu-check
+.PHONY: all install test data train average eval export table plots lint clean bench-install bench gpu-check
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -40,7 +41,7 @@ install: $(BIN)/python
 	else \
 		$(BIN)/python -m pip install "$(TORCH_SPEC)"; \
 	fi
-	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install -e ".[dev,export]"
 	@touch $(STAMP)
 
 # The environment is (re)installed when missing or when pyproject.toml changed since.
@@ -63,6 +64,9 @@ average: $(STAMP)
 
 eval: average
 	$(BIN)/nmt-evaluate experiment=$(EXP) $(ARGS)
+
+export: average
+	$(BIN)/nmt-export experiment=$(EXP) $(ARGS)
 
 table: $(STAMP)
 	$(BIN)/nmt-table $(ARGS)

@@ -7,7 +7,8 @@
   pieces, a dictionary of exactly our vocabulary in our id order);
 * the model-FLOP count used for MFU (formula in :func:`training_flops`);
 * ports of one trained transformer-nmt model into fairseq's ``TransformerModel`` and
-  Hugging Face's ``MarianMTModel``, so that all three toolkits decode the same network.
+  Hugging Face's ``MarianMTModel`` (the latter is the product's exporter,
+  ``transformer_nmt.export``), so that all toolkits decode the same network.
 
 The peers (``fairseq``, ``transformers``) are imported lazily: they are dependencies of the
 benchmark environment (``make bench-install`` -> ``.venv-bench``), never of the package.
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_nmt.export import layer_state_dict
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_DIR = REPO / "data" / "bench"
@@ -296,49 +298,6 @@ def sinusoid_rows(model: Any, n: int) -> torch.Tensor:
     return model.src_positions(n, 0).detach().clone()
 
 
-def layer_state_dict(
-    ours: dict[str, torch.Tensor], cfg: Any, enc_prefix: str, dec_prefix: str
-) -> dict[str, torch.Tensor]:
-    """Our encoder/decoder layer weights under fairseq's layer names (Marian uses the same).
-
-    W^Q, W^K, W^V (and the cross-attention W^K, W^V) are split out of our fused projections.
-
-    Args:
-        ours: our model's state dict (detached tensors).
-        cfg: its model config (layer counts, d_model).
-        enc_prefix, dec_prefix: where the peer keeps its layers, e.g. ``encoder.layers``.
-    """
-    d = cfg.d_model
-    sd: dict[str, torch.Tensor] = {}
-
-    def copy(dst: str, src: str) -> None:
-        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
-
-    def split(dst: str, src: str, names: list[str]) -> None:
-        weights, biases = ours[f"{src}.weight"].split(d, 0), ours[f"{src}.bias"].split(d, 0)
-        for name, wi, bi in zip(names, weights, biases):
-            sd[f"{dst}.{name}.weight"], sd[f"{dst}.{name}.bias"] = wi, bi
-
-    def self_attn_and_ffn(o: str, m: str) -> None:
-        split(f"{m}.self_attn", f"{o}.self_attn.in_proj", ["q_proj", "k_proj", "v_proj"])
-        copy(f"{m}.self_attn.out_proj", f"{o}.self_attn.out_proj")
-        copy(f"{m}.self_attn_layer_norm", f"{o}.self_attn_norm")
-        copy(f"{m}.fc1", f"{o}.ffn.w_1")
-        copy(f"{m}.fc2", f"{o}.ffn.w_2")
-        copy(f"{m}.final_layer_norm", f"{o}.ffn_norm")
-
-    for i in range(cfg.encoder_layers):
-        self_attn_and_ffn(f"encoder_layers.{i}", f"{enc_prefix}.{i}")
-    for i in range(cfg.decoder_layers):
-        o, m = f"decoder_layers.{i}", f"{dec_prefix}.{i}"
-        self_attn_and_ffn(o, m)
-        copy(f"{m}.encoder_attn.q_proj", f"{o}.cross_attn.q_proj")
-        split(f"{m}.encoder_attn", f"{o}.cross_attn.kv_proj", ["k_proj", "v_proj"])
-        copy(f"{m}.encoder_attn.out_proj", f"{o}.cross_attn.out_proj")
-        copy(f"{m}.encoder_attn_layer_norm", f"{o}.cross_attn_norm")
-    return sd
-
-
 def port_to_fairseq(model: Any, fairseq_data: Path, max_positions: int = 1024):
     """A fairseq ``TransformerModel`` holding the weights of our (post-norm, tied) model.
 
@@ -397,19 +356,15 @@ def port_to_fairseq(model: Any, fairseq_data: Path, max_positions: int = 1024):
 
 
 def marian_config(size: str, vocab: int, max_positions: int = 1024, dropout: float = 0.1):
-    """MarianConfig of the same architecture: post-norm, ReLU, sqrt(D) scale, tied embeddings."""
-    from transformers import MarianConfig
+    """MarianConfig of preset ``size`` (transformer_nmt.export.marian_config: post-norm, ReLU,
+    sqrt(D) scale, tied embeddings, our special ids, bos as decoder start)."""
+    from transformer_nmt.export import marian_config as product_marian_config
 
     le, ld, d, f, h = SIZES[size]
-    return MarianConfig(
-        vocab_size=vocab, decoder_vocab_size=vocab, d_model=d, encoder_layers=le,
-        decoder_layers=ld, encoder_ffn_dim=f, decoder_ffn_dim=f, encoder_attention_heads=h,
-        decoder_attention_heads=h, activation_function="relu", normalize_before=False,
-        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        dropout=dropout, attention_dropout=0.0, activation_dropout=0.0,
-        max_position_embeddings=max_positions, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
-        bos_token_id=BOS_ID, decoder_start_token_id=BOS_ID, forced_eos_token_id=EOS_ID,
-    )
+    cfg = {"encoder_layers": le, "decoder_layers": ld, "d_model": d, "d_ff": f, "heads": h,
+           "dropout": dropout, "attention_dropout": 0.0, "activation_dropout": 0.0,
+           "max_positions": max_positions}
+    return product_marian_config(cfg, vocab)
 
 
 def import_transformers():
@@ -431,32 +386,11 @@ def import_transformers():
     return transformers
 
 
-def port_to_marian(model: Any, size: str):
-    """A ``MarianMTModel`` holding our model's weights (same ids; positions overwritten)."""
+def port_to_marian(model: Any, size: str | None = None):
+    """A ``MarianMTModel`` computing our model's logits: the product's exporter
+    (transformer_nmt.export.port_to_marian), with transformers imported without torchaudio.
+    ``size`` is unused (the model's own config gives the sizes)."""
     import_transformers()
-    from transformers import MarianMTModel
+    from transformer_nmt.export import port_to_marian as product_port
 
-    cfg = model.cfg
-    mcfg = marian_config(size, model.vocab_size, int(cfg.max_positions))
-    mm = MarianMTModel(mcfg)
-    ours = {k: v.detach() for k, v in model.state_dict().items()}
-    sd: dict[str, torch.Tensor] = {}
-    emb = ours["embed_tokens.weight"]
-    for k in ("model.shared.weight", "model.encoder.embed_tokens.weight",
-              "model.decoder.embed_tokens.weight", "lm_head.weight"):
-        sd[k] = emb
-    table = sinusoid_rows(model, int(cfg.max_positions))
-    sd["model.encoder.embed_positions.weight"] = table
-    sd["model.decoder.embed_positions.weight"] = table
-
-    sd.update(layer_state_dict(ours, cfg, "model.encoder.layers", "model.decoder.layers"))
-    own = mm.state_dict()
-    unexpected = [k for k in sd if k not in own]
-    missing = [k for k in own if k not in sd and k != "final_logits_bias"]
-    if missing or unexpected:
-        raise RuntimeError(f"Marian port: missing {missing[:8]}, unexpected {unexpected[:8]}")
-    with torch.no_grad():
-        for k, v in sd.items():
-            own[k].copy_(v)
-        mm.final_logits_bias.zero_()
-    return mm.eval()
+    return product_port(model)

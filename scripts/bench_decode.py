@@ -6,7 +6,12 @@ One trained transformer-nmt checkpoint is decoded by
 * ``fairseq``: fairseq's ``SequenceGenerator`` (the search engine of ``fairseq-generate``)
   on a ``TransformerModel`` holding the same weights (bench_common.port_to_fairseq);
 * ``marian``: Hugging Face ``MarianMTModel.generate(num_beams=K)`` on the same weights
-  (bench_common.port_to_marian).
+  (``transformer_nmt.export.port_to_marian``, the exporter of nmt-export);
+* ``ct2_float32`` / ``ct2_int8``: CTranslate2 on the same weights
+  (``transformer_nmt.export.export_ctranslate2``, the exporter of nmt-export and of
+  ``decode.engine=ctranslate2``), compute type float32 or int8, through
+  ``CTranslate2Engine.translate_lines`` (sentences grouped by source length so that each has
+  its own maximum length; CTranslate2 batches of ``--max-tokens`` source tokens).
 
 The ports are exact (logits agree to ~1e-6, checked at start-up), so the three decode the
 same network; every toolkit gets the same sentences in the same batches (our
@@ -28,6 +33,8 @@ Examples::
     .venv-bench/bin/python scripts/bench_decode.py --sentences 50 --warmup-sentences 4
     .venv-bench/bin/python scripts/bench_decode.py --device cuda --precision bf16
     .venv-bench/bin/python scripts/bench_decode.py --profile 200   # torch.profiler, ours only
+    .venv/bin/python scripts/bench_decode.py --toolkits ours,ct2_float32,ct2_int8,marian \
+        --checkpoint runs/multi30k_en_de/checkpoints/averaged.pt    # no fairseq needed
 
 The default model is the last checkpoint of scripts/bench_train.py's ``ours`` run
 (``data/bench/train_tiny_cpu/ours``); pass ``--checkpoint`` for any other.
@@ -120,6 +127,11 @@ def decode_fairseq(fs_model, dictionary, tokenizer, lines, args):
     return outputs, target_tokens
 
 
+def decode_ctranslate2(engine, tokenizer, lines, args):
+    outputs, stats = engine.translate_lines(tokenizer, lines, decode_config(args))
+    return outputs, stats["target_tokens"]
+
+
 def decode_marian(mm, tokenizer, lines, args):
     from transformers import GenerationConfig
 
@@ -132,6 +144,7 @@ def decode_marian(mm, tokenizer, lines, args):
             do_sample=False, max_new_tokens=int(args.max_len_a * src.size(1) + args.max_len_b) + 1,
             decoder_start_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
             bos_token_id=BOS_ID, suppress_tokens=[PAD_ID, BOS_ID], forced_eos_token_id=EOS_ID,
+            min_new_tokens=1,  # eos barred at the first step, as in our search (min_len 1)
         )
         with torch.no_grad(), autocast(args):
             seqs = mm.generate(input_ids=src, attention_mask=src.ne(PAD_ID),
@@ -220,6 +233,20 @@ def worker(args) -> None:
 
         def run(x):
             return decode_fairseq(fs, dictionary, tokenizer, x, args)
+    elif args.worker.startswith("ct2_"):
+        from transformer_nmt.export import CTranslate2Engine, export_ctranslate2
+        from transformer_nmt.fileio import spm_model_path
+
+        folder = Path(args.worker_out).parent / "ct2_model"
+        export_ctranslate2(args.checkpoint, spm_model_path(bc.data_cfg()), folder, "none",
+                           overwrite=True)
+        compute = args.worker.split("_", 1)[1]
+        engine = CTranslate2Engine(folder, args.device, compute, int(model.cfg.max_positions),
+                                   threads=args.threads)
+        counts = {"decoder_calls": None, "row_steps": None}  # not counted
+
+        def run(x):
+            return decode_ctranslate2(engine, tokenizer, x, args)
     else:
         mm = bc.port_to_marian(model, args.size)
         port_diff = check_port(model, mm, "marian")
@@ -317,11 +344,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--toolkits", default="ours,fairseq,marian")
+    p.add_argument("--toolkits", default="ours,fairseq,marian,ct2_float32,ct2_int8",
+                   help="comma-separated: ours, fairseq, marian, ct2_float32, ct2_int8")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=int, default=0,
                    help="profile ours on this many sentences instead of benchmarking")
-    p.add_argument("--worker", choices=["ours", "fairseq", "marian"], help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["ours", "fairseq", "marian", "ct2_float32", "ct2_int8"],
+                   help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.checkpoint is None:

@@ -143,6 +143,14 @@ class Stopping(Choice):
     beam = "beam"
 
 
+class Engine(Choice):
+    """decode.engine: our beam search, or CTranslate2 (float32 / int8) through an export."""
+
+    native = "native"
+    ctranslate2 = "ctranslate2"
+    ctranslate2_int8 = "ctranslate2_int8"
+
+
 @dataclass
 class DataConfig:
     """Where a parallel corpus comes from and how it is cleaned, tokenized and binarized.
@@ -324,6 +332,8 @@ class DecodeConfig:
     """Longer inputs are truncated (with a warning)."""
     precision: DecodePrecision = DecodePrecision.fp32
     """fp32, bf16 or fp16."""
+    engine: Engine = Engine.native
+    """``native`` (our beam search), ``ctranslate2`` or ``ctranslate2_int8`` (transformer_nmt.export)."""
     device: str = "auto"
     checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""

@@ -120,6 +120,9 @@ def evaluate(cfg: Any) -> dict[str, Any]:
     tokenizer = load_tokenizer(data)
     check_vocab(ckpt_path, tokenizer)
     params = int(model.num_parameters())
+    from transformer_nmt.export import decode_engine
+
+    engine = decode_engine(model, ckpt_path, cfg, device)  # the model unless decode.engine says otherwise
     log.info("evaluating %s (%s, %d parameters, step %s) on %s",
              ckpt_path, model_cfg.model.name, params, meta["step"], device)
 
@@ -137,7 +140,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
             raise ValueError(
                 f"{src_file} has {len(sources)} lines but {ref_file} has {len(references)}"
             )
-        hypotheses, speed = translate_lines(model, tokenizer, sources, cfg.decode, device)
+        hypotheses, speed = translate_lines(engine, tokenizer, sources, cfg.decode, device)
         out_file = run_dir / "translations" / f"{split}.{data.tgt_lang}"
         write_lines(hypotheses, out_file)
         # Score the two files as written, as `sacrebleu REF -i HYP` reads them.
@@ -183,7 +186,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
         "decode": {
             k: getattr(cfg.decode, k)
             for k in ("beam_size", "lenpen", "lenpen_form", "stopping", "max_len_a",
-                      "max_len_b", "nbest", "max_tokens", "max_input_tokens", "precision")
+                      "max_len_b", "nbest", "max_tokens", "max_input_tokens", "precision", "engine")
         },
         "device": str(device),
         "test_sets": test_sets,

@@ -192,6 +192,8 @@ def translate_lines(
         ``empty``, ``truncated``, ``target_tokens``, ``seconds``, ``sentences_per_second``,
         ``target_tokens_per_second``, ``batches``, ``device``, ``precision``, ``beam_size``.
     """
+    if getattr(model, "is_ctranslate2", False):  # decode.engine=ctranslate2 (export.py)
+        return model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     start = time.perf_counter()
     limit = max(1, min(int(decode_cfg.max_input_tokens), int(decode_cfg.max_tokens) - 1))
@@ -326,7 +328,10 @@ def translate(cfg: Any) -> dict[str, Any]:
 
     device = resolve_device(cfg.decode.device)
     path = resolve_checkpoint(cfg)
+    from transformer_nmt.export import decode_engine
+
     model, _ = load_model(path, device)
+    model = decode_engine(model, path, cfg, device)  # itself unless decode.engine says otherwise
     tokenizer = load_tokenizer(cfg.data)
     check_vocab(path, tokenizer)
     log.info("decoding with %s on %s", path, device)

@@ -1,0 +1,116 @@
+"""``nmt-export``: a run's model as a Hugging Face Marian folder or a CTranslate2 model.
+
+    nmt-export experiment=multi30k_en_de                                 # runs/<name>/export/hf
+    nmt-export experiment=multi30k_en_de export.format=ctranslate2 export.quantization=int8
+    nmt-export experiment=multi30k_en_de decode.checkpoint=runs/x/checkpoints/checkpoint_300.pt
+
+The model is ``decode.checkpoint``, else the run's averaged.pt, else its latest checkpoint
+(as nmt-translate); the tokenizer is the run's SentencePiece model; the model card reads
+the run's results.json when present. A model the target cannot compute exactly is refused
+with one ``error:`` line and exit status 2 (see :mod:`transformer_nmt.export`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from transformer_nmt.cli import CONFIG_DIR
+from transformer_nmt.config import Config, validate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExportConfig:
+    """Options of nmt-export."""
+
+    format: str = "hf"
+    """``hf`` (MarianMTModel folder) or ``ctranslate2``."""
+    quantization: str = "none"
+    """CTranslate2 weights: ``none`` (float32), ``int8``, ``int8_float32``, ``float16``."""
+    output: str | None = None
+    """Folder to write; None = ``<run_dir>/export/hf`` or ``<run_dir>/export/ctranslate2[_<q>]``."""
+    overwrite: bool = True
+    """Replace an existing output folder (atomically); false refuses."""
+
+
+@dataclass
+class InteropConfig(Config):
+    """The primary config plus the options of nmt-export and nmt-import."""
+
+    export: ExportConfig = field(default_factory=ExportConfig)
+    source: str | None = None
+    """nmt-import: the Marian-architecture transformers folder to import."""
+
+
+def register_interop_schema() -> None:
+    """Make ``config_schema`` carry the export options (in the nmt-export/nmt-import process)."""
+    ConfigStore.instance().store(name="config_schema", node=InteropConfig)
+
+
+register_interop_schema()
+
+
+def fail(message: str) -> None:
+    """Print ``error: message`` on standard error and exit with status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def default_output(cfg: DictConfig) -> Path:
+    """``<run_dir>/export/hf``, ``.../ctranslate2`` or ``.../ctranslate2_<quantization>``."""
+    e = cfg.export
+    if e.output:
+        return Path(e.output)
+    name = e.format if e.format == "hf" or e.quantization == "none" else f"{e.format}_{e.quantization}"
+    return Path(cfg.run_dir) / "export" / name
+
+
+def run_export(cfg: DictConfig) -> Path:
+    """Export the run's model as ``cfg.export`` says; returns the folder written.
+
+    Raises:
+        ExportError, FileNotFoundError, ValueError: bad options, missing files, a model the
+            target cannot express.
+    """
+    from transformer_nmt import export
+    from transformer_nmt.fileio import spm_model_path
+    from transformer_nmt.translate import resolve_checkpoint
+
+    e = cfg.export
+    if e.format not in export.FORMATS:
+        raise export.ExportError(f"export.format={e.format!r} is not one of {list(export.FORMATS)}")
+    if e.format == "hf" and e.quantization != "none":
+        raise export.ExportError("export.quantization applies to export.format=ctranslate2 only")
+    checkpoint = resolve_checkpoint(cfg)
+    out = default_output(cfg)
+    if e.format == "hf":
+        results_path = Path(cfg.run_dir) / "results.json"
+        results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else None
+        if results is None:
+            log.warning("no %s: the model card will carry no BLEU (run nmt-evaluate first)", results_path)
+        return export.export_hf(checkpoint, spm_model_path(cfg.data), out, results, e.overwrite)
+    return export.export_ctranslate2(checkpoint, spm_model_path(cfg.data), out, e.quantization,
+                                     e.overwrite)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Validate the config and run :func:`run_export`; user errors exit 2 with one line."""
+    try:
+        validate(cfg)
+        print(run_export(cfg))
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        fail(str(e).replace("\n", " "))
+
+
+if __name__ == "__main__":
+    main()
