@@ -268,3 +268,29 @@ def test_validation_bleu_selects_best_and_patience_stops(tmp_path, data_override
     assert all(0.0 <= r["bleu"] <= 100.0 for r in valid)
     assert summary["best_valid_bleu"] == valid[0]["bleu"]
     assert load_checkpoint(checkpoint_dir(run) / BEST_NAME)["train_state"]["step"] == 2
+
+
+def test_init_from_starts_a_new_run_from_a_model_file(tmp_path, data_overrides):
+    """trainer.init_from: the new run's first weights are the file's; a run that already has
+    checkpoints resumes from them instead; a model of another shape is a one-line user error."""
+    from transformer_nmt import distributed
+    from transformer_nmt.errors import UserError
+    from transformer_nmt.train import setup
+
+    source = tmp_path / "source"
+    train(compose([*data_overrides, *TINY, f"run_dir={source}", "trainer.max_steps=2",
+                   "trainer.save_every_steps=2", "trainer.validate_every_steps=null"]))
+    init = latest_checkpoint(source)
+    info = distributed.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    cfg = compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'new'}",
+                   f"trainer.init_from={init}"])
+    s = setup(cfg, info)
+    saved = load_checkpoint(init)["model"]
+    assert all(torch.equal(v, saved[k]) for k, v in s.model.state_dict().items())
+    assert s.optimizer.state == {}  # optimizer and schedule start fresh
+    plain = setup(compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'plain'}"]), info)
+    assert not all(torch.equal(v, saved[k]) for k, v in plain.model.state_dict().items())
+    wider = compose([*data_overrides, *TINY, "model.d_ff=96", f"run_dir={tmp_path / 'x'}",
+                     f"trainer.init_from={init}"])
+    with pytest.raises(UserError, match="does not fit the run's model config"):
+        setup(wider, info)

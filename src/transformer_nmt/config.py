@@ -294,6 +294,10 @@ class TrainerConfig:
     save_every_minutes: float | None = 10.0
     keep_last: int = 20
     """Checkpoints kept (the paper averages the last 5 base / 20 big)."""
+    init_from: str | None = None
+    """Model file (a checkpoint, ``averaged.pt`` or an ``nmt-import`` output) whose weights
+    start a new run (fine-tuning); optimizer, schedule and counters start fresh. Ignored when
+    the run directory already holds checkpoints (the run resumes from them)."""
     validate_every_steps: int | None = 1000
     log_every_steps: int = 100
 

@@ -56,6 +56,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, to_plain
+from transformer_nmt.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ SIDECAR = "transformer_nmt.json"
 normalisation of our tokenizer, the run's model config)."""
 
 
-class ExportError(ValueError):
+class ExportError(UserError):
     """A model or folder that cannot be converted exactly; the message says why."""
 
 

@@ -250,7 +250,13 @@ def setup(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None = N
     )
 
     seed_everything(seed)
-    model = Transformer(cfg.model, vocab_size=vocab_size).to(device)
+    model = Transformer(cfg.model, vocab_size=vocab_size)
+    if t_cfg.init_from and ckpt_lib.latest_checkpoint(cfg.run_dir) is None:
+        from transformer_nmt.export import load_initial_weights
+
+        load_initial_weights(model, t_cfg.init_from)
+        log.info("weights from %s (trainer.init_from)", t_cfg.init_from)
+    model = model.to(device)
     log.info("model %s: %s parameters", cfg.model.name, f"{model.num_parameters():,}")
     optimizer = build_optimizer(model, t_cfg)
     scheduler = build_scheduler(optimizer, int(cfg.model.d_model), t_cfg)
