@@ -248,7 +248,7 @@ def run(tmp_path_factory):
         model = Transformer(cfg.model, vocab_size=tok.vocab_size)
         save_checkpoint(run_dir / "checkpoints" / f"checkpoint_{step}.pt", {
             "model": model.state_dict(), "config": to_plain(cfg),
-            "vocab_size": tok.vocab_size, "step": step,
+            "vocab_size": tok.vocab_size, "train_state": {"step": step},  # training layout
         })
     write_jsonl(run_dir / "metrics.jsonl", resumed_records(70, 200))
     return cfg, tok

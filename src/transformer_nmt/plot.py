@@ -402,8 +402,9 @@ def checkpoint_bleu(
 
 
 def _step_of(ckpt: Mapping[str, Any]) -> int | None:
-    step = ckpt.get("step")
-    return int(step) if step is not None else None
+    from transformer_nmt.checkpoint import checkpoint_step
+
+    return checkpoint_step(dict(ckpt))
 
 
 def plot_checkpoint_bleu(
