@@ -459,8 +459,8 @@ def test_10_second_ctrl_c_exits_at_once_with_130(tmp_path):
     assert r.returncode == 130, r.stderr
     assert r.stdout == "first recorded\n"
     assert r.stderr.splitlines() == [
-        "interrupted: saving a checkpoint at the end of this step (press Ctrl-C again to exit "
-        "at once, without one)",
+        ("interrupted: saving a checkpoint at the end of this step (press Ctrl-C again to exit "
+         "at once, without one)"),
         "interrupted again: exiting now without a checkpoint"]
 
 
