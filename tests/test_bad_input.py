@@ -450,6 +450,9 @@ def test_10_second_ctrl_c_exits_at_once_with_130(tmp_path):
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "time.sleep(0.1)\n"
         "assert flag.requested == signal.SIGINT\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"  # torchrun's agent passes it on as SIGTERM
+        "time.sleep(0.1)\n"
+        "assert flag.requested == signal.SIGINT\n"  # the cause is kept
         "print('first recorded', flush=True)\n"
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "time.sleep(5)\n"

@@ -88,7 +88,8 @@ def device_name(device: torch.device) -> str:
 class StopFlag:
     """Installs SIGTERM / SIGUSR1 / SIGINT handlers that only record that a stop was requested.
 
-    ``requested`` is 0, or the number of the last signal received. A second SIGINT (Ctrl-C
+    ``requested`` is 0, or the number of the first signal received (the cause: under
+    ``torchrun`` a Ctrl-C reaches the agent too, which then sends SIGTERM to its workers). A second SIGINT (Ctrl-C
     pressed again while the first stop waits for the step boundary) ends the process at once
     with exit status :data:`INTERRUPT_EXIT` (130) and one line on standard error, without a
     traceback and without a checkpoint.
@@ -111,7 +112,8 @@ class StopFlag:
                 sys.stderr.write("interrupted: saving a checkpoint at the end of this step "
                                  "(press Ctrl-C again to exit at once, without one)\n")
                 sys.stderr.flush()
-        self.requested = signum
+        if not self.requested:
+            self.requested = signum
 
     def install(self) -> None:
         """Install the handlers (in the main thread; elsewhere nothing is installed)."""
