@@ -172,7 +172,7 @@ def test_two_nodes_of_two_processes_equal_one_process_with_update_freq_4(tmp_pat
 
 def test_killed_worker_restarts_and_ends_identical_to_an_uninterrupted_run(tmp_path,
                                                                            data_overrides):
-    common = [*data_overrides, *MICRO, "trainer.max_tokens=400", "trainer.max_steps=40",
+    common = [*data_overrides, *MICRO, "trainer.max_tokens=400", "trainer.max_steps=60",
               "trainer.save_every_steps=5", "trainer.keep_last=20"]
     standalone = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1",
                   "--monitor-interval=0.1"]
@@ -186,9 +186,9 @@ def test_killed_worker_restarts_and_ends_identical_to_an_uninterrupted_run(tmp_p
     _finish(reference, "the uninterrupted run")
 
     summary = json.loads((run_dir / "train_summary.json").read_text())
-    assert summary["steps"] == 40 and summary["resumed_from"] is not None, err[-3000:]
+    assert summary["steps"] == 60 and summary["resumed_from"] is not None, err[-3000:]
     resumed = load_checkpoint(summary["resumed_from"])["train_state"]["step"]
-    assert 5 <= resumed < 40 and resumed % 5 == 0
+    assert 5 <= resumed < 60 and resumed % 5 == 0
     a = load_checkpoint(latest_checkpoint(run_dir))
     b = load_checkpoint(latest_checkpoint(ref_dir))
     for key, value in a["model"].items():
