@@ -11,8 +11,10 @@ import json
 import logging
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -284,6 +286,185 @@ def test_05_final_checkpoint_at_an_odd_step_is_not_averaged(tmp_path, caplog):
         _ckpt(folder, f"checkpoint_{step}.pt", _config(), step, step)
     out = load_checkpoint(average_run(_run_cfg(other, "decode.average_last=3")))
     assert out["averaged_steps"] == [205, 298, 402]
+
+
+# --- 6, 8, 9, 10: finished, damaged and foreign runs; Ctrl-C ----------------------------------------
+
+TINY_TRAIN = ["model.d_model=16", "model.d_ff=32", "model.heads=2", "model.encoder_layers=1",
+              "model.decoder_layers=1", "trainer.max_tokens=512", "trainer.warmup_steps=4",
+              "trainer.save_every_minutes=null", "trainer.validate_every_steps=null",
+              "trainer.log_every_steps=1", "trainer.num_workers=0"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A prepared 200-pair custom corpus; returns a function making a config for a run dir."""
+    root = tmp_path_factory.mktemp("tiny")
+    corpus = make_corpus(root / "corpus", seed=3)
+    prepare(corpus_cfg(root, corpus))
+
+    def cfg_for(run_dir: Path, *extra: str):
+        return corpus_cfg(root, corpus, *TINY_TRAIN, f"run_dir={run_dir}", *extra)
+
+    cfg_for.args = lambda run_dir, *extra: [  # the same as command-line overrides
+        "data=custom", "data.src_lang=en", "data.tgt_lang=de", f"data.root={root / 'data'}",
+        "data.vocab_size=60", *(f"+data.custom_files.{s}={corpus / s}" for s in
+                                ("train", "valid", "test")),
+        *TINY_TRAIN, f"run_dir={run_dir}", *extra]
+    return cfg_for
+
+
+def _files(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Every file of a run but its summary: name -> (size, mtime_ns)."""
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in run_dir.rglob("*") if p.is_file() and p.name != "train_summary.json"}
+
+
+@pytest.mark.parametrize("limit", ["trainer.max_steps=3", "trainer.max_time_minutes=0.0001"])
+def test_06_rerunning_a_finished_run_is_a_no_op(tmp_path, tiny_run, limit):
+    from transformer_nmt.train import train
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_run(run_dir, "trainer.max_steps=1000", limit)
+    first = train(cfg)
+    assert first["stopped_by"] == limit.split(".")[1].split("=")[0].replace("_minutes", "")
+    assert first["already_finished"] is False
+    before = _files(run_dir)
+    for _ in range(2):  # a requeued job, twice
+        again = train(cfg)
+        assert _files(run_dir) == before  # no step, validation, checkpoint or event file
+        assert again["already_finished"] is True
+        assert again["resumed_from"] == first["last_checkpoint"]
+        for key in ("stopped_by", "steps", "tokens_seen", "train_seconds", "valid"):
+            assert again[key] == first[key], key
+    assert json.loads((run_dir / "train_summary.json").read_text())["already_finished"] is True
+    # a raised limit trains on
+    more = train(tiny_run(run_dir, "trainer.max_steps=5"))
+    assert more["steps"] == 5 and more["already_finished"] is False
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_08_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, tiny_run, damage,
+                                                                       caplog):
+    from transformer_nmt.train import train
+
+    run_dir = tmp_path / "run"
+    train(tiny_run(run_dir, "trainer.max_steps=4", "trainer.save_every_steps=2"))
+    folder = checkpoint.checkpoint_dir(run_dir)
+    bad, good = folder / "checkpoint_4.pt", folder / "checkpoint_2.pt"
+    data = bad.read_bytes()
+    bad.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.checkpoint"):
+        summary = train(tiny_run(run_dir, "trainer.max_steps=6", "trainer.save_every_steps=2"))
+    assert summary["resumed_from"] == str(good) and summary["steps"] == 6
+    warning = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    what = ("an empty file (0 bytes)" if damage == "empty"
+            else f"truncated or not a checkpoint ({len(data) // 2:,} bytes; ")
+    assert len(warning) == 1 and warning[0].startswith(f"cannot read checkpoint {bad}: {what}")
+    assert warning[0].endswith("; moved it to checkpoint_4.pt.unreadable; resuming from the "
+                               "newest checkpoint before it")
+    assert (folder / "checkpoint_4.pt.unreadable").stat().st_size == len(data) // 2 * (
+        damage == "truncated")
+    assert load_checkpoint(folder / "checkpoint_4.pt")["train_state"]["step"] == 4  # redone
+    # nothing readable at all: one error naming every file, no restart from step 0
+    for p in checkpoint.step_checkpoints(run_dir):
+        p.write_bytes(b"")
+    with pytest.raises(checkpoint.UnreadableCheckpointError) as e:
+        train(tiny_run(run_dir, "trainer.max_steps=8"))
+    msg = str(e.value)
+    assert msg.startswith(f"no checkpoint of {folder} can be read (cannot read checkpoint ")
+    assert "\n" not in msg and str(folder / "checkpoint_6.pt") in msg
+
+
+def test_08_evaluate_on_a_corrupt_averaged_pt_names_the_file(tmp_path, tiny_run):
+    from transformer_nmt.evaluate import evaluate
+
+    run_dir = tmp_path / "run"
+    averaged = checkpoint.checkpoint_dir(run_dir) / checkpoint.AVERAGED_NAME
+    averaged.parent.mkdir(parents=True)
+    save_checkpoint(averaged, {"model": {"w": torch.zeros(2000)}, "step": 3})
+    data = averaged.read_bytes()
+    averaged.write_bytes(data[:1000])
+    with pytest.raises(checkpoint.UnreadableCheckpointError) as e:
+        evaluate(tiny_run(run_dir))
+    assert str(e.value).startswith(
+        f"cannot read checkpoint {averaged}: truncated or not a checkpoint (1,000 bytes; ")
+    averaged.write_bytes(b"")
+    r = _cli("evaluate", *tiny_run.args(run_dir), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.splitlines() == [f"error: cannot read checkpoint {averaged}: an empty file (0 bytes)"]
+
+
+def test_09_resuming_with_another_model_size_is_one_error(tmp_path, tiny_run):
+    from transformer_nmt.train import train
+
+    run_dir = tmp_path / "run"
+    train(tiny_run(run_dir, "trainer.max_steps=1"))
+    before = _files(run_dir)
+    with pytest.raises(UserError) as e:
+        train(tiny_run(run_dir, "trainer.max_steps=2", "model.d_model=32", "model.d_ff=64",
+                       "model.encoder_layers=2"))
+    vocab = load_checkpoint(checkpoint.latest_checkpoint(run_dir))["vocab_size"]
+    assert str(e.value) == (
+        f"{run_dir} holds another model (checkpoint_1.pt: d_model=16, d_ff=32, heads=2, "
+        f"1+1 encoder+decoder layers, vocabulary {vocab}) than the config (d_model=32, d_ff=64, "
+        f"heads=2, 2+1 encoder+decoder layers, vocabulary {vocab}); to start a new run, give it "
+        "another run_dir= or name=, or resume this one with the model and data settings it "
+        "was started with")
+    assert _files(run_dir) == before
+
+
+def _wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.is_file() and text in path.read_text()):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{text!r} not in {path} after {timeout} s"
+        time.sleep(0.05)
+
+
+def test_10_ctrl_c_checkpoints_and_exits_0(tmp_path, tiny_run):
+    run_dir = tmp_path / "run"
+    args = tiny_run.args(run_dir, "trainer.max_steps=100000")
+    proc = subprocess.Popen([sys.executable, "-m", "transformer_nmt.cli.train", *args], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    _wait_for_line(run_dir / "metrics.jsonl", '"train"', proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "interrupted: saving a checkpoint at the end of this step" in err
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["stopped_by"] == "signal SIGINT"
+    [saved] = checkpoint.step_checkpoints(run_dir)
+    assert saved.name == f"checkpoint_{summary['steps']}.pt"
+    assert load_checkpoint(saved)["train_state"]["step"] == summary["steps"] > 0
+
+
+def test_10_second_ctrl_c_exits_at_once_with_130(tmp_path):
+    script = tmp_path / "flag.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "from transformer_nmt.runtime import StopFlag\n"
+        "flag = StopFlag(); flag.install()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(0.1)\n"
+        "assert flag.requested == signal.SIGINT\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"  # torchrun's agent passes it on as SIGTERM
+        "time.sleep(0.1)\n"
+        "assert flag.requested == signal.SIGINT\n"  # the cause is kept
+        "print('first recorded', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(5)\n"
+        "print('still running')\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 130, r.stderr
+    assert r.stdout == "first recorded\n"
+    assert r.stderr.splitlines() == [
+        ("interrupted: saving a checkpoint at the end of this step (press Ctrl-C again to exit "
+         "at once, without one)"),
+        "interrupted again: exiting now without a checkpoint"]
 
 
 # --- 11: damaged .gz, disk full -------------------------------------------------------------------

@@ -92,9 +92,31 @@ def test_two_ranks_equal_one_process_with_update_freq_2(tmp_path, data_overrides
     _run([sys.executable, "-m", "transformer_nmt.cli.train", *common, f"run_dir={one_dir}",
           "trainer.update_freq=2"])
 
+    assert_same_training(ddp_dir, one_dir, max_steps, world_size=2)
+    assert Path(ddp_dir, "metrics.jsonl").is_file()
+
+
+def _without_key_bias(key: str, value: torch.Tensor) -> torch.Tensor:
+    """``value`` with the key projection's bias zeroed (``in_proj.bias[d:2d]``,
+    ``kv_proj.bias[:d]``). Softmax is invariant to it, so its exact gradient is zero: what
+    it gets is round-off, which Adam scales up to learning-rate-sized steps of any sign, and
+    a run summing its gradients in another order drifts there (by about 0.05 after 11 steps
+    of the 4-rank test) while every other parameter agrees to 1e-5."""
+    if key.endswith(("in_proj.bias", "kv_proj.bias")):
+        d = value.shape[0] // (3 if key.endswith("in_proj.bias") else 2)
+        start = d if key.endswith("in_proj.bias") else 0
+        value = value.clone()
+        value[start:start + d] = 0
+    return value
+
+
+def assert_same_training(ddp_dir: Path, one_dir: Path, max_steps: int, world_size: int) -> None:
+    """The run in ``ddp_dir`` (``world_size`` ranks) trained the same model as the one process
+    in ``one_dir``: the same steps, tokens and epochs, parameters and Adam moments equal to
+    float32 round-off, every rank's RNG state kept."""
     ddp = json.loads((ddp_dir / "train_summary.json").read_text())
     one = json.loads((one_dir / "train_summary.json").read_text())
-    assert ddp["world_size"] == 2 and one["world_size"] == 1
+    assert ddp["world_size"] == world_size and one["world_size"] == 1
     assert ddp["steps"] == one["steps"] == max_steps
     assert ddp["tokens_seen"] == one["tokens_seen"] > 0
     assert ddp["epochs"] == pytest.approx(one["epochs"]) and ddp["epochs"] > 1
@@ -102,9 +124,9 @@ def test_two_ranks_equal_one_process_with_update_freq_2(tmp_path, data_overrides
     a = load_checkpoint(latest_checkpoint(ddp_dir))
     b = load_checkpoint(latest_checkpoint(one_dir))
     assert a["train_state"]["step"] == b["train_state"]["step"] == max_steps
-    assert len(a["rng"]) == 2 and len(b["rng"]) == 1  # every rank's RNG state is kept
+    assert len(a["rng"]) == world_size and len(b["rng"]) == 1  # every rank's RNG state is kept
     for key, value in a["model"].items():
-        other = b["model"][key]
+        value, other = _without_key_bias(key, value), _without_key_bias(key, b["model"][key])
         assert torch.allclose(value, other, rtol=1e-4, atol=1e-5), (
             f"{key}: max difference {(value - other).abs().max().item():.3g}"
         )
@@ -112,4 +134,3 @@ def test_two_ranks_equal_one_process_with_update_freq_2(tmp_path, data_overrides
     exp_b = b["optimizer"]["state"]
     for k in exp_a:
         assert torch.allclose(exp_a[k]["exp_avg"], exp_b[k]["exp_avg"], rtol=1e-4, atol=1e-7)
-    assert Path(ddp_dir, "metrics.jsonl").is_file()

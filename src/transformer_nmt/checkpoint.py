@@ -67,12 +67,33 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
+class UnreadableCheckpointError(UserError, RuntimeError):
+    """A checkpoint file that ``torch.load`` cannot read (empty, truncated, not a checkpoint);
+    the message names the file and its size."""
+
+
+def unreadable(path: str | Path, error: BaseException) -> UnreadableCheckpointError:
+    """The one-line :class:`UnreadableCheckpointError` for ``path`` after ``error``."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = None
+    detail = " ".join(str(error).split())
+    detail = detail.split(". ")[0][:160] if detail else type(error).__name__
+    what = ("an empty file (0 bytes)" if size == 0
+            else f"truncated or not a checkpoint ({size:,} bytes; {type(error).__name__}: {detail})"
+            if size is not None else f"{type(error).__name__}: {detail}")
+    return UnreadableCheckpointError(f"cannot read checkpoint {path}: {what}")
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint with ``torch.load(weights_only=True)``.
 
     Raises:
         FileNotFoundError: naming the path when it does not exist.
-        RuntimeError: naming the path when the file is not a readable checkpoint.
+        UnreadableCheckpointError (a UserError and a RuntimeError): naming the path and its
+            size when the file is not a readable checkpoint (empty, truncated, other format).
     """
     path = Path(path)
     if not path.is_file():
@@ -80,7 +101,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated file, wrong format, unsafe pickle
-        raise RuntimeError(f"cannot read checkpoint {path}: {e}") from e
+        raise unreadable(path, e) from e
 
 
 def training_checkpoint(
@@ -178,22 +199,106 @@ def save_training(
         log.info("saved %s (step %d)", folder / BEST_NAME, state.step)
 
 
-def resume_training(run_dir: str | Path, s: Any, state: Any, seed: int, info: Any) -> Path | None:
-    """Load the run's latest checkpoint into ``s`` and ``state``; returns its path (or None).
+UNREADABLE_SUFFIX = ".unreadable"
+"""Appended to the name of a step checkpoint that cannot be read when a run resumes."""
 
-    The same world size restores every rank's RNG states (bit-exact continuation); another
-    world size rescales the data position and reseeds, with a warning.
+
+def _load_resumable(run_dir: str | Path, info: Any) -> tuple[Path, dict[str, Any]] | None:
+    """The newest step checkpoint of the run that loads, and its contents; None when the run
+    has no step checkpoint.
+
+    An unreadable newer one (empty, truncated: a job killed while copying or a full disk) is
+    named in a warning and, on rank 0, renamed to ``<name>.unreadable`` so that averaging and
+    later resumes skip it.
 
     Raises:
-        ValueError: the latest checkpoint lacks a part (names the file and the parts).
+        UnreadableCheckpointError: no step checkpoint of the run can be read (all named).
+    """
+    paths = step_checkpoints(run_dir)
+    bad: list[str] = []
+    for path in reversed(paths):
+        try:
+            return path, load_checkpoint(path, map_location="cpu")
+        except FileNotFoundError:  # renamed by rank 0 meanwhile
+            continue
+        except UnreadableCheckpointError as e:
+            bad.append(str(e))
+            if info.is_main:
+                aside = path.with_name(path.name + UNREADABLE_SUFFIX)
+                try:
+                    path.replace(aside)
+                    moved = f"; moved it to {aside.name}"
+                except OSError:
+                    moved = ""
+                log.warning("%s%s; resuming from the newest checkpoint before it", e, moved)
+    if bad:
+        raise UnreadableCheckpointError(
+            f"no checkpoint of {checkpoint_dir(run_dir)} can be read ({'; '.join(bad)}); "
+            "remove them to start the run again from step 0"
+        )
+    return None
+
+
+def _model_summary(model_cfg: Any) -> str:
+    """``d_model=512, 6+6 layers`` of a model config (DictConfig or plain dict)."""
+    get = model_cfg.get if hasattr(model_cfg, "get") else lambda k, d=None: getattr(model_cfg, k, d)
+    return (f"d_model={get('d_model')}, d_ff={get('d_ff')}, heads={get('heads')}, "
+            f"{get('encoder_layers')}+{get('decoder_layers')} encoder+decoder layers")
+
+
+def check_same_model(saved: dict[str, Any], model: torch.nn.Module, path: str | Path,
+                     config: Any = None) -> None:
+    """Fail with one line unless ``saved["model"]`` has ``model``'s parameter names and shapes.
+
+    Raises:
+        UserError: naming the run directory, the stored model's sizes (``d_model``, layers,
+            vocabulary) and the config's, and how to start a new run instead.
+    """
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in saved["model"].items()}
+    if ours == theirs:
+        return
+    path = Path(path)
+    run_dir = path.parent.parent
+    stored = saved.get("config") or {}
+    stored_model = stored.get("model") if isinstance(stored, dict) else None
+    have = (_model_summary(stored_model) if stored_model else
+            f"{len(theirs)} tensors") + f", vocabulary {saved.get('vocab_size')}"
+    want = (_model_summary(config.model) if config is not None else
+            f"{len(ours)} tensors") + f", vocabulary {getattr(model, 'vocab_size', '?')}"
+    raise UserError(
+        f"{run_dir} holds another model ({path.name}: {have}) than the config ({want}); "
+        "to start a new run, give it another run_dir= or name=, or resume this one with "
+        "the model and data settings it was started with"
+    )
+
+
+def resume_training(run_dir: str | Path, s: Any, state: Any, seed: int, info: Any,
+                    config: Any = None) -> Path | None:
+    """Load the run's newest readable checkpoint into ``s`` and ``state``; returns its path
+    (or None when the run has no checkpoint).
+
+    The same world size restores every rank's RNG states (bit-exact continuation); another
+    world size rescales the data position and reseeds, with a warning. An unreadable newer
+    checkpoint is skipped with a warning (:func:`_load_resumable`).
+
+    Args:
+        config: the run's config (its ``model`` sizes are named if the checkpoint holds
+            another model).
+
+    Raises:
+        ValueError: the checkpoint lacks a part (names the file and the parts).
+        UserError: the run directory holds another model (:func:`check_same_model`);
+            UnreadableCheckpointError: no checkpoint of the run can be read.
     """
     from transformer_nmt.runtime import seed_everything
 
-    path = latest_checkpoint(run_dir)
-    if path is None:
+    found = _load_resumable(run_dir, info)
+    if found is None:
         return None
-    saved = load_checkpoint(path, map_location="cpu")
+    path, saved = found
     check_training_checkpoint(saved, path)
+    check_same_model(saved, s.model, path, config)
     restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
                     scaler=s.scaler)
     state.load_state_dict(saved["train_state"])
@@ -323,7 +428,7 @@ def _load_mmap(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as e:  # truncated file, wrong format, unsafe pickle
-        raise UserError(f"cannot read checkpoint {path}: {e}") from e
+        raise unreadable(path, e) from e
 
 
 def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> None:

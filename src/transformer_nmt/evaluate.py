@@ -69,8 +69,20 @@ def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
 
     Returns:
         ``{"step": int | None, "averaged_from": list[str] | None}``.
+
+    Raises:
+        FileNotFoundError: naming the path when it does not exist.
+        UnreadableCheckpointError (a UserError): naming the path and its size when the file
+            is empty, truncated or not a checkpoint.
     """
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    from transformer_nmt.checkpoint import unreadable
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # empty, truncated, another format
+        raise unreadable(path, e) from e
     averaged = ckpt.get("averaged_from")
     return {
         "step": checkpoint_step(ckpt),

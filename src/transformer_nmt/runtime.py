@@ -8,16 +8,20 @@ Shared by training (:mod:`transformer_nmt.train`) and decoding
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import random
 import signal
+import sys
 from typing import Any
 
 import numpy as np
 import torch
 
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
-"""Signals that make training checkpoint and exit at the next step boundary."""
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+"""Signals that make training checkpoint and exit at the next step boundary (SIGINT: Ctrl-C)."""
+INTERRUPT_EXIT = 130
+"""Exit status after a second Ctrl-C (128 + SIGINT, what shells report for an interrupt)."""
 PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -82,17 +86,34 @@ def device_name(device: torch.device) -> str:
 
 
 class StopFlag:
-    """Installs SIGTERM / SIGUSR1 handlers that only record that a stop was requested.
+    """Installs SIGTERM / SIGUSR1 / SIGINT handlers that only record that a stop was requested.
 
-    ``requested`` is 0, or the number of the last signal received.
+    ``requested`` is 0, or the number of the first signal received (the cause: under
+    ``torchrun`` a Ctrl-C reaches the agent too, which then sends SIGTERM to its workers). A second SIGINT (Ctrl-C
+    pressed again while the first stop waits for the step boundary) ends the process at once
+    with exit status :data:`INTERRUPT_EXIT` (130) and one line on standard error, without a
+    traceback and without a checkpoint.
     """
 
     def __init__(self) -> None:
         self.requested = 0
         self.previous: dict[int, Any] = {}
+        self._interrupts = 0
 
     def _handler(self, signum: int, frame: Any) -> None:
-        self.requested = signum
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts >= 2:
+                with contextlib.suppress(Exception):
+                    sys.stderr.write("interrupted again: exiting now without a checkpoint\n")
+                    sys.stderr.flush()
+                os._exit(INTERRUPT_EXIT)
+            with contextlib.suppress(Exception):
+                sys.stderr.write("interrupted: saving a checkpoint at the end of this step "
+                                 "(press Ctrl-C again to exit at once, without one)\n")
+                sys.stderr.flush()
+        if not self.requested:
+            self.requested = signum
 
     def install(self) -> None:
         """Install the handlers (in the main thread; elsewhere nothing is installed)."""

@@ -12,8 +12,10 @@ norm taken (and clipped when ``clip_norm > 0``); a step with a non-finite loss o
 skipped, and ``max_bad_steps`` in a row stop training with a RuntimeError.
 
 Checkpoints (rank 0 writes; parts in :mod:`transformer_nmt.checkpoint`) restore a run
-bit-for-bit on the same world size. SIGTERM / SIGUSR1 stop the run at the next step
-boundary with a checkpoint. The prepared data is read, never made (``nmt-prepare``).
+bit-for-bit on the same world size; an unreadable newest checkpoint is skipped for the one
+before it. SIGTERM / SIGUSR1 / SIGINT (Ctrl-C) stop the run at the next step boundary with a
+checkpoint; a run resumed after it finished does nothing. The prepared data is read, never
+made (``nmt-prepare``).
 See docs/training.md.
 """
 
@@ -401,6 +403,20 @@ def _reached_limit(t_cfg: Any, state: TrainState) -> str | None:
     return None
 
 
+def finished_by(t_cfg: Any, state: TrainState) -> str | None:
+    """Why a resumed run has nothing left to do, or None: ``max_steps`` / ``max_epochs``
+    reached, the ``max_time_minutes`` budget spent (``train_seconds`` over all segments), or
+    ``patience`` validations without improvement. With a raised limit the run goes on."""
+    reached = _reached_limit(t_cfg, state)
+    if reached is not None:
+        return reached
+    if t_cfg.max_time_minutes and state.train_seconds >= float(t_cfg.max_time_minutes) * 60:
+        return "max_time"
+    if t_cfg.patience is not None and state.validations_without_improvement >= int(t_cfg.patience):
+        return "patience"
+    return None
+
+
 def _bad_steps_error(state: TrainState, t_cfg: Any, loss: float, gnorm: float, lr: float,
                      run_dir: Path) -> RuntimeError:
     return RuntimeError(
@@ -420,6 +436,9 @@ def train(cfg: Any, *, model_vocab_size: int | None = None,
           valid_max_batches: int | None = None) -> dict[str, Any]:
     """Train ``cfg.model`` on ``cfg.data`` with ``cfg.trainer``; resume when the run has checkpoints.
 
+    A resumed run that has already finished (:func:`finished_by`) takes no step, validates
+    and saves nothing, and rewrites ``train_summary.json`` with ``"already_finished": true``.
+
     Args:
         cfg: the composed, validated config (``config.validate`` already called); the
             prepared data must exist (``nmt-prepare``).
@@ -436,6 +455,8 @@ def train(cfg: Any, *, model_vocab_size: int | None = None,
         ValueError: ``trainer.dry_run`` set (dry runs go through
             :func:`transformer_nmt.dryrun.dry_run`), bad precision for the device, empty
             training set, or a checkpoint of another layout in the run directory.
+        UserError: the run directory holds another model, or none of its checkpoints can be
+            read (:func:`transformer_nmt.checkpoint.resume_training`).
     """
     if cfg.trainer.dry_run:
         raise ValueError("trainer.dry_run=true: run it with nmt-train or "
@@ -456,7 +477,12 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
     s = setup(cfg, info, model_vocab_size)
     seed, update_freq, epsilon = int(t_cfg.seed), int(t_cfg.update_freq), float(t_cfg.label_smoothing)
     state = TrainState(world_size=info.world_size)
-    resumed_from = ckpt_lib.resume_training(run_dir, s, state, seed, info)
+    resumed_from = ckpt_lib.resume_training(run_dir, s, state, seed, info, config=cfg)
+    done = finished_by(t_cfg, state) if resumed_from is not None else None
+    if done is not None:  # a requeued or repeated finished run: no step, validation or save
+        log.info("the run in %s has already finished (%s reached at step %d): nothing to do; "
+                 "raise that limit to train on", run_dir, done, state.step)
+        return _finish(cfg, s, state, info, done, {}, resumed_from, already_finished=True)
 
     metrics = MetricsLog(run_dir, info.is_main)
     bleu_refs: list[str] = []
@@ -605,10 +631,23 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
     return _finish(cfg, s, state, info, stopped_by, last_valid, resumed_from)
 
 
+def _previous_summary(run_dir: Path) -> dict[str, Any]:
+    """``<run_dir>/train_summary.json`` as written before, or {} when absent or unreadable."""
+    try:
+        return json.loads((run_dir / "train_summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
 def _finish(cfg: Any, s: Setup, state: TrainState, info: distributed.DistInfo,
             stopped_by: str | None, last_valid: dict[str, float],
-            resumed_from: Path | None) -> dict[str, Any]:
-    """The run summary; rank 0 writes it to ``<run_dir>/train_summary.json``."""
+            resumed_from: Path | None, already_finished: bool = False) -> dict[str, Any]:
+    """The run summary; rank 0 writes it to ``<run_dir>/train_summary.json``.
+
+    ``already_finished``: the run was resumed after it had finished and did nothing
+    (``"already_finished": true``); the previous summary's validation results and time are
+    kept.
+    """
     run_dir = Path(cfg.run_dir)
     on_gpu = s.device.type == "cuda"
     hours = state.train_seconds / 3600 * info.world_size
@@ -641,7 +680,12 @@ def _finish(cfg: Any, s: Setup, state: TrainState, info: distributed.DistInfo,
         "best_valid_bleu": state.best_valid_bleu,
         "last_checkpoint": str(ckpt_lib.latest_checkpoint(run_dir)) if info.is_main else None,
         "resumed_from": str(resumed_from) if resumed_from else None,
+        "already_finished": already_finished,
     }
+    previous = _previous_summary(run_dir) if already_finished and info.is_main else {}
+    if previous.get("steps") == state.step:  # the finished run's own figures, unchanged
+        summary.update({k: previous[k] for k in ("valid", "train_seconds", "gpu_hours",
+                                                   "cpu_hours") if k in previous})
     if info.is_main:
         with atomic_write(run_dir / "train_summary.json") as f:
             json.dump(summary, f, indent=2)
