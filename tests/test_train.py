@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -312,7 +313,7 @@ def test_at_most_one_host_sync_per_step_outside_logging(tmp_path, data_overrides
                              "trainer.max_steps=6", "trainer.update_freq=2",
                              "trainer.log_every_steps=1000", "trainer.validate_every_steps=null"]))
     assert summary["steps"] == 6 and len(marks) == 6
-    per_step = [b - a for a, b in zip(marks, marks[1:])]
+    per_step = [b - a for a, b in itertools.pairwise(marks)]
     assert max(per_step) <= 1, (per_step, reads[marks[0]:marks[-1]])
 
 

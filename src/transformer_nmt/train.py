@@ -298,9 +298,9 @@ def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: b
     """
     wrapped = model
     if info.distributed:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         import inspect
+
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
         # torch >= 2.13 names the per-forward buffer broadcast ``forward_sync_buffers``
         no_buffer_sync = ({"forward_sync_buffers": False}
