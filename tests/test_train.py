@@ -367,7 +367,8 @@ def test_real_tokens_per_step_are_recorded_and_estimated_at_start(tmp_path, data
     """One epoch: the recorded mean real tokens per step x steps = every training sentence's
     length + eos, and the start-up estimate (from the sampler) equals the measured mean."""
     cfg = compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'run'}", "trainer.max_steps=null",
-                   "trainer.max_epochs=1", "trainer.validate_every_steps=null"])
+                   "trainer.max_epochs=1", "trainer.validate_every_steps=null",
+                   "trainer.max_tokens=8192"])  # a few large steps make the epoch
     with caplog.at_level("INFO", logger="transformer_nmt.train"):
         summary = train(cfg)
     d = cfg.data
@@ -377,7 +378,7 @@ def test_real_tokens_per_step_are_recorded_and_estimated_at_start(tmp_path, data
     per_step = summary["real_tokens_per_step"]
     assert per_step["tgt"] * steps == pytest.approx(int(tgt.sizes.sum()) + len(tgt))
     assert per_step["src"] * steps == pytest.approx(int(src.sizes.sum()) + len(src))
-    sampler = LengthBucketSampler(src.sizes, tgt.sizes, 1024)
+    sampler = LengthBucketSampler(src.sizes, tgt.sizes, 8192)
     est_src, est_tgt = train_mod.real_tokens_per_step(sampler, 1, 1)
     assert (est_src, est_tgt) == pytest.approx((per_step["src"], per_step["tgt"]))
     assert f"{est_tgt:,.0f} real target tokens" in caplog.text
