@@ -18,11 +18,14 @@ def test_precision_on_cpu_and_on_mocked_gpus(monkeypatch):
     assert runtime.resolve_precision("bf16", cpu) == "bf16"
     with pytest.raises(ValueError, match="fp16 needs a CUDA GPU"):
         runtime.resolve_precision("fp16", cpu)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    assert runtime.resolve_precision("auto", gpu) == "bf16"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
-    assert runtime.resolve_precision("auto", gpu) == "fp16"  # V100 class: loss-scaled fp16
+    # is_bf16_supported() is True on V100 / T4 / P100 too (emulated bf16): the capability decides
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    for capability, expected in [((8, 0), "bf16"), ((9, 0), "bf16"), ((7, 0), "fp16"),
+                                 ((7, 5), "fp16"), ((6, 0), "fp16")]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=capability: c)
+        assert runtime.resolve_precision("auto", gpu) == expected, capability
     assert runtime.resolve_precision("fp32", gpu) == "fp32"
+    assert runtime.resolve_precision("bf16", gpu) == "bf16"  # explicit request is kept
 
 
 def test_autocast_context():
@@ -50,3 +53,63 @@ def test_device_scaler_seed_and_stop_flag():
     assert flag.requested == signal.SIGUSR1
     flag.restore()
     assert signal.getsignal(signal.SIGUSR1) == previous
+
+
+class _FakeCuda:
+    """torch.cuda's RNG functions for ``count`` visible devices, without a GPU."""
+
+    def __init__(self, count: int, current: int = 0):
+        self.count, self.current = count, current
+        self.states = {i: torch.full((8,), i, dtype=torch.uint8) for i in range(count)}
+        self.set_calls: list[int] = []
+
+    def _check(self, device):
+        index = torch.device("cuda", device).index if isinstance(device, (int, str)) else device.index
+        index = self.current if index is None else index
+        if index >= self.count:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {index}")
+        return index
+
+    def get_rng_state(self, device="cuda"):
+        return self.states[self._check(device)].clone()
+
+    def set_rng_state(self, state, device="cuda"):
+        index = self._check(device)
+        self.set_calls.append(index)
+        self.states[index] = state.clone()
+
+    def get_rng_state_all(self):
+        return [self.get_rng_state(i) for i in range(self.count)]
+
+    def set_rng_state_all(self, states):
+        for i, s in enumerate(states):
+            self.set_rng_state(s, i)
+
+    def install(self, monkeypatch):
+        for name in ("get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: self.count)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+
+
+def test_cuda_rng_state_is_the_current_devices_and_resumes_on_fewer_gpus(monkeypatch):
+    from transformer_nmt import checkpoint as ck
+
+    saving = _FakeCuda(count=4, current=2)  # local rank 2 of a 4-GPU node
+    saving.install(monkeypatch)
+    state = ck.rng_state()
+    assert torch.equal(state["cuda"], torch.full((8,), 2, dtype=torch.uint8))
+
+    resuming = _FakeCuda(count=1, current=0)  # the same rank resumed with one visible GPU
+    resuming.install(monkeypatch)
+    ck.set_rng_state(state)
+    assert resuming.set_calls == [0]
+    assert torch.equal(resuming.states[0], torch.full((8,), 2, dtype=torch.uint8))
+
+    # a checkpoint that held every device's state restores the current device's entry only
+    old = dict(state, cuda=saving.get_rng_state_all())
+    resuming.set_calls.clear()
+    ck.set_rng_state(old)
+    assert resuming.set_calls == [0]
+    assert torch.equal(resuming.states[0], torch.zeros(8, dtype=torch.uint8))

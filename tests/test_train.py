@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -294,3 +295,116 @@ def test_init_from_starts_a_new_run_from_a_model_file(tmp_path, data_overrides):
                      f"trainer.init_from={init}"])
     with pytest.raises(UserError, match="does not fit the run's model config"):
         setup(wider, info)
+
+
+# ------------------------------------------------------------------- host-device syncs
+
+
+def test_at_most_one_host_sync_per_step_outside_logging(tmp_path, data_overrides, monkeypatch):
+    """Every Python read of a tensor (item, bool, float, int, tolist, bool-mask indexing) is
+    a host-device synchronisation on a GPU; between two steps' forward_backward calls (no
+    logging, validation or checkpoint in between) there may be at most one."""
+    reads: list[str] = []
+    originals = {}
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+        originals[name] = original
+
+        def wrapper(self, *args, **kwargs):
+            reads.append(name)
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    getitem = torch.Tensor.__getitem__
+
+    def counting_getitem(self, index):
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+            reads.append("bool-mask indexing")
+        return getitem(self, index)
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", counting_getitem)
+    marks: list[int] = []
+    real_fb = train_mod.forward_backward
+
+    def marking_fb(*args, **kwargs):
+        marks.append(len(reads))
+        return real_fb(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "forward_backward", marking_fb)
+    summary = train(compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'run'}",
+                             "trainer.max_steps=6", "trainer.update_freq=2",
+                             "trainer.log_every_steps=1000", "trainer.validate_every_steps=null"]))
+    assert summary["steps"] == 6 and len(marks) == 6
+    per_step = [b - a for a, b in itertools.pairwise(marks)]
+    assert max(per_step) <= 1, (per_step, reads[marks[0]:marks[-1]])
+
+
+# ------------------------------------------------------------------- fp16 loss scaling
+
+
+def _fp16_scaler_with_overflows(monkeypatch, init_scale: float, overflows: int | None):
+    """An enabled dynamic loss scaler (on CPU) whose scaled gradients overflow (one is inf)
+    on the first ``overflows`` steps (None: always) while the loss stays finite, as fp16
+    gives while the scale calibrates."""
+    calls = {"n": 0}
+
+    class OverflowingScaler(torch.amp.GradScaler):
+        def unscale_(self, optimizer):
+            calls["n"] += 1
+            if overflows is None or calls["n"] <= overflows:
+                next(p for g in optimizer.param_groups for p in g["params"]
+                     if p.grad is not None).grad.view(-1)[0] = float("inf")
+            return super().unscale_(optimizer)
+
+    monkeypatch.setattr(train_mod, "grad_scaler",
+                        lambda enabled: OverflowingScaler("cpu", init_scale=init_scale))
+
+
+def test_fp16_overflows_while_the_scale_calibrates_are_not_bad_steps(tmp_path, data_overrides,
+                                                                     monkeypatch):
+    _fp16_scaler_with_overflows(monkeypatch, 2.0**16, overflows=5)
+    run = tmp_path / "run"
+    summary = train(compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.max_steps=4",
+                             "trainer.max_bad_steps=3", "trainer.validate_every_steps=null"]))
+    assert summary["steps"] == 4 and summary["skipped_steps"] == 5
+    last = load_checkpoint(latest_checkpoint(run))
+    assert last["train_state"]["overflow_steps"] == 5
+    assert last["train_state"]["bad_steps_in_row"] == 0
+    assert last["scaler"]["scale"] == 2.0**16 / 2**5  # halved by each overflow
+    assert last["scheduler"]["last_epoch"] == 4  # the schedule counts real updates only
+
+
+def test_fp16_stops_when_the_loss_scale_collapses(tmp_path, data_overrides, monkeypatch):
+    _fp16_scaler_with_overflows(monkeypatch, 2.0**-12, overflows=None)
+    with pytest.raises(RuntimeError, match=r"loss scale to 6.1\d*e-05 \(< 0.0001; 2 overflow"):
+        train(compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'run'}",
+                       "trainer.max_steps=20", "trainer.max_bad_steps=100"]))
+
+
+# ------------------------------------------------------------------- tokens per step
+
+
+def test_real_tokens_per_step_are_recorded_and_estimated_at_start(tmp_path, data_overrides,
+                                                                  caplog):
+    """One epoch: the recorded mean real tokens per step x steps = every training sentence's
+    length + eos, and the start-up estimate (from the sampler) equals the measured mean."""
+    cfg = compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'run'}", "trainer.max_steps=null",
+                   "trainer.max_epochs=1", "trainer.validate_every_steps=null",
+                   "trainer.max_tokens=8192"])  # a few large steps make the epoch
+    with caplog.at_level("INFO", logger="transformer_nmt.train"):
+        summary = train(cfg)
+    d = cfg.data
+    src = TokenDataset(bin_prefix(d, d.train_split, d.src_lang))
+    tgt = TokenDataset(bin_prefix(d, d.train_split, d.tgt_lang))
+    steps = summary["steps"]
+    per_step = summary["real_tokens_per_step"]
+    assert per_step["tgt"] * steps == pytest.approx(int(tgt.sizes.sum()) + len(tgt))
+    assert per_step["src"] * steps == pytest.approx(int(src.sizes.sum()) + len(src))
+    sampler = LengthBucketSampler(src.sizes, tgt.sizes, 8192)
+    est_src, est_tgt = train_mod.real_tokens_per_step(sampler, 1, 1)
+    assert (est_src, est_tgt) == pytest.approx((per_step["src"], per_step["tgt"]))
+    assert f"{est_tgt:,.0f} real target tokens" in caplog.text

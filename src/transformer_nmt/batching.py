@@ -404,6 +404,17 @@ class LengthBucketSampler:
         ).sum()
         return float((src_s.sum() + tgt_s.sum()) / padded)
 
+    @property
+    def real_tokens_per_batch(self) -> tuple[float, float]:
+        """Mean real (non-pad) ``(source, target)`` tokens per batch over all batches of an
+        epoch (all ranks), eos included: what a batch holds, where ``max_tokens`` bounds
+        the padded size (batch size x longest sentence). (0.0, 0.0) for no batches."""
+        if self.num_batches == 0:
+            return 0.0, 0.0
+        src = float(self._src_len[self._order].sum()) / self.num_batches
+        tgt = float(self._tgt_len[self._order].sum()) / self.num_batches
+        return src, tgt
+
     # -- epochs ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose batch order the next ``__iter__`` yields.

@@ -211,3 +211,54 @@ class TokenDataset:
     def __setstate__(self, state: dict) -> None:
         self.prefix = state["prefix"]
         self._open()
+
+
+def max_train_tokens(max_positions: int, max_tokens: int) -> int:
+    """Longest training sentence kept, in pieces without bos/eos: the model sees it with one
+    more token (eos on the source, bos on the target), which must fit both the position
+    table (``model.max_positions``) and one batch alone (``trainer.max_tokens``)."""
+    return min(int(max_positions), int(max_tokens)) - 1
+
+
+def filter_long_pairs(src_prefix: str | os.PathLike, tgt_prefix: str | os.PathLike,
+                      max_len: int, block: int = 1 << 20) -> dict[str, int]:
+    """Drop the pairs with more than ``max_len`` pieces on either side from the binarized
+    ``src_prefix`` / ``tgt_prefix`` (rewritten in place, atomically, ``block`` sentences at a
+    time; untouched when nothing is dropped).
+
+    Whitespace-word limits of cleaning cannot see a long URL or an unspaced line that
+    becomes hundreds of pieces; such a pair would overflow the position table or refuse to
+    fit any batch.
+
+    Returns:
+        ``{"max_len", "kept", "dropped"}`` (pairs).
+
+    Raises:
+        DataError: the two sides hold different numbers of sentences.
+    """
+    src, tgt = TokenDataset(src_prefix), TokenDataset(tgt_prefix)
+    if len(src) != len(tgt):
+        raise DataError(f"{src.prefix} and {tgt.prefix} hold {len(src)} and {len(tgt)} sentences")
+    keep = (src.sizes <= max_len) & (tgt.sizes <= max_len)  # (N,) bool
+    dropped = int(len(keep) - keep.sum())
+    if dropped:
+        for ds in (src, tgt):
+            _rewrite_kept(ds, keep, block)
+    return {"max_len": int(max_len), "kept": int(keep.sum()), "dropped": dropped}
+
+
+def _rewrite_kept(ds: TokenDataset, keep: np.ndarray, block: int) -> None:
+    """Rewrite ``ds``'s ``.bin`` / ``.idx`` with only the sentences where ``keep`` is True."""
+    sizes = ds.sizes
+    offsets = np.asarray(ds._idx)
+    with atomic_write(f"{ds.prefix}.bin", "wb") as fbin, atomic_write(f"{ds.prefix}.idx", "wb") as fidx:
+        np.zeros(1, dtype=np.int64).tofile(fidx)
+        total = 0
+        for lo in range(0, len(sizes), block):
+            hi = min(lo + block, len(sizes))
+            ids = np.asarray(ds.ids[offsets[lo]:offsets[hi]])  # this block's pieces
+            kept = keep[lo:hi]
+            ids[np.repeat(kept, sizes[lo:hi])].astype(ds.dtype).tofile(fbin)
+            ends = total + np.cumsum(sizes[lo:hi][kept])
+            ends.astype(np.int64).tofile(fidx)
+            total = int(ends[-1]) if len(ends) else total

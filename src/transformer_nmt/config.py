@@ -112,6 +112,15 @@ class Init(Choice):
     xavier = "xavier"
 
 
+class TooLong(Choice):
+    """trainer.too_long: a training pair that alone exceeds ``max_tokens``."""
+
+    error = "error"
+    """refuse to start, naming the pair (``nmt-prepare`` filters such pairs out)"""
+    skip = "skip"
+    """leave it out of the batches, with a logged count"""
+
+
 class TrainPrecision(Choice):
     """trainer.precision: arithmetic of the training step."""
 
@@ -284,7 +293,11 @@ class TrainerConfig:
     compile: bool = False
     """torch.compile the model."""
     max_bad_steps: int = 10
-    """Stop after this many consecutive steps with a non-finite loss or gradient."""
+    """Stop after this many consecutive steps with a non-finite loss or gradient (fp16
+    loss-scaler overflows do not count: they stop training only when the scale falls
+    below 1e-4)."""
+    too_long: TooLong = TooLong.error
+    """A training pair longer than ``max_tokens`` on either side: ``error`` or ``skip``."""
 
     seed: int = 1
     num_workers: int = 0

@@ -55,17 +55,20 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------
 
 
-def key_padding_attn_mask(key_mask: Tensor) -> Tensor | None:
+def key_padding_attn_mask(key_mask: Tensor, drop_if_unpadded: bool = True) -> Tensor | None:
     """SDPA mask that hides padded keys, or None when nothing is padded.
 
     Args:
         key_mask: (B, S) bool, True = real token.
+        drop_if_unpadded: return None when every key is real (SDPA then takes its fastest,
+            unmasked kernel). Checking reads the mask on the host (a device synchronisation
+            and a ``torch.compile`` graph break), so training passes False.
 
     Returns:
         (B, 1, 1, S) bool (broadcast over heads and queries), True = may attend;
-        None when every key is real (SDPA then takes its fastest, unmasked kernel).
+        None when ``drop_if_unpadded`` and every key is real.
     """
-    if bool(key_mask.all()):
+    if drop_if_unpadded and bool(key_mask.all()):
         return None
     return key_mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
 
@@ -622,7 +625,8 @@ class Transformer(nn.Module):
 
     def _encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         src_mask = src_tokens.ne(self.pad_id)  # (B, S)
-        attn_mask = key_padding_attn_mask(src_mask)  # (B, 1, 1, S) or None
+        # training: no host read of the mask (no sync, no graph break); decoding: drop it if unpadded
+        attn_mask = key_padding_attn_mask(src_mask, not self.training)  # (B, 1, 1, S) or None
         x = self._embed(src_tokens, self.embed_tokens, self.src_positions, 0)
         for layer in self.encoder_layers:
             x = layer(x, attn_mask)
@@ -688,7 +692,10 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.length += t
         if output_mask is not None:
-            x = x[output_mask]  # (N, D): only the positions whose logits are wanted
+            if output_mask.dtype == torch.bool:
+                x = x[output_mask]  # (N, D): only the positions whose logits are wanted
+            else:  # (N,) flat indices: no host read of a mask, no graph break
+                x = x.flatten(0, 1).index_select(0, output_mask)  # (B*t, D) -> (N, D)
         return self.output_projection(x)  # (B, t, V), or (N, V) with output_mask
 
     def forward(
@@ -699,13 +706,15 @@ class Transformer(nn.Module):
         Args:
             src_tokens: (B, S) long, source + eos, right-padded.
             tgt_in: (B, T) long, bos + target, right-padded.
-            output_mask: optional (B, T) bool; when given, the pre-softmax projection runs
-                only on the True positions (training passes the non-padding targets, which
-                saves the (V x D) product for every padding position).
+            output_mask: optional (B, T) bool, or (N,) long indices into the flattened
+                (B * T) positions; when given, the pre-softmax projection runs only on those
+                positions (training passes the non-padding targets, which saves the (V x D)
+                product for every padding position). Indices, computed on the host, avoid
+                the device synchronisation and ``torch.compile`` graph break of a bool mask.
 
         Returns:
             logits (B, T, V), or (N, V) for the N True positions of ``output_mask`` in
-            row-major order.
+            row-major order (for indices: in their order).
         """
         memory, _, attn_mask = self._encode(src_tokens)
         return self._decode(tgt_in, memory, attn_mask, None, output_mask)

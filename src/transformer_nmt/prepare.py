@@ -117,17 +117,34 @@ def remove_orphans(folder: Path, patterns: tuple[str, ...] = (".*.tmp",)) -> lis
     return removed
 
 
+def token_filter_params(cfg: Any) -> dict:
+    """The training-pair token limit of the binarize stage (part of its stamp, so a change
+    rebuilds the training split): ``max_positions`` (``cfg.model``), ``max_tokens``
+    (``cfg.trainer``) and ``max_len`` (:func:`transformer_nmt.binarize.max_train_tokens`);
+    all None when ``cfg`` has no model or trainer section (no filter)."""
+    model, trainer = getattr(cfg, "model", None), getattr(cfg, "trainer", None)
+    max_positions = getattr(model, "max_positions", None) if model is not None else None
+    max_tokens = getattr(trainer, "max_tokens", None) if trainer is not None else None
+    if max_positions is None or max_tokens is None:
+        return {"max_positions": None, "max_tokens": None, "max_len": None}
+    return {"max_positions": int(max_positions), "max_tokens": int(max_tokens),
+            "max_len": binarize.max_train_tokens(max_positions, max_tokens)}
+
+
 def prepare(cfg: Any) -> dict:
     """Run the data stage for ``cfg.data``.
 
     Args:
-        cfg: the composed :class:`transformer_nmt.config.Config` (only ``cfg.data`` is used).
+        cfg: the composed :class:`transformer_nmt.config.Config`: ``cfg.data``, and
+            ``cfg.model.max_positions`` / ``cfg.trainer.max_tokens`` for the token limit of
+            training pairs (:func:`token_filter_params`).
 
     Returns:
         The summary (also written to ``<root>/bin/<name>/summary.json``): ``pairs`` (read,
         kept and dropped per rule, per split), ``vocab_size``, ``sentences`` and ``tokens``
         per split and language, ``unk_rate``, ``padding_efficiency`` of the training
-        batches at ``max_tokens=4096``, and ``stages`` (``done`` or ``skipped``, seconds).
+        batches at ``max_tokens=4096``, ``token_filter`` (the limit and the training pairs
+        dropped for it) and ``stages`` (``done`` or ``skipped``, seconds).
 
     Raises:
         transformer_nmt.corpora.DataError: unknown corpus, missing file, misaligned files,
@@ -191,12 +208,16 @@ def prepare(cfg: Any) -> dict:
         job_files[str(prefix)] = ([path, model], [Path(f"{prefix}.bin"), Path(f"{prefix}.idx")])
     saved = _load_json(stamp) or {}
     done_before = saved.get("jobs", {}) if isinstance(saved.get("jobs"), dict) else {}
+    filter_params = token_filter_params(cfg)
+    saved_filter = saved.get("token_filter") if isinstance(saved.get("token_filter"), dict) else {}
+    same_filter = saved_filter.get("params") == _plain(filter_params)
     for (split, lang), path in text.items():
         prefix = bin_prefix(d, split, lang)
         ins, outs = job_files[str(prefix)]
         rec = done_before.get(str(prefix)) or {}
         if not (rec and _same_files(rec.get("inputs"), ins)
-                and _same_files(rec.get("outputs"), outs)):
+                and _same_files(rec.get("outputs"), outs)
+                and (split != d.train_split or same_filter)):
             jobs.append((path, prefix))
     if jobs:
         stamp.unlink(missing_ok=True)
@@ -204,15 +225,32 @@ def prepare(cfg: Any) -> dict:
     for (path, _), r in zip(jobs, results):
         log.info("binarize %s: %d sentences, %d tokens, %d unk", path.name, r["sentences"],
                  r["tokens"], r["unk"])
-    if jobs or set(done_before) != set(job_files):
+    token_filter = dict(saved_filter.get("result") or {}) if same_filter else {}
+    rebuilt_train = any(str(p) in {str(bin_prefix(d, d.train_split, lang)) for lang in langs}
+                        for _, p in jobs)
+    if rebuilt_train or not token_filter:
+        token_filter = {"dropped": 0}
+        if filter_params["max_len"] is not None:
+            token_filter = binarize.filter_long_pairs(
+                bin_prefix(d, d.train_split, langs[0]), bin_prefix(d, d.train_split, langs[1]),
+                filter_params["max_len"])
+            log.info("training pairs longer than %d pieces on either side (model.max_positions "
+                     "%s, trainer.max_tokens %s): %d dropped, %d kept", filter_params["max_len"],
+                     filter_params["max_positions"], filter_params["max_tokens"],
+                     token_filter["dropped"], token_filter["kept"])
+    if jobs or set(done_before) != set(job_files) or not same_filter:
         with atomic_write(stamp) as f:
             json.dump({"jobs": {k: {"inputs": _fingerprints(ins), "outputs": _fingerprints(outs)}
-                                for k, (ins, outs) in job_files.items()}}, f, indent=2)
+                                for k, (ins, outs) in job_files.items()},
+                       "token_filter": {"params": _plain(filter_params), "result": token_filter}},
+                      f, indent=2)
     done = len(jobs)
     stages["binarize"] = {"status": "done" if done else "skipped",
                           "seconds": round(time.perf_counter() - t, 2)}
 
     summary = _summary(d, report, tokenizer.vocab_size, split_names, langs)
+    summary["token_filter"] = {**filter_params, "split": d.train_split,
+                               "dropped": int(token_filter.get("dropped", 0))}
     summary["stages"] = stages
     with atomic_write(summary_path(d)) as f:
         json.dump(summary, f, indent=2)
@@ -285,6 +323,11 @@ def format_summary(summary: dict) -> str:
     pe = summary["padding_efficiency"]
     lines += ["", (f"padding efficiency of training batches at max_tokens={pe['max_tokens']}: "
                    f"{pe['value']:.2%} ({pe['batches']} batches)")]
+    tf = summary.get("token_filter")
+    if tf and tf.get("max_len") is not None:
+        lines.append(f"training pairs longer than {tf['max_len']} pieces (model.max_positions "
+                     f"{tf['max_positions']}, trainer.max_tokens {tf['max_tokens']}): "
+                     f"{tf['dropped']} dropped")
     if "stages" in summary:
         lines.append("stages: " + ", ".join(f"{k} {v['status']} ({v['seconds']} s)"
                                             for k, v in summary["stages"].items()))

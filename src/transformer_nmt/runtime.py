@@ -36,8 +36,10 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 def resolve_precision(requested: str, device: torch.device) -> str:
     """The training precision actually used: ``fp32``, ``bf16`` or ``fp16``.
 
-    ``auto`` is bf16 on GPUs that support it (Ampere and later), fp16 with dynamic loss
-    scaling on older GPUs (P100 / V100 class), fp32 on CPU.
+    ``auto`` is bf16 on GPUs with native bf16 arithmetic (compute capability >= 8.0:
+    Ampere and later), fp16 with dynamic loss scaling on older GPUs (P100, V100, T4:
+    ``torch.cuda.is_bf16_supported()`` is True there too, but bf16 is emulated and slow),
+    fp32 on CPU.
 
     Raises:
         ValueError: fp16 requested on CPU (no loss-scaled fp16 training there).
@@ -47,8 +49,17 @@ def resolve_precision(requested: str, device: torch.device) -> str:
             raise ValueError("trainer.precision=fp16 needs a CUDA GPU; use fp32 or bf16 on CPU")
         return "fp32" if requested == "auto" else requested
     if requested == "auto":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if native_bf16(device) else "fp16"
     return requested
+
+
+BF16_MIN_CAPABILITY = (8, 0)
+"""CUDA compute capability from which bf16 matmuls run natively (Ampere)."""
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True when the CUDA ``device`` computes bf16 natively (capability >= 8.0)."""
+    return tuple(torch.cuda.get_device_capability(device)) >= BF16_MIN_CAPABILITY
 
 
 def autocast_context(precision: str, device: torch.device):

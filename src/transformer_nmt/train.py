@@ -136,6 +136,7 @@ class TrainState:
     position: int = 0  # batches per rank consumed in the current epoch
     train_seconds: float = 0.0  # wall-clock seconds in the loop, all resumed segments
     skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm
+    overflow_steps: int = 0  # of which fp16 loss-scaler overflows (finite loss, inf gradient)
     bad_steps_in_row: int = 0  # consecutive skipped steps (stop at trainer.max_bad_steps)
     best_valid_loss: float | None = None
     best_valid_bleu: float | None = None
@@ -230,6 +231,7 @@ def setup(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None = N
     sampler = LengthBucketSampler(
         train_set.src_sizes, train_set.tgt_sizes, int(t_cfg.max_tokens), shuffle=True,
         seed=seed, rank=info.rank, world_size=info.world_size,
+        skip_too_long=t_cfg.too_long == "skip",
     )
     if len(sampler) == 0:
         raise ValueError(f"training split {cfg.data.train_split!r} of {cfg.data.name} is empty")
@@ -244,6 +246,13 @@ def setup(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None = N
     valid_loader = build_dataloader(valid_set, valid_sampler, 0, pin,
                                     generator=torch.Generator().manual_seed(seed))
     steps_per_epoch = math.ceil(len(sampler) / int(t_cfg.update_freq))
+    src_step, tgt_step = real_tokens_per_step(sampler, int(t_cfg.update_freq), info.world_size)
+    log.info(
+        "a step holds %s real source and %s real target tokens on average (max_tokens %d "
+        "padded x %d micro-batches x %d ranks, over every batch of an epoch)",
+        f"{src_step:,.0f}", f"{tgt_step:,.0f}", int(t_cfg.max_tokens), int(t_cfg.update_freq),
+        info.world_size,
+    )
     log.info(
         "data %s: %d train pairs in %d batches/rank/epoch (%d steps/epoch), %d valid pairs, "
         "vocab %d, padding efficiency %.3f",
@@ -263,15 +272,7 @@ def setup(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None = N
     optimizer = build_optimizer(model, t_cfg)
     scheduler = build_scheduler(optimizer, int(cfg.model.d_model), t_cfg)
     scaler = grad_scaler(precision == "fp16")
-    train_model: torch.nn.Module = torch.compile(model) if t_cfg.compile else model
-    if info.distributed:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        train_model = DDP(
-            train_model,
-            device_ids=[info.local_rank] if device.type == "cuda" else None,
-            gradient_as_bucket_view=True,
-        )
+    train_model = wrap_model(model, info, compile=bool(t_cfg.compile))
     seed_everything(seed + info.rank)
     return Setup(
         device=device, precision=precision, model=model, train_model=train_model,
@@ -281,6 +282,50 @@ def setup(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None = N
         steps_per_epoch=steps_per_epoch,
         params=[p for p in model.parameters() if p.requires_grad],
     )
+
+
+def real_tokens_per_step(sampler: LengthBucketSampler, update_freq: int,
+                         world_size: int) -> tuple[float, float]:
+    """Mean real (non-pad, eos included) ``(source, target)`` tokens per optimizer step:
+    the sampler's mean per batch x ``update_freq`` x ``world_size``."""
+    src, tgt = sampler.real_tokens_per_batch
+    return src * update_freq * world_size, tgt * update_freq * world_size
+
+
+def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: bool) -> torch.nn.Module:
+    """The module the training loop calls: ``model`` wrapped in DDP (several ranks), then
+    compiled (``compile``).
+
+    DDP comes first so that the compiled graph is split at DDP's gradient buckets
+    (``torch._dynamo.config.optimize_ddp``) and the all-reduce of each bucket overlaps the
+    rest of the backward; compiling first and wrapping after leaves DDP one opaque backward
+    to wait for. ``broadcast_buffers=False``: the model's only buffers are the sinusoidal
+    position tables, deterministic on every rank (and of a size that depends on the longest
+    sentence a rank has seen), so broadcasting them each forward is wasted at best and, with
+    tables of different sizes, a collective of mismatched shapes at worst.
+    """
+    wrapped = model
+    if info.distributed:
+        import inspect
+
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # torch >= 2.13 names the per-forward buffer broadcast ``forward_sync_buffers``
+        no_buffer_sync = ({"forward_sync_buffers": False}
+                          if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+                          else {"broadcast_buffers": False})
+        wrapped = DDP(
+            model,
+            device_ids=[info.local_rank] if model_device(model).type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            **no_buffer_sync,
+        )
+    return torch.compile(wrapped) if compile else wrapped
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 # ----------------------------------------------------------------------------- the step
@@ -319,71 +364,77 @@ def forward_backward(
         scaler: an fp16 GradScaler (or None / a disabled one).
 
     Returns:
-        Global sums over all ranks, ints: ``ntokens`` (non-pad target tokens),
-        ``src_tokens`` (incl. eos), ``src_sq`` / ``tgt_sq`` / ``src_tgt`` (sums over
-        sentences of squared / multiplied lengths); this rank's ``loss_sum``, ``nll_sum``
-        (float32 0-dim, detached) and ``nsentences``.
+        ``counts``: (5,) float64 on ``device``, global sums over all ranks in the order of
+        :data:`COUNT_NAMES`: non-pad target tokens, source tokens (incl. eos), and the
+        sums over sentences of source length², target length², source × target length;
+        this rank's ``loss_sum``, ``nll_sum`` (float32 0-dim on ``device``, detached) and
+        ``nsentences`` (int). Nothing is read back to the host: the step makes no device
+        synchronisation (the caller reads everything once, see :func:`train`).
     """
     real = [b for b in micro_batches if b is not None]
-    src_lens = [b.src_lengths.to(torch.float64) for b in real]  # (B,) each
-    tgt_lens = [b.tgt_out.ne(PAD_ID).sum(1).to(torch.float64) for b in real]  # (B,) each
-    counts = torch.tensor(
-        [
-            sum(b.ntokens for b in real),
-            sum(float(s.sum()) for s in src_lens),
-            sum(float((s * s).sum()) for s in src_lens),
-            sum(float((t * t).sum()) for t in tgt_lens),
-            sum(float((s * t).sum()) for s, t in zip(src_lens, tgt_lens)),
-        ],
-        dtype=torch.float64,
-        device=device,
-    )
+    # Host-side counts (the batches are still on the CPU): no device synchronisation.
+    if real:
+        src_lens = torch.cat([b.src_lengths for b in real]).to(torch.float64)  # (sum B,)
+        tgt_lens = torch.cat([b.tgt_out.ne(PAD_ID).sum(1) for b in real]).to(torch.float64)
+        counts = torch.stack([tgt_lens.sum(), src_lens.sum(), (src_lens * src_lens).sum(),
+                              (tgt_lens * tgt_lens).sum(), (src_lens * tgt_lens).sum()])
+    else:
+        counts = torch.zeros(5, dtype=torch.float64)
+    counts = counts.to(device)
     distributed.all_reduce_sum(counts)  # once per step: the global normaliser
-    ntokens_global, src_tokens_global, src_sq, tgt_sq, src_tgt = (int(x) for x in counts.tolist())
-    factor = world_size / max(ntokens_global, 1)
+    # The factor stays on the device: reading ntokens_global here would stall every step.
+    factor = (world_size / counts[0].clamp(min=1.0)).to(torch.float32)  # 0-dim
+    pin = device.type == "cuda"
     loss_total = torch.zeros((), dtype=torch.float32, device=device)
     nll_total = torch.zeros((), dtype=torch.float32, device=device)
     no_sync = getattr(model, "no_sync", None)
     for i, batch in enumerate(micro_batches):
-        weight = factor
-        if batch is None:
-            batch, weight = _dummy_batch(), 0.0
+        dummy = batch is None
+        if dummy:
+            batch = _dummy_batch()
+        # real target positions as flat indices, found on the host (a bool mask on the
+        # device would be read back to size the selection)
+        keep = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
+        target = batch.tgt_out.reshape(-1).index_select(0, keep)  # (N,)
+        if pin:
+            keep, target = keep.pin_memory(), target.pin_memory()
+        keep = keep.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
         batch = batch.to(device)
         last = i == len(micro_batches) - 1
         sync_ctx = contextlib.nullcontext() if (last or no_sync is None) else no_sync()
         with sync_ctx:
-            keep = batch.tgt_out.ne(PAD_ID)  # (B, T): real target positions
             with autocast():
                 logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V), N real
-            loss, nll = label_smoothed_nll_loss(
-                logits, batch.tgt_out[keep], epsilon, ignore_index=None  # (N,) real
-            )
-            scaled = loss * weight
+            loss, nll = label_smoothed_nll_loss(logits, target, epsilon, ignore_index=None)
+            scaled = loss * (0.0 if dummy else factor)
             if scaler is not None:
                 scaled = scaler.scale(scaled)
             scaled.backward()
-        if weight != 0.0:
+        if not dummy:
             loss_total += loss.detach()
             nll_total += nll.detach()
     return {
-        "ntokens": ntokens_global,
-        "src_tokens": src_tokens_global,
-        "src_sq": src_sq,
-        "tgt_sq": tgt_sq,
-        "src_tgt": src_tgt,
+        "counts": counts,
         "loss_sum": loss_total,
         "nll_sum": nll_total,
         "nsentences": sum(b.nsentences for b in real),
     }
 
 
-def grad_norm_(params: list[torch.nn.Parameter], clip_norm: float) -> float:
-    """Global L2 norm of the gradients (clipped to ``clip_norm`` when > 0); inf/nan if any is."""
+COUNT_NAMES = ("ntokens", "src_tokens", "src_sq", "tgt_sq", "src_tgt")
+"""The global sums in ``forward_backward(...)["counts"]``, in order."""
+
+
+def grad_norm_(params: list[torch.nn.Parameter], clip_norm: float) -> torch.Tensor:
+    """Global L2 norm of the gradients (clipped to ``clip_norm`` when > 0), a float32 0-dim
+    tensor on the parameters' device (not read back: no synchronisation); inf/nan if any is."""
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
-        return 0.0
+        device = params[0].device if params else torch.device("cpu")
+        return torch.zeros((), dtype=torch.float32, device=device)
     max_norm = clip_norm if clip_norm > 0 else float("inf")
-    return float(torch.nn.utils.clip_grad_norm_(with_grad, max_norm))
+    return torch.nn.utils.clip_grad_norm_(with_grad, max_norm).float()
 
 
 # ---------------------------------------------------------------------------- bookkeeping
@@ -426,6 +477,30 @@ def _bad_steps_error(state: TrainState, t_cfg: Any, loss: float, gnorm: float, l
         f"gradient norm={gnorm}, lr={lr:.3g}). Lower the learning rate "
         "(trainer.lr_multiplier), set trainer.clip_norm, or use bf16/fp32; "
         f"the last good checkpoint is {ckpt_lib.latest_checkpoint(run_dir)}"
+    )
+
+
+MIN_LOSS_SCALE = 1e-4
+"""fp16: training stops when gradient overflows push the dynamic loss scale below this
+(fairseq's ``--min-loss-scale`` default)."""
+
+
+def loss_overflow(scaler: Any, loss_sum: float, grad_norm: float) -> bool:
+    """True for an fp16 loss-scaler overflow: the loss is finite, the (scaled) gradient is not.
+
+    Such a step is skipped and the scale lowered; it is normal while the scale calibrates,
+    so it does not count towards ``trainer.max_bad_steps`` (a non-finite loss does).
+    """
+    enabled = getattr(scaler, "is_enabled", lambda: False)()
+    return bool(enabled) and math.isfinite(loss_sum) and not math.isfinite(grad_norm)
+
+
+def _loss_scale_error(state: TrainState, scale: float, run_dir: Path) -> RuntimeError:
+    return RuntimeError(
+        f"training stopped at step {state.step}: fp16 gradient overflows lowered the loss "
+        f"scale to {scale:g} (< {MIN_LOSS_SCALE:g}; {state.overflow_steps} overflow steps). "
+        "Lower the learning rate (trainer.lr_multiplier), set trainer.clip_norm, or use "
+        f"bf16/fp32; the last good checkpoint is {ckpt_lib.latest_checkpoint(run_dir)}"
     )
 
 
@@ -534,15 +609,20 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
             out = forward_backward(s.train_model, micro_batches, epsilon=epsilon, device=s.device,
                                    world_size=info.world_size, autocast=s.autocast, scaler=s.scaler)
             s.scaler.unscale_(s.optimizer)
-            grad_norm = grad_norm_(s.params, float(t_cfg.clip_norm))
+            grad_norm_t = grad_norm_(s.params, float(t_cfg.clip_norm))
             losses = distributed.all_reduce_sum(torch.stack([out["loss_sum"], out["nll_sum"]]))
-            loss_sum, nll_sum = float(losses[0]), float(losses[1])
+            # The step's one host-device synchronisation: counts, losses and norm together.
+            read = torch.cat([out["counts"], losses.to(torch.float64),
+                              grad_norm_t.to(torch.float64).reshape(1)]).tolist()
+            counts = dict(zip(COUNT_NAMES, (int(x) for x in read[:5])))
+            loss_sum, nll_sum, grad_norm = read[5], read[6], read[7]
             lr = s.scheduler.get_last_lr()[0]
-            state.tokens_seen += out["ntokens"]
-            state.src_tokens_seen += out["src_tokens"]
-            state.src_sq_seen += out["src_sq"]
-            state.tgt_sq_seen += out["tgt_sq"]
-            state.src_tgt_seen += out["src_tgt"]
+            state.tokens_seen += counts["ntokens"]
+            state.src_tokens_seen += counts["src_tokens"]
+            state.src_sq_seen += counts["src_sq"]
+            state.tgt_sq_seen += counts["tgt_sq"]
+            state.src_tgt_seen += counts["src_tgt"]
+            out["ntokens"] = counts["ntokens"]
             if math.isfinite(loss_sum) and math.isfinite(grad_norm):
                 s.scaler.step(s.optimizer)
                 s.scaler.update()
@@ -555,6 +635,18 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
                 window.ntokens += out["ntokens"]
                 window.grad_norm = grad_norm
                 bar.update(1)
+            elif loss_overflow(s.scaler, loss_sum, grad_norm):
+                # fp16: the dynamic loss scaler calibrating (scale halved by update()); not a
+                # bad step unless the scale collapses
+                s.optimizer.zero_grad(set_to_none=True)
+                s.scaler.update()
+                state.skipped_steps += 1
+                state.overflow_steps += 1
+                scale = float(s.scaler.get_scale())
+                log.info("step %d skipped: fp16 gradient overflow, loss scale lowered to %g",
+                         state.step + 1, scale)
+                if scale < MIN_LOSS_SCALE:
+                    raise _loss_scale_error(state, scale, run_dir)
             else:
                 s.optimizer.zero_grad(set_to_none=True)
                 s.scaler.update()
@@ -581,14 +673,15 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
                 window = Window(grad_norm=window.grad_norm)
 
             # -- decisions every rank must agree on (time is read on rank 0) --------------------
-            flags = torch.tensor(
-                [stop_flag.requested,
-                 int(info.is_main and save_every_s is not None
-                     and time.monotonic() - last_save_time >= save_every_s),
-                 int(info.is_main and max_time_s is not None and state.train_seconds >= max_time_s)],
-                dtype=torch.int64, device=s.device,
-            )
-            signal_num, save_for_time, out_of_time = distributed.all_reduce_max(flags).tolist()
+            flags = [stop_flag.requested,
+                     int(info.is_main and save_every_s is not None
+                         and time.monotonic() - last_save_time >= save_every_s),
+                     int(info.is_main and max_time_s is not None
+                         and state.train_seconds >= max_time_s)]
+            if info.distributed:  # one process decides alone: no device round trip
+                flags = distributed.all_reduce_max(
+                    torch.tensor(flags, dtype=torch.int64, device=s.device)).tolist()
+            signal_num, save_for_time, out_of_time = flags
             stopped_by = _reached_limit(t_cfg, state)
             if stopped_by is None and out_of_time:
                 stopped_by = "max_time"
@@ -639,6 +732,13 @@ def _previous_summary(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def _real_tokens_per_step(state: TrainState) -> dict[str, float]:
+    """Mean real (non-pad, eos included) source and target tokens per optimizer step of this
+    run, over all ranks, skipped steps included."""
+    steps = max(state.step + state.skipped_steps, 1)
+    return {"src": state.src_tokens_seen / steps, "tgt": state.tokens_seen / steps}
+
+
 def _finish(cfg: Any, s: Setup, state: TrainState, info: distributed.DistInfo,
             stopped_by: str | None, last_valid: dict[str, float],
             resumed_from: Path | None, already_finished: bool = False) -> dict[str, Any]:
@@ -674,6 +774,7 @@ def _finish(cfg: Any, s: Setup, state: TrainState, info: distributed.DistInfo,
         "parameters": s.model.num_parameters(),
         "vocab_size": s.vocab_size,
         "max_tokens": int(cfg.trainer.max_tokens),
+        "real_tokens_per_step": _real_tokens_per_step(state),
         "update_freq": int(cfg.trainer.update_freq),
         "valid": dict(last_valid),
         "best_valid_loss": state.best_valid_loss,
@@ -689,8 +790,10 @@ def _finish(cfg: Any, s: Setup, state: TrainState, info: distributed.DistInfo,
     if info.is_main:
         with atomic_write(run_dir / "train_summary.json") as f:
             json.dump(summary, f, indent=2)
-        log.info("finished (%s): %d steps, %s target tokens, %.1f %s-hours, %.3g FLOPs",
-                 stopped_by, state.step, f"{state.tokens_seen:,}", hours,
-                 "GPU" if on_gpu else "CPU", flops)
+        per_step = summary["real_tokens_per_step"]
+        log.info("finished (%s): %d steps, %s target tokens (%s source and %s target per "
+                 "step), %.1f %s-hours, %.3g FLOPs", stopped_by, state.step,
+                 f"{state.tokens_seen:,}", f"{per_step['src']:,.0f}", f"{per_step['tgt']:,.0f}",
+                 hours, "GPU" if on_gpu else "CPU", flops)
     distributed.barrier()
     return summary
