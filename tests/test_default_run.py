@@ -24,7 +24,7 @@ def test_default_experiment_stops_after_a_fixed_number_of_steps(experiment):
     assert t.save_every_minutes is None  # no wall-clock checkpoints either
     # The run ends on a periodic checkpoint, so the last-N average is evenly spaced.
     assert t.max_steps % t.save_every_steps == 0
-    assert t.keep_last >= cfg.decode.average_last == 5
+    assert t.keep_last >= cfg.average.last == 5
     # The time budget stays available as an override.
     assert compose([f"experiment={experiment}", "trainer.max_steps=null",
                     "trainer.max_time_minutes=60"]).trainer.max_time_minutes == 60

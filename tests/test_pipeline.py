@@ -46,7 +46,7 @@ def test_prepare_train_average_evaluate_table_translate(tmp_path, multi30k_mirro
         "trainer.save_every_steps=2",
         "trainer.validate_every_steps=3",
         "trainer.log_every_steps=2",
-        "decode.average_last=2",
+        "average.last=2",
         "decode.max_len_b=5",
         "decode.max_len_a=0.5",
         f"results_glob={tmp_path / 'runs' / '*' / 'results.json'}",

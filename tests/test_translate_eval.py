@@ -145,7 +145,7 @@ def test_translate_lines_reduced_precision(workspace, tokenizer, precision):
 
 def test_average_is_mean_of_params(workspace, tokenizer, tmp_path):
     _, cfg = workspace
-    cfg = make_cfg(tmp_path, "decode.average_last=2")
+    cfg = make_cfg(tmp_path, "average.last=2")
     models = [new_model(cfg, tokenizer.vocab_size, seed=s) for s in (1, 2, 3)]
     folder = Path(cfg.run_dir) / "checkpoints"
     for step, m in zip((10, 20, 30), models):
@@ -158,8 +158,8 @@ def test_average_is_mean_of_params(workspace, tokenizer, tmp_path):
     for name, p in models[1].state_dict().items():
         expected = (p.double() + models[2].state_dict()[name].double()) / 2
         torch.testing.assert_close(avg["model"][name], expected.to(p.dtype))
-    # Explicit list overrides average_last.
-    cfg.decode.average_checkpoints = [str(folder / "checkpoint_10.pt"), str(folder / "checkpoint_30.pt")]
+    # Explicit list overrides average.last.
+    cfg.average.checkpoints = [str(folder / "checkpoint_10.pt"), str(folder / "checkpoint_30.pt")]
     avg = load_checkpoint(average_run(cfg))
     assert avg["averaged_from"] == ["checkpoint_10.pt", "checkpoint_30.pt"]
     key = "embed_tokens.weight"
@@ -180,13 +180,13 @@ def test_average_mismatch_names_keys_and_shapes(workspace, tokenizer, tmp_path):
     wider = dict(state)
     wider["embed_tokens.weight"] = torch.zeros(7, 16)
     save_checkpoint(folder / "c.pt", {"model": wider})
-    cfg.decode.average_checkpoints = [str(folder / "a.pt"), str(folder / "b.pt")]
+    cfg.average.checkpoints = [str(folder / "a.pt"), str(folder / "b.pt")]
     with pytest.raises(ValueError, match="embed_tokens.weight"):
         average_run(cfg)
-    cfg.decode.average_checkpoints = [str(folder / "a.pt"), str(folder / "c.pt")]
+    cfg.average.checkpoints = [str(folder / "a.pt"), str(folder / "c.pt")]
     with pytest.raises(ValueError, match=r"embed_tokens.weight has shape \(7, 16\)"):
         average_run(cfg)
-    cfg.decode.average_checkpoints = []
+    cfg.average.checkpoints = []
     with pytest.raises(FileNotFoundError, match="no checkpoint_<step>.pt"):
         average_run(cfg)
 
@@ -200,7 +200,7 @@ def test_evaluate_end_to_end(workspace, tokenizer, tmp_path, capsys):
     for step, seed in ((4, 1), (8, 2)):
         write_checkpoint(run_dir / "checkpoints" / f"checkpoint_{step}.pt",
                          new_model(cfg, tokenizer.vocab_size, seed), cfg, step)
-    cfg.decode.average_last = 2
+    cfg.average.last = 2
     average_run(cfg)
     (run_dir / "train_summary.json").write_text(json.dumps(
         {"gpu_hours": 0.5, "flops": 1.5e15, "train_seconds": 1800.0, "world_size": 1,
