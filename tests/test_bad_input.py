@@ -180,13 +180,13 @@ def test_04_decoding_with_another_vocabulary_is_one_error(tmp_path, caplog):
     assert "records no vocabulary identity" in caplog.text and str(old) in caplog.text
 
 
-def test_04_trained_checkpoint_records_its_vocabulary_and_translate_checks_it(tmp_path):
+def test_04_trained_checkpoint_records_its_vocabulary_and_translate_checks_it(tmp_path,
+                                                                               tiny_model):
     from transformer_nmt.train import train
     from transformer_nmt.translate import translate
 
     ours = make_corpus(tmp_path / "ours", seed=1)
-    tiny = ["model.d_model=16", "model.d_ff=32", "model.heads=2", "model.encoder_layers=1",
-            "model.decoder_layers=1", "trainer.max_tokens=512", "trainer.max_steps=2",
+    tiny = [*tiny_model, "trainer.max_tokens=512", "trainer.max_steps=2",
             "trainer.save_every_minutes=null", "trainer.validate_every_steps=null",
             f"run_dir={tmp_path / 'run'}"]
     cfg = corpus_cfg(tmp_path, ours, *tiny)
