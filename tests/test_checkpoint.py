@@ -72,7 +72,7 @@ def test_model_optimizer_scheduler_round_trip(cfg, tmp_path):
     _step(*other[:3])
     for (name, a), b in zip(model.state_dict().items(), other[0].state_dict().values()):
         assert torch.equal(a, b), name
-    assert loaded["config"]["model"]["d_model"] == 16 and loaded["vocab_size"] == VOCAB
+    assert loaded["config"]["model"]["d_model"] == 32 and loaded["vocab_size"] == VOCAB
     assert ck.checkpoint_step(loaded) == 3
 
 
