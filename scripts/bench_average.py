@@ -65,7 +65,7 @@ def child(folder: Path, n: int) -> None:
     from transformer_nmt.cli import compose
 
     cfg = compose(["model=big", "data.vocab_size=37000", f"run_dir={folder}",
-                   f"decode.average_last={n}"])
+                   f"average.last={n}"])
     t = time.perf_counter()
     out = average_run(cfg)
     print(json.dumps({"seconds": round(time.perf_counter() - t, 1), "output": str(out)}))

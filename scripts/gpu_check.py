@@ -185,7 +185,7 @@ class GpuCheck:
             return
         cmd, _ = self._train_cmd("gpu_check_bf16", "fp32")
         args = [a for a in cmd[3:] if not a.startswith("trainer.")]
-        args += ["decode.average_last=1", "data.test_splits=[test_2016_flickr]",
+        args += ["average.last=1", "data.test_splits=[test_2016_flickr]",
                  f"decode.device={'cpu' if self.smoke else 'cuda'}",
                  f"decode.precision={'fp32' if self.smoke else 'bf16'}"]
         _run([sys.executable, "-m", "transformer_nmt.cli.average", *args],

@@ -182,13 +182,13 @@ def test_04_decoding_with_another_vocabulary_is_one_error(tmp_path, caplog):
     assert "records no vocabulary identity" in caplog.text and str(old) in caplog.text
 
 
-def test_04_trained_checkpoint_records_its_vocabulary_and_translate_checks_it(tmp_path):
+def test_04_trained_checkpoint_records_its_vocabulary_and_translate_checks_it(tmp_path,
+                                                                               tiny_model):
     from transformer_nmt.train import train
     from transformer_nmt.translate import translate
 
     ours = make_corpus(tmp_path / "ours", seed=1)
-    tiny = ["model.d_model=16", "model.d_ff=32", "model.heads=2", "model.encoder_layers=1",
-            "model.decoder_layers=1", "trainer.max_tokens=512", "trainer.max_steps=2",
+    tiny = [*tiny_model, "trainer.max_tokens=512", "trainer.max_steps=2",
             "trainer.save_every_minutes=null", "trainer.validate_every_steps=null",
             f"run_dir={tmp_path / 'run'}"]
     cfg = corpus_cfg(tmp_path, ours, *tiny)
@@ -203,7 +203,8 @@ def test_04_trained_checkpoint_records_its_vocabulary_and_translate_checks_it(tm
     source = tmp_path / "in.en"
     source.write_text("the dog runs .\n")
     out = tmp_path / "out.de"
-    other.decode.input, other.decode.output, other.decode.checkpoint = str(source), str(out), str(ckpt)
+    other.translate.input, other.translate.output = str(source), str(out)
+    other.decode.checkpoint = str(ckpt)
     with pytest.raises(DataError, match=f"^{ckpt} was trained with another vocabulary than "
                        f"{spm_model_path(other.data)}"):
         translate(other)
@@ -237,8 +238,8 @@ def test_05_average_last_must_be_at_least_one(tmp_path):
     for step in (10, 20, 30):
         _ckpt(folder, f"checkpoint_{step}.pt", _config(), step, step)
     for n in (0, -2):
-        with pytest.raises(UserError, match=rf"^decode.average_last must be at least 1, got {n}$"):
-            average_run(_run_cfg(tmp_path, f"decode.average_last={n}"))
+        with pytest.raises(UserError, match=rf"^average.last must be at least 1, got {n}$"):
+            average_run(_run_cfg(tmp_path, f"average.last={n}"))
     assert not (folder / checkpoint.AVERAGED_NAME).exists()
 
 
@@ -249,7 +250,7 @@ def test_05_average_refuses_checkpoints_of_two_runs(tmp_path):
     c = _ckpt(folder, "c.pt", _config(seed=1, max_steps=500), 30, 3)  # resumed, longer: fine
     averaged = _ckpt(folder, checkpoint.AVERAGED_NAME, _config(), 5, 9)
     before = averaged.read_bytes()
-    cfg = _run_cfg(tmp_path, f"decode.average_checkpoints=[{a},{b}]")
+    cfg = _run_cfg(tmp_path, f"average.checkpoints=[{a},{b}]")
     with pytest.raises(UserError) as e:
         average_run(cfg)
     assert str(e.value) == (f"{b} and {a} come from different runs (trainer.seed: 1 != 2): "
@@ -259,11 +260,11 @@ def test_05_average_refuses_checkpoints_of_two_runs(tmp_path):
     v1, v2 = {"spm_sha256": "aa", "vocab_size": 40}, {"spm_sha256": "bb", "vocab_size": 40}
     d = _ckpt(folder, "d.pt", _config(), 40, 4, vocab=v1)
     e2 = _ckpt(folder, "e.pt", _config(), 50, 5, vocab=v2)
-    cfg = _run_cfg(tmp_path, f"decode.average_checkpoints=[{d},{e2}]")
+    cfg = _run_cfg(tmp_path, f"average.checkpoints=[{d},{e2}]")
     with pytest.raises(UserError, match="trained with different vocabularies"):
         average_run(cfg)
     # run-length fields may differ: a and c average to the mean
-    cfg = _run_cfg(tmp_path, f"decode.average_checkpoints=[{a},{c}]")
+    cfg = _run_cfg(tmp_path, f"average.checkpoints=[{a},{c}]")
     out = load_checkpoint(average_run(cfg))
     ma, mc = torch.load(a)["model"], torch.load(c)["model"]
     torch.testing.assert_close(out["model"]["w"], (ma["w"] + mc["w"]) / 2)
@@ -274,7 +275,7 @@ def test_05_final_checkpoint_at_an_odd_step_is_not_averaged(tmp_path, caplog):
     folder = checkpoint.checkpoint_dir(tmp_path / "run")
     for step in (10, 20, 30, 37):  # 37: written when training stopped
         _ckpt(folder, f"checkpoint_{step}.pt", _config(save_every_steps=10), step, step)
-    cfg = _run_cfg(tmp_path, "decode.average_last=3")
+    cfg = _run_cfg(tmp_path, "average.last=3")
     with caplog.at_level(logging.INFO, logger="transformer_nmt.checkpoint"):
         out = load_checkpoint(average_run(cfg))
     assert out["averaged_from"] == ["checkpoint_10.pt", "checkpoint_20.pt", "checkpoint_30.pt"]
@@ -284,7 +285,7 @@ def test_05_final_checkpoint_at_an_odd_step_is_not_averaged(tmp_path, caplog):
     folder = checkpoint.checkpoint_dir(other / "run")
     for step in (100, 205, 298, 402, 430):
         _ckpt(folder, f"checkpoint_{step}.pt", _config(), step, step)
-    out = load_checkpoint(average_run(_run_cfg(other, "decode.average_last=3")))
+    out = load_checkpoint(average_run(_run_cfg(other, "average.last=3")))
     assert out["averaged_steps"] == [205, 298, 402]
 
 

@@ -1,16 +1,20 @@
-"""Checkpoint parts: each named part survives a save / load (weights_only) round trip."""
+"""Checkpoint parts: each named part survives a save / load (weights_only) round trip; parameter
+averaging (average_run) of step checkpoints."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from helpers import make_cfg, new_model, write_checkpoint
 
 from transformer_nmt import checkpoint as ck
 from transformer_nmt.batching import LengthBucketSampler
+from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
 from transformer_nmt.cli import compose
 from transformer_nmt.distributed import DistInfo
 from transformer_nmt.model import Transformer
@@ -19,8 +23,6 @@ from transformer_nmt.runtime import grad_scaler
 from transformer_nmt.train import TrainState
 
 VOCAB = 30
-TINY = ["model.d_model=16", "model.d_ff=32", "model.heads=2", "model.encoder_layers=1",
-        "model.decoder_layers=1", "model.dropout=0.0", "trainer.warmup_steps=4"]
 
 
 def _parts(cfg, seed: int):
@@ -43,8 +45,8 @@ def _step(model, optimizer, scheduler) -> None:
 
 
 @pytest.fixture(scope="module")
-def cfg():
-    return compose(TINY)
+def cfg(tiny_model):
+    return compose([*tiny_model, "model.dropout=0.0", "trainer.warmup_steps=4"])
 
 
 def test_model_optimizer_scheduler_round_trip(cfg, tmp_path):
@@ -70,7 +72,7 @@ def test_model_optimizer_scheduler_round_trip(cfg, tmp_path):
     _step(*other[:3])
     for (name, a), b in zip(model.state_dict().items(), other[0].state_dict().values()):
         assert torch.equal(a, b), name
-    assert loaded["config"]["model"]["d_model"] == 16 and loaded["vocab_size"] == VOCAB
+    assert loaded["config"]["model"]["d_model"] == 32 and loaded["vocab_size"] == VOCAB
     assert ck.checkpoint_step(loaded) == 3
 
 
@@ -147,3 +149,51 @@ def test_old_layout_is_refused_and_model_files_keep_their_step(tmp_path):
         ck.check_training_checkpoint(old, tmp_path / "old.pt")
     assert ck.checkpoint_step({"model": {}, "step": 7, "averaged_from": ["a.pt"]}) == 7
     assert ck.checkpoint_step({"model": {}}) is None
+
+
+def test_average_is_mean_of_params(workspace, tokenizer, tmp_path):
+    _, cfg = workspace
+    cfg = make_cfg(tmp_path, "average.last=2")
+    models = [new_model(cfg, tokenizer.vocab_size, seed=s) for s in (1, 2, 3)]
+    folder = Path(cfg.run_dir) / "checkpoints"
+    for step, m in zip((10, 20, 30), models):
+        write_checkpoint(folder / f"checkpoint_{step}.pt", m, cfg, step)
+    out = average_run(cfg)
+    avg = load_checkpoint(out)
+    assert avg["averaged_from"] == ["checkpoint_20.pt", "checkpoint_30.pt"]
+    assert avg["step"] == 30 and avg["vocab_size"] == tokenizer.vocab_size
+    assert avg["config"]["model"]["d_model"] == 32
+    for name, p in models[1].state_dict().items():
+        expected = (p.double() + models[2].state_dict()[name].double()) / 2
+        torch.testing.assert_close(avg["model"][name], expected.to(p.dtype))
+    # Explicit list overrides average.last.
+    cfg.average.checkpoints = [str(folder / "checkpoint_10.pt"), str(folder / "checkpoint_30.pt")]
+    avg = load_checkpoint(average_run(cfg))
+    assert avg["averaged_from"] == ["checkpoint_10.pt", "checkpoint_30.pt"]
+    key = "embed_tokens.weight"
+    torch.testing.assert_close(
+        avg["model"][key], (models[0].state_dict()[key] + models[2].state_dict()[key]) / 2
+    )
+
+
+def test_average_mismatch_names_keys_and_shapes(workspace, tokenizer, tmp_path):
+    cfg = make_cfg(tmp_path)
+    folder = Path(cfg.run_dir) / "checkpoints"
+    model = new_model(cfg, tokenizer.vocab_size, seed=1)
+    write_checkpoint(folder / "a.pt", model, cfg, 1)
+    state = model.state_dict()
+    dropped = dict(state)
+    del dropped["embed_tokens.weight"]
+    save_checkpoint(folder / "b.pt", {"model": dropped})
+    wider = dict(state)
+    wider["embed_tokens.weight"] = torch.zeros(7, 32)
+    save_checkpoint(folder / "c.pt", {"model": wider})
+    cfg.average.checkpoints = [str(folder / "a.pt"), str(folder / "b.pt")]
+    with pytest.raises(ValueError, match="embed_tokens.weight"):
+        average_run(cfg)
+    cfg.average.checkpoints = [str(folder / "a.pt"), str(folder / "c.pt")]
+    with pytest.raises(ValueError, match=r"embed_tokens.weight has shape \(7, 32\)"):
+        average_run(cfg)
+    cfg.average.checkpoints = []
+    with pytest.raises(FileNotFoundError, match="no checkpoint_<step>.pt"):
+        average_run(cfg)

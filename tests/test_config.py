@@ -27,7 +27,7 @@ def test_paper_presets():
     assert list(base.trainer.adam_betas) == [0.9, 0.98] and base.trainer.adam_eps == 1e-9
     big = compose(["experiment=wmt14_en_de_big"])
     assert (big.model.d_model, big.model.d_ff, big.model.heads) == (1024, 4096, 16)
-    assert big.model.dropout == 0.3 and big.decode.average_last == 20
+    assert big.model.dropout == 0.3 and big.average.last == 20
     assert compose(["experiment=wmt14_en_fr_big"]).model.dropout == 0.1
     assert compose(["experiment=wmt14_en_fr_base"]).data.vocab_size == 32000
 

@@ -19,26 +19,17 @@ from transformer_nmt.checkpoint import latest_checkpoint, load_checkpoint
 from transformer_nmt.cli import compose
 from transformer_nmt.fileio import bin_prefix
 
-MICRO = [
-    "model.d_model=32", "model.d_ff=64", "model.heads=2", "model.encoder_layers=1",
-    "model.decoder_layers=1", "model.dropout=0.0",
+TRAINER = [
+    "model.dropout=0.0",
     "trainer.warmup_steps=8", "trainer.lr_multiplier=1.0", "trainer.save_every_minutes=null",
     "trainer.validate_every_steps=null", "trainer.log_every_steps=5", "trainer.num_workers=0",
 ]
 
 
 @pytest.fixture(scope="module")
-def data_overrides(tmp_path_factory, multi30k_mirror) -> list[str]:
-    """A 400-pair slice of real Multi30k, prepared once for this module."""
-    from transformer_nmt.prepare import prepare
-
-    root = tmp_path_factory.mktemp("data")
-    ov = [
-        "experiment=multi30k_en_de", f"data.root={root}", f"data.mirror={multi30k_mirror}",
-        "data.max_train_pairs=400", "data.vocab_size=300", "data.num_workers=1",
-    ]
-    prepare(compose(ov))
-    return ov
+def data_overrides(synthetic_corpus) -> list[str]:
+    """The default experiment on the prepared synthetic reversal corpus."""
+    return ["experiment=multi30k_en_de", *synthetic_corpus.overrides]
 
 
 def _run(args: list[str], env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -66,7 +57,7 @@ def test_single_process_helpers_are_no_ops(monkeypatch):
         distributed.init_distributed(device="cpu")
 
 
-def test_two_ranks_equal_one_process_with_update_freq_2(tmp_path, data_overrides):
+def test_two_ranks_equal_one_process_with_update_freq_2(tmp_path, data_overrides, tiny_model):
     cfg = compose(data_overrides)
     d = cfg.data
     src = TokenDataset(bin_prefix(d, "train", d.src_lang))
@@ -81,7 +72,7 @@ def test_two_ranks_equal_one_process_with_update_freq_2(tmp_path, data_overrides
         pytest.fail("no max_tokens in [600, 1200) gives an odd number of batches")
     steps_per_epoch = math.ceil(n / 2)
     max_steps = steps_per_epoch + 2  # cross the epoch boundary
-    common = [*data_overrides, *MICRO, f"trainer.max_tokens={max_tokens}",
+    common = [*data_overrides, *tiny_model, *TRAINER, f"trainer.max_tokens={max_tokens}",
               f"trainer.max_steps={max_steps}"]
 
     ddp_dir = tmp_path / "ddp"

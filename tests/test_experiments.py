@@ -4,7 +4,6 @@ loaders, model and optimizer and takes real steps, so the configs are tested wit
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -17,14 +16,15 @@ WMT14 = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("wmt14_*.y
 
 
 @pytest.fixture(scope="module")
-def slice_files(tmp_path_factory, multi30k_mirror) -> Path:
-    """Parallel text files <split>.{en,de,fr} made of the first Multi30k lines (a local corpus)."""
-    folder = tmp_path_factory.mktemp("slice")
-    for lang in ("en", "de", "fr"):
-        with gzip.open(multi30k_mirror / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines = [next(f) for _ in range(600)]
+def slice_files(synthetic_corpus) -> Path:
+    """Parallel text files <split>.{en,de,fr}: the synthetic corpus's training text (a local
+    corpus; its target side serves as German and as French)."""
+    folder = synthetic_corpus.files.parent / "wmt14_slice"
+    folder.mkdir(exist_ok=True)
+    for lang, source in (("en", "en"), ("de", "de"), ("fr", "de")):
+        lines = (synthetic_corpus.files / f"train.{source}").read_text(encoding="utf-8")
         for split in ("train", "newstest2013", "newstest2014", "newstest2014_filtered"):
-            (folder / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+            (folder / f"{split}.{lang}").write_text(lines, encoding="utf-8")
     return folder
 
 

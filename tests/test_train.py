@@ -1,4 +1,5 @@
-"""The training loop on real Multi30k text: learning, outputs, exact resumption, signals, bad steps."""
+"""The training loop on the synthetic reversal corpus (tests/conftest.py): learning, outputs,
+exact resumption, signals, bad steps."""
 
 from __future__ import annotations
 
@@ -32,26 +33,33 @@ from transformer_nmt.fileio import bin_prefix
 from transformer_nmt.flops import TokenCounts, training_flops
 from transformer_nmt.train import MissingDataError, train
 
-TINY = [
-    "model.d_model=64", "model.d_ff=128", "model.heads=2", "model.encoder_layers=1",
-    "model.decoder_layers=1", "model.dropout=0.1", "trainer.max_tokens=1024",
+TRAINER = [
+    "model.dropout=0.1", "trainer.max_tokens=1024",
     "trainer.warmup_steps=10", "trainer.lr_multiplier=1.0", "trainer.save_every_minutes=null",
     "trainer.log_every_steps=5", "trainer.num_workers=0",
 ]
 
 
-@pytest.fixture(scope="module")
-def data_overrides(tmp_path_factory, multi30k_mirror) -> list[str]:
-    """A 2000-pair slice of real Multi30k with a 500-piece vocabulary, prepared once."""
-    from transformer_nmt.prepare import prepare
+@pytest.fixture(autouse=True)
+def one_thread():
+    """In-process training on one thread, as the subprocesses (OMP_NUM_THREADS=1): tiny
+    matrices gain nothing from threads, and on busy shared cores a second thread only waits."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
-    root = tmp_path_factory.mktemp("data")
-    ov = [
-        "experiment=multi30k_en_de", f"data.root={root}", f"data.mirror={multi30k_mirror}",
-        "data.max_train_pairs=2000", "data.vocab_size=500", "data.num_workers=1",
-    ]
-    prepare(compose(ov))
-    return ov
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model) -> list[str]:
+    """The tests' tiny model with this module's trainer settings."""
+    return [*tiny_model, *TRAINER]
+
+
+@pytest.fixture(scope="module")
+def data_overrides(synthetic_corpus) -> list[str]:
+    """The default experiment on the prepared synthetic reversal corpus (2,000 pairs)."""
+    return ["experiment=multi30k_en_de", *synthetic_corpus.overrides]
 
 
 def _env() -> dict[str, str]:
@@ -77,9 +85,9 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> Non
         time.sleep(0.02)
 
 
-def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides):
+def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides, tiny, synthetic_corpus):
     run = tmp_path / "run"
-    cfg = compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.max_steps=60",
+    cfg = compose([*data_overrides, *tiny, f"run_dir={run}", "trainer.max_steps=60",
                    "trainer.validate_every_steps=20", "trainer.save_every_steps=20",
                    "trainer.keep_last=2", "trainer.warmup_steps=20",
                    "trainer.lr_multiplier=0.3"])
@@ -114,10 +122,11 @@ def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides):
     last = load_checkpoint(latest_checkpoint(run))  # torch.load(weights_only=True)
     assert last["train_state"]["step"] == 60
     assert last["train_state"]["tokens_seen"] == on_disk["tokens_seen"]
-    assert last["config"]["run_dir"] == str(run) and last["vocab_size"] == 500
-    # Named parts, each stored once.
+    assert last["config"]["run_dir"] == str(run)
+    assert last["vocab_size"] == synthetic_corpus.vocab_size
+    # Named parts, each stored once (vocab: the SentencePiece model's identity).
     assert set(last) == {"model", "optimizer", "scheduler", "scaler", "sampler", "rng",
-                         "train_state", "config", "vocab_size"}
+                         "train_state", "config", "vocab_size", "vocab"}
     assert not {"epoch", "position"} & set(last["train_state"])
     best = load_checkpoint(checkpoint_dir(run) / BEST_NAME)
     assert best["train_state"]["step"] == 60
@@ -125,8 +134,8 @@ def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides):
     assert all(torch.equal(v, last["model"][k]) for k, v in model.state_dict().items())
 
 
-def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, data_overrides):
-    common = [*data_overrides, *TINY, "trainer.max_steps=25", "trainer.save_every_steps=5",
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, data_overrides, tiny):
+    common = [*data_overrides, *tiny, "trainer.max_steps=25", "trainer.save_every_steps=5",
               "trainer.validate_every_steps=10"]
     ref_dir = tmp_path / "reference"
     # The uninterrupted reference runs alongside the run that gets killed (one thread each).
@@ -166,10 +175,10 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, data_overrides
     assert a["sampler"] == b["sampler"]
 
 
-def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, data_overrides):
+def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, data_overrides, tiny):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        _cli([*data_overrides, *TINY, f"run_dir={run_dir}", "trainer.max_steps=100000",
+        _cli([*data_overrides, *tiny, f"run_dir={run_dir}", "trainer.max_steps=100000",
               "trainer.save_every_steps=5", "trainer.validate_every_steps=null"]),
         env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
@@ -192,7 +201,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, data_overrides):
     assert position["epoch"] * n + position["position"] == saved["train_state"]["micro_step"]
 
 
-def test_non_finite_step_is_skipped_and_counted(tmp_path, data_overrides, monkeypatch):
+def test_non_finite_step_is_skipped_and_counted(tmp_path, data_overrides, tiny, monkeypatch):
     real_loss = train_mod.label_smoothed_nll_loss
     calls = {"n": 0}
 
@@ -205,7 +214,7 @@ def test_non_finite_step_is_skipped_and_counted(tmp_path, data_overrides, monkey
 
     monkeypatch.setattr(train_mod, "label_smoothed_nll_loss", loss_with_one_nan)
     run = tmp_path / "run"
-    summary = train(compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.max_steps=8",
+    summary = train(compose([*data_overrides, *tiny, f"run_dir={run}", "trainer.max_steps=8",
                              "trainer.validate_every_steps=null"]))
     assert summary["skipped_steps"] == 1
     assert summary["steps"] == 8 and summary["micro_steps"] == 9
@@ -215,7 +224,7 @@ def test_non_finite_step_is_skipped_and_counted(tmp_path, data_overrides, monkey
     assert last["scheduler"]["last_epoch"] == 8
 
 
-def test_max_bad_steps_stops_with_a_clear_message(tmp_path, data_overrides, monkeypatch):
+def test_max_bad_steps_stops_with_a_clear_message(tmp_path, data_overrides, tiny, monkeypatch):
     real_loss = train_mod.label_smoothed_nll_loss
 
     def always_nan(logits, target, epsilon, ignore_index=0):
@@ -224,13 +233,13 @@ def test_max_bad_steps_stops_with_a_clear_message(tmp_path, data_overrides, monk
 
     monkeypatch.setattr(train_mod, "label_smoothed_nll_loss", always_nan)
     with pytest.raises(RuntimeError, match=r"3 consecutive steps .*max_bad_steps=3"):
-        train(compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'run'}",
+        train(compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
                        "trainer.max_steps=20", "trainer.max_bad_steps=3"]))
 
 
-def test_dry_run_leaves_the_real_run_alone(tmp_path, data_overrides):
+def test_dry_run_leaves_the_real_run_alone(tmp_path, data_overrides, tiny):
     run = tmp_path / "run"
-    cfg = compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.dry_run=true",
+    cfg = compose([*data_overrides, *tiny, f"run_dir={run}", "trainer.dry_run=true",
                    "trainer.dry_run_steps=2"])
     with pytest.raises(ValueError, match="dry_run"):
         train(cfg)  # never a full run in the real run directory
@@ -240,9 +249,9 @@ def test_dry_run_leaves_the_real_run_alone(tmp_path, data_overrides):
     assert step_checkpoints(run) == [] and not (run / "train_summary.json").exists()
 
 
-def test_missing_data_fails_with_one_line_naming_the_file(tmp_path, data_overrides):
+def test_missing_data_fails_with_one_line_naming_the_file(tmp_path, data_overrides, tiny):
     kept = [o for o in data_overrides if not o.startswith("data.root=")]
-    overrides = [*kept, f"data.root={tmp_path / 'empty'}", *TINY,
+    overrides = [*kept, f"data.root={tmp_path / 'empty'}", *tiny,
                  f"run_dir={tmp_path / 'run'}", "trainer.max_steps=1"]
     with pytest.raises(MissingDataError, match=r"spm\.model.*nmt-prepare experiment="):
         train(compose(overrides))
@@ -254,11 +263,11 @@ def test_missing_data_fails_with_one_line_naming_the_file(tmp_path, data_overrid
     assert "Traceback" not in proc.stderr and not (tmp_path / "empty").exists()
 
 
-def test_validation_bleu_selects_best_and_patience_stops(tmp_path, data_overrides):
+def test_validation_bleu_selects_best_and_patience_stops(tmp_path, data_overrides, tiny):
     run = tmp_path / "run"
     # A learning rate so small that greedy output, hence BLEU, cannot improve after the first
     # validation: patience=2 stops the run at the third validation (step 6), not max_steps.
-    summary = train(compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.max_steps=50",
+    summary = train(compose([*data_overrides, *tiny, f"run_dir={run}", "trainer.max_steps=50",
                              "trainer.validate_every_steps=2", "trainer.valid_bleu=true",
                              "trainer.valid_bleu_sentences=8", "trainer.patience=2",
                              "trainer.lr_multiplier=1e-9", "decode.max_len_b=5"]))
@@ -271,7 +280,7 @@ def test_validation_bleu_selects_best_and_patience_stops(tmp_path, data_override
     assert load_checkpoint(checkpoint_dir(run) / BEST_NAME)["train_state"]["step"] == 2
 
 
-def test_init_from_starts_a_new_run_from_a_model_file(tmp_path, data_overrides):
+def test_init_from_starts_a_new_run_from_a_model_file(tmp_path, data_overrides, tiny):
     """trainer.init_from: the new run's first weights are the file's; a run that already has
     checkpoints resumes from them instead; a model of another shape is a one-line user error."""
     from transformer_nmt import distributed
@@ -279,19 +288,19 @@ def test_init_from_starts_a_new_run_from_a_model_file(tmp_path, data_overrides):
     from transformer_nmt.train import setup
 
     source = tmp_path / "source"
-    train(compose([*data_overrides, *TINY, f"run_dir={source}", "trainer.max_steps=2",
+    train(compose([*data_overrides, *tiny, f"run_dir={source}", "trainer.max_steps=2",
                    "trainer.save_every_steps=2", "trainer.validate_every_steps=null"]))
     init = latest_checkpoint(source)
     info = distributed.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-    cfg = compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'new'}",
+    cfg = compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'new'}",
                    f"trainer.init_from={init}"])
     s = setup(cfg, info)
     saved = load_checkpoint(init)["model"]
     assert all(torch.equal(v, saved[k]) for k, v in s.model.state_dict().items())
     assert s.optimizer.state == {}  # optimizer and schedule start fresh
-    plain = setup(compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'plain'}"]), info)
+    plain = setup(compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'plain'}"]), info)
     assert not all(torch.equal(v, saved[k]) for k, v in plain.model.state_dict().items())
-    wider = compose([*data_overrides, *TINY, "model.d_ff=96", f"run_dir={tmp_path / 'x'}",
+    wider = compose([*data_overrides, *tiny, "model.d_ff=96", f"run_dir={tmp_path / 'x'}",
                      f"trainer.init_from={init}"])
     with pytest.raises(UserError, match="does not fit the run's model config"):
         setup(wider, info)
@@ -300,7 +309,7 @@ def test_init_from_starts_a_new_run_from_a_model_file(tmp_path, data_overrides):
 # ------------------------------------------------------------------- host-device syncs
 
 
-def test_at_most_one_host_sync_per_step_outside_logging(tmp_path, data_overrides, monkeypatch):
+def test_at_most_one_host_sync_per_step_outside_logging(tmp_path, data_overrides, tiny, monkeypatch):
     """Every Python read of a tensor (item, bool, float, int, tolist, bool-mask indexing) is
     a host-device synchronisation on a GPU; between two steps' forward_backward calls (no
     logging, validation or checkpoint in between) there may be at most one."""
@@ -335,7 +344,7 @@ def test_at_most_one_host_sync_per_step_outside_logging(tmp_path, data_overrides
         return real_fb(*args, **kwargs)
 
     monkeypatch.setattr(train_mod, "forward_backward", marking_fb)
-    summary = train(compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'run'}",
+    summary = train(compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
                              "trainer.max_steps=6", "trainer.update_freq=2",
                              "trainer.log_every_steps=1000", "trainer.validate_every_steps=null"]))
     assert summary["steps"] == 6 and len(marks) == 6
@@ -364,11 +373,11 @@ def _fp16_scaler_with_overflows(monkeypatch, init_scale: float, overflows: int |
                         lambda enabled: OverflowingScaler("cpu", init_scale=init_scale))
 
 
-def test_fp16_overflows_while_the_scale_calibrates_are_not_bad_steps(tmp_path, data_overrides,
+def test_fp16_overflows_while_the_scale_calibrates_are_not_bad_steps(tmp_path, data_overrides, tiny,
                                                                      monkeypatch):
     _fp16_scaler_with_overflows(monkeypatch, 2.0**16, overflows=5)
     run = tmp_path / "run"
-    summary = train(compose([*data_overrides, *TINY, f"run_dir={run}", "trainer.max_steps=4",
+    summary = train(compose([*data_overrides, *tiny, f"run_dir={run}", "trainer.max_steps=4",
                              "trainer.max_bad_steps=3", "trainer.validate_every_steps=null"]))
     assert summary["steps"] == 4 and summary["skipped_steps"] == 5
     last = load_checkpoint(latest_checkpoint(run))
@@ -378,21 +387,21 @@ def test_fp16_overflows_while_the_scale_calibrates_are_not_bad_steps(tmp_path, d
     assert last["scheduler"]["last_epoch"] == 4  # the schedule counts real updates only
 
 
-def test_fp16_stops_when_the_loss_scale_collapses(tmp_path, data_overrides, monkeypatch):
+def test_fp16_stops_when_the_loss_scale_collapses(tmp_path, data_overrides, tiny, monkeypatch):
     _fp16_scaler_with_overflows(monkeypatch, 2.0**-12, overflows=None)
     with pytest.raises(RuntimeError, match=r"loss scale to 6.1\d*e-05 \(< 0.0001; 2 overflow"):
-        train(compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'run'}",
+        train(compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
                        "trainer.max_steps=20", "trainer.max_bad_steps=100"]))
 
 
 # ------------------------------------------------------------------- tokens per step
 
 
-def test_real_tokens_per_step_are_recorded_and_estimated_at_start(tmp_path, data_overrides,
+def test_real_tokens_per_step_are_recorded_and_estimated_at_start(tmp_path, data_overrides, tiny,
                                                                   caplog):
     """One epoch: the recorded mean real tokens per step x steps = every training sentence's
     length + eos, and the start-up estimate (from the sampler) equals the measured mean."""
-    cfg = compose([*data_overrides, *TINY, f"run_dir={tmp_path / 'run'}", "trainer.max_steps=null",
+    cfg = compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'run'}", "trainer.max_steps=null",
                    "trainer.max_epochs=1", "trainer.validate_every_steps=null",
                    "trainer.max_tokens=8192"])  # a few large steps make the epoch
     with caplog.at_level("INFO", logger="transformer_nmt.train"):
@@ -408,3 +417,58 @@ def test_real_tokens_per_step_are_recorded_and_estimated_at_start(tmp_path, data
     est_src, est_tgt = train_mod.real_tokens_per_step(sampler, 1, 1)
     assert (est_src, est_tgt) == pytest.approx((per_step["src"], per_step["tgt"]))
     assert f"{est_tgt:,.0f} real target tokens" in caplog.text
+
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden_copy_task.json"
+GOLDEN_RTOL = 1e-4
+"""Same torch build: the run is deterministic (fixed seed, one thread, fp32 on the CPU), so
+the curve repeats bit for bit; 1e-4 leaves room only for a different CPU kernel (AVX2 against
+AVX-512 sums in another order: last-bit fp32 differences, epsilon 1.2e-7, that 50 Adam steps
+can amplify).
+Any change to the model, loss, optimizer, schedule, batching or seeding moves the curve by far
+more."""
+GOLDEN_RTOL_OTHER_BUILD = 2e-2
+"""Another torch version: kernels may change their summation order; 2 % still catches a
+changed formula (label smoothing, scaling, schedule) in the first 50 steps."""
+GOLDEN_OVERRIDES = [
+    "model.dropout=0.1", "trainer.seed=1", "trainer.max_steps=50", "trainer.max_tokens=512",
+    "trainer.warmup_steps=10", "trainer.lr_multiplier=1.0", "trainer.precision=fp32",
+    "trainer.log_every_steps=1", "trainer.validate_every_steps=null",
+    "trainer.save_every_steps=50", "trainer.save_every_minutes=null", "trainer.num_workers=0",
+]
+
+
+def test_golden_loss_curve_of_the_reversal_task(tmp_path, synthetic_corpus, tiny_model,
+                                                 update_golden):
+    """The first 50 training losses of the tiny model on the synthetic corpus (fixed seed, one
+    thread, fp32, CPU) against tests/data/golden_copy_task.json. A deliberate change to the
+    numerics regenerates the file with ``pytest tests/test_train.py --update-golden``."""
+    run = tmp_path / "run"
+    overrides = [*synthetic_corpus.overrides, *tiny_model, *GOLDEN_OVERRIDES, f"run_dir={run}"]
+    env = {**_env(), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(_cli(overrides), env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["split"] == "train"]
+    assert [r["step"] for r in records if r["split"] == "train"] == list(range(1, 51))
+    if update_golden:
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(json.dumps({
+            "about": "training loss per step (label-smoothed, per target token) of the tiny "
+                     "model on the synthetic reversal corpus of tests/conftest.py; written by "
+                     "pytest tests/test_train.py --update-golden",
+            "torch": torch.__version__, "overrides": GOLDEN_OVERRIDES,
+            "rtol_same_torch": GOLDEN_RTOL, "rtol_other_torch": GOLDEN_RTOL_OTHER_BUILD,
+            "losses": losses,
+        }, indent=1) + "\n")
+        pytest.skip(f"rewrote {GOLDEN}")
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["overrides"] == GOLDEN_OVERRIDES, "settings changed: regenerate the golden file"
+    rtol = GOLDEN_RTOL if golden["torch"] == torch.__version__ else GOLDEN_RTOL_OTHER_BUILD
+    assert losses[-1] < losses[0] - 1.0  # it learns
+    for step, (got, want) in enumerate(zip(losses, golden["losses"], strict=True), start=1):
+        assert got == pytest.approx(want, rel=rtol), (
+            f"step {step}: loss {got!r}, golden {want!r} (rtol {rtol}, torch {torch.__version__}"
+            f", golden from {golden['torch']})"
+        )

@@ -168,7 +168,7 @@ def test_prepare_train_evaluate_from_hub_layout(hub_folder, tmp_path):
         "model=tiny", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32",
         "model.d_ff=64", "model.heads=2", "trainer.max_tokens=512", "trainer.update_freq=1",
         "trainer.max_steps=4", "trainer.save_every_steps=2", "trainer.save_every_minutes=null",
-        "trainer.validate_every_steps=4", "trainer.precision=fp32", "decode.average_last=2",
+        "trainer.validate_every_steps=4", "trainer.precision=fp32", "average.last=2",
         "decode.max_len_b=5",
     ]
     _run("prepare", common, tmp_path)

@@ -572,8 +572,8 @@ def _periodic(paths: list[Path], metas: list[dict[str, Any]],
 def average_run(cfg: Any) -> Path:
     """Average checkpoints into ``<run_dir>/checkpoints/averaged.pt``.
 
-    Which files: ``cfg.decode.average_checkpoints`` when given, else the last
-    ``cfg.decode.average_last`` regularly spaced step checkpoints of ``cfg.run_dir``
+    Which files: ``cfg.average.checkpoints`` when given, else the last
+    ``cfg.average.last`` regularly spaced step checkpoints of ``cfg.run_dir``
     (:func:`_periodic`: the checkpoint written when training stopped is left out; fewer,
     with a warning, when the run has fewer). The checkpoints must come from one run
     (:func:`check_same_run`). The output holds ``"model"`` (the mean, streamed by
@@ -585,22 +585,22 @@ def average_run(cfg: Any) -> Path:
         The path written.
 
     Raises:
-        UserError: ``decode.average_last`` below 1; checkpoints of different runs or with
+        UserError: ``average.last`` below 1; checkpoints of different runs or with
             different keys or shapes (naming them); MissingFileError (a FileNotFoundError):
             no checkpoint to average (names the folder) or a named file missing.
     """
     folder = checkpoint_dir(cfg.run_dir)
     note = ""
-    if cfg.decode.average_checkpoints:
-        paths = [Path(p) for p in cfg.decode.average_checkpoints]
+    if cfg.average.checkpoints:
+        paths = [Path(p) for p in cfg.average.checkpoints]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
-            raise MissingFileError(f"decode.average_checkpoints: not found: {missing}")
+            raise MissingFileError(f"average.checkpoints: not found: {missing}")
         metas = [_load_mmap(p) for p in paths]
     else:
-        n = int(cfg.decode.average_last)
+        n = int(cfg.average.last)
         if n < 1:
-            raise UserError(f"decode.average_last must be at least 1, got {n}")
+            raise UserError(f"average.last must be at least 1, got {n}")
         available = step_checkpoints(cfg.run_dir)
         if not available:
             raise MissingFileError(f"no checkpoint_<step>.pt in {folder} to average")
@@ -610,7 +610,7 @@ def average_run(cfg: Any) -> Path:
                                                        cfg.trainer.save_every_steps)
         keep, note = _periodic(available, metas, save_every)
         if len(keep) < n:
-            log.warning("decode.average_last=%d but %s holds only %d regularly spaced "
+            log.warning("average.last=%d but %s holds only %d regularly spaced "
                         "checkpoints; averaging those", n, folder, len(keep))
         keep = keep[-n:]
         paths = [available[i] for i in keep]

@@ -354,14 +354,26 @@ class DecodeConfig:
     device: str = "auto"
     checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
-    average_last: int = 5
-    """nmt-average: number of most recent checkpoints to average."""
-    average_checkpoints: list[str] = field(default_factory=list)
-    """nmt-average: explicit checkpoint files (overrides average_last)."""
+
+
+@dataclass
+class AverageConfig:
+    """``nmt-average``: which checkpoints to average (paper section 6.1)."""
+
+    last: int = 5
+    """Number of most recent regularly spaced checkpoints to average (the paper: 5 base, 20 big)."""
+    checkpoints: list[str] = field(default_factory=list)
+    """Explicit checkpoint files (override ``last``)."""
+
+
+@dataclass
+class TranslateConfig:
+    """``nmt-translate``: where the text comes from and goes to."""
+
     input: str | None = None
-    """nmt-translate: input file (None = standard input)."""
+    """Input file (None = standard input)."""
     output: str | None = None
-    """nmt-translate: output file (None = standard output)."""
+    """Output file (None = standard output)."""
 
 
 @dataclass
@@ -372,6 +384,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    average: AverageConfig = field(default_factory=AverageConfig)
+    translate: TranslateConfig = field(default_factory=TranslateConfig)
     name: str = "multi30k_en_de"
     """Experiment name; the run directory is runs/<name>."""
     run_dir: str = "runs/${name}"

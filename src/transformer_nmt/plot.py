@@ -10,7 +10,7 @@ Pipeline position: train -> average -> evaluate, and **plot** from any run folde
   steps, one colour per run;
 * :func:`checkpoint_bleu` decodes the validation set with every kept ``checkpoint_<step>.pt``
   and the averaged model (``averaged.pt``, else the in-memory average of the last
-  ``decode.average_last``), caching the scores in ``plots/checkpoint_bleu.json``;
+  ``average.last``), caching the scores in ``plots/checkpoint_bleu.json``;
   :func:`plot_checkpoint_bleu` draws them (what averaging buys, section 6.1);
 * :func:`attention_maps` captures every attention module's inputs with forward hooks
   during the model's own teacher-forced forward pass over a source sentence and the
@@ -289,6 +289,7 @@ def checkpoint_bleu(
     device: str | torch.device = "cpu",
     max_sentences: int | None = None,
     cache_dir: str | Path | None = None,
+    average_last: int = 5,
 ) -> list[dict[str, Any]]:
     """sacreBLEU on the validation set of every kept checkpoint of a run and of its average.
 
@@ -297,7 +298,7 @@ def checkpoint_bleu(
     scored with :func:`transformer_nmt.bleu.sacrebleu_score` against the raw validation
     references of the data config stored in the checkpoint. The averaged model is
     ``checkpoints/averaged.pt`` when it exists, else the average of the last
-    ``decode_cfg.average_last`` kept checkpoints computed in memory (section 6.1). Scores
+    ``average_last`` kept checkpoints (``average.last``) computed in memory (section 6.1). Scores
     are cached in ``<cache_dir>/checkpoint_bleu.json`` keyed by the file names, sizes and
     modification times and the decode settings, so re-plotting decodes nothing new.
 
@@ -343,7 +344,7 @@ def checkpoint_bleu(
     if averaged.is_file():
         models.append({"label": AVERAGED_NAME, "files": [averaged], "averaged": True})
     else:
-        last = paths[-int(decode_cfg.average_last):]
+        last = paths[-int(average_last):]
         models.append({"label": f"average of {len(last)}", "files": last, "averaged": True,
                        "in_memory": True})
 
@@ -812,7 +813,8 @@ def make_plots(cfg: Any) -> list[Path]:
         device = resolve_device(cfg.decode.device)
     if "bleu" in kinds:
         results = {
-            d.name: checkpoint_bleu(d, cfg.decode, device, p.bleu_sentences)
+            d.name: checkpoint_bleu(d, cfg.decode, device, p.bleu_sentences,
+                                     average_last=int(cfg.average.last))
             for d in run_dirs
         }
         for label, rows in results.items():

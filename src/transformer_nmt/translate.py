@@ -318,7 +318,8 @@ def translate_file(
 
 
 def translate(cfg: Any) -> dict[str, Any]:
-    """``nmt-translate``: load the run's model and translate ``decode.input`` to ``decode.output``.
+    """``nmt-translate``: load the run's model and translate ``translate.input`` (a file or
+    standard input) to ``translate.output`` (a file or standard output).
 
     Returns:
         The stats of :func:`translate_lines` plus ``checkpoint``.
@@ -335,6 +336,7 @@ def translate(cfg: Any) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.data)
     check_vocab(path, tokenizer)
     log.info("decoding with %s on %s", path, device)
-    stats = translate_file(model, tokenizer, cfg.decode, device, cfg.decode.input, cfg.decode.output)
+    stats = translate_file(model, tokenizer, cfg.decode, device, cfg.translate.input,
+                           cfg.translate.output)
     stats["checkpoint"] = str(path)
     return stats

@@ -31,10 +31,23 @@ USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
 """Exceptions reported as ``error: ...`` with exit status 2 (``DataError`` is a UserError)."""
 USER_EXIT = 2
 
-CONFIG_DIR = os.environ.get(
-    "NMT_CONFIG_DIR", str(Path(__file__).resolve().parents[3] / "configs")
-)
-"""Folder holding config.yaml and the config groups (the repository's configs/)."""
+
+
+def _config_dir() -> str:
+    """``$NMT_CONFIG_DIR``, else the configs shipped in an installed package
+    (``transformer_nmt/configs``), else the repository's ``configs/`` (a source checkout or an
+    editable install)."""
+    if os.environ.get("NMT_CONFIG_DIR"):
+        return os.environ["NMT_CONFIG_DIR"]
+    package = Path(__file__).resolve().parents[1]
+    for folder in (package / "configs", package.parents[1] / "configs"):
+        if (folder / "config.yaml").is_file():
+            return str(folder)
+    raise ImportError(f"transformer_nmt: no configs/config.yaml in {package} or {package.parents[1]}")
+
+
+CONFIG_DIR = _config_dir()
+"""Folder holding config.yaml and the config groups (see :func:`_config_dir`)."""
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:

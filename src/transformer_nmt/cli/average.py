@@ -1,8 +1,8 @@
 """``nmt-average``: average the parameters of a run's last checkpoints (paper section 6.1).
 
-Example: ``nmt-average experiment=wmt14_en_de_base`` averages the last ``decode.average_last``
+Example: ``nmt-average experiment=wmt14_en_de_base`` averages the last ``average.last``
 (5 for base, 20 for big) ``checkpoint_<step>.pt`` files of ``runs/<name>/checkpoints`` into
-``averaged.pt``; ``'decode.average_checkpoints=[a.pt,b.pt]'`` names the files instead.
+``averaged.pt``; ``'average.checkpoints=[a.pt,b.pt]'`` names the files instead.
 """
 
 from __future__ import annotations

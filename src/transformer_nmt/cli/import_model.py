@@ -1,7 +1,7 @@
 """``nmt-import``: a Marian-architecture transformers folder -> a run of ours.
 
     nmt-import source=path/to/marian_folder name=imported data.name=imported_spm
-    nmt-translate name=imported data.name=imported_spm decode.input=in.en
+    nmt-translate name=imported data.name=imported_spm translate.input=in.en
     nmt-train experiment=multi30k_en_de trainer.init_from=runs/imported/checkpoints/averaged.pt
 
 Writes ``<run_dir>/checkpoints/averaged.pt`` (the model, the composed config with the

@@ -1,6 +1,6 @@
 """``nmt-translate``: translate a file or standard input with a run's model.
 
-Example: ``nmt-translate experiment=multi30k_en_de decode.input=in.en decode.output=out.de``,
+Example: ``nmt-translate experiment=multi30k_en_de translate.input=in.en translate.output=out.de``,
 or ``echo "A dog runs." | nmt-translate experiment=multi30k_en_de``. Only translations go
 to standard output; log messages go to standard error.
 """
