@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import MICRO, assert_same_training
+from helpers import TINY_MODEL
+from test_distributed import TRAINER, assert_same_training
 
 from transformer_nmt.batching import LengthBucketSampler
 from transformer_nmt.binarize import TokenDataset
@@ -34,6 +35,8 @@ from transformer_nmt.cli import compose
 from transformer_nmt.fileio import bin_prefix
 
 pytestmark = pytest.mark.slow
+
+MICRO = [*TINY_MODEL, *TRAINER]
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TRAIN = ["-m", "transformer_nmt.cli.train"]
