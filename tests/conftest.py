@@ -27,6 +27,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="rewrite tests/data/golden_*.json from this run instead of comparing")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every test on one CPU thread, as the training subprocesses (OMP_NUM_THREADS=1): tiny
+    models gain nothing from threads, and on busy shared cores a second thread only waits."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def update_golden(request: pytest.FixtureRequest) -> bool:
     """True under ``pytest --update-golden``: golden files are rewritten, not compared."""

@@ -25,14 +25,6 @@ VOCAB = 8
 CONTENT = [i for i in range(VOCAB) if i not in (PAD_ID, BOS_ID, EOS_ID)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and leave the shared cores to others)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def tiny_model(seed: int = 0, vocab: int = VOCAB, **overrides) -> Transformer:
     torch.manual_seed(seed)

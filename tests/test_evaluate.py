@@ -9,22 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import new_model, write_checkpoint
 
 from transformer_nmt.checkpoint import average_run
 from transformer_nmt.corpora import reference_path
 from transformer_nmt.evaluate import evaluate
 from transformer_nmt.report import build_report, load_results
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and leave the shared cores to others)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_evaluate_end_to_end(workspace, tokenizer, tmp_path, capsys):

@@ -34,15 +34,6 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices gain nothing from threads; one thread avoids contention on shared CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_model(seed: int = 0, **overrides) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(replace(TINY, **overrides), vocab_size=V).eval()

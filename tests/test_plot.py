@@ -33,14 +33,6 @@ TINY_MODEL = ["model.encoder_layers=2", "model.decoder_layers=2", "model.d_model
               "model.d_ff=32", "model.heads=2", "model.dropout=0.0", "model.max_positions=128"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and leave the shared cores to others)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def png_size(path: Path) -> tuple[int, int]:
     """(width, height) from a PNG's signature and IHDR chunk; fails on anything else."""

@@ -40,15 +40,6 @@ TRAINER = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """In-process training on one thread, as the subprocesses (OMP_NUM_THREADS=1): tiny
-    matrices gain nothing from threads, and on busy shared cores a second thread only waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model) -> list[str]:

@@ -17,15 +17,6 @@ from transformer_nmt.config import EOS_ID, DecodeConfig
 from transformer_nmt.translate import translate_lines
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and leave the shared cores to others)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_translate_lines_order_empty_and_overlong(workspace, tokenizer, caplog):
     _, cfg = workspace
     model = new_model(cfg, tokenizer.vocab_size, seed=1)
