@@ -608,55 +608,9 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
             t0 = time.perf_counter()
             out = forward_backward(s.train_model, micro_batches, epsilon=epsilon, device=s.device,
                                    world_size=info.world_size, autocast=s.autocast, scaler=s.scaler)
-            s.scaler.unscale_(s.optimizer)
-            grad_norm_t = grad_norm_(s.params, float(t_cfg.clip_norm))
-            losses = distributed.all_reduce_sum(torch.stack([out["loss_sum"], out["nll_sum"]]))
-            # The step's one host-device synchronisation: counts, losses and norm together.
-            read = torch.cat([out["counts"], losses.to(torch.float64),
-                              grad_norm_t.to(torch.float64).reshape(1)]).tolist()
-            counts = dict(zip(COUNT_NAMES, (int(x) for x in read[:5])))
-            loss_sum, nll_sum, grad_norm = read[5], read[6], read[7]
-            lr = s.scheduler.get_last_lr()[0]
-            state.tokens_seen += counts["ntokens"]
-            state.src_tokens_seen += counts["src_tokens"]
-            state.src_sq_seen += counts["src_sq"]
-            state.tgt_sq_seen += counts["tgt_sq"]
-            state.src_tgt_seen += counts["src_tgt"]
-            out["ntokens"] = counts["ntokens"]
-            if math.isfinite(loss_sum) and math.isfinite(grad_norm):
-                s.scaler.step(s.optimizer)
-                s.scaler.update()
-                s.scheduler.step()
-                s.optimizer.zero_grad(set_to_none=True)
-                state.step += 1
-                state.bad_steps_in_row = 0
-                window.loss += loss_sum
-                window.nll += nll_sum
-                window.ntokens += out["ntokens"]
-                window.grad_norm = grad_norm
+            loss_sum, lr, stepped = _update(s, state, window, out, t_cfg, run_dir)
+            if stepped:
                 bar.update(1)
-            elif loss_overflow(s.scaler, loss_sum, grad_norm):
-                # fp16: the dynamic loss scaler calibrating (scale halved by update()); not a
-                # bad step unless the scale collapses
-                s.optimizer.zero_grad(set_to_none=True)
-                s.scaler.update()
-                state.skipped_steps += 1
-                state.overflow_steps += 1
-                scale = float(s.scaler.get_scale())
-                log.info("step %d skipped: fp16 gradient overflow, loss scale lowered to %g",
-                         state.step + 1, scale)
-                if scale < MIN_LOSS_SCALE:
-                    raise _loss_scale_error(state, scale, run_dir)
-            else:
-                s.optimizer.zero_grad(set_to_none=True)
-                s.scaler.update()
-                state.skipped_steps += 1
-                state.bad_steps_in_row += 1
-                log.warning("step %d skipped: loss %s, gradient norm %s (%d in a row, %d in total)",
-                            state.step + 1, loss_sum, grad_norm, state.bad_steps_in_row,
-                            state.skipped_steps)
-                if state.bad_steps_in_row >= int(t_cfg.max_bad_steps):
-                    raise _bad_steps_error(state, t_cfg, loss_sum, grad_norm, lr, run_dir)
             window.steps += 1
             step_seconds = time.perf_counter() - t0
             state.train_seconds = seconds_before + time.perf_counter() - loop_start
@@ -722,6 +676,72 @@ def _train(cfg: Any, info: distributed.DistInfo, model_vocab_size: int | None,
 
     state.train_seconds = seconds_before + time.perf_counter() - loop_start
     return _finish(cfg, s, state, info, stopped_by, last_valid, resumed_from)
+
+
+def _update(s: Setup, state: TrainState, window: Window, out: dict[str, Any], t_cfg: Any,
+            run_dir: Path) -> tuple[float, float, bool]:
+    """After one step's backward: unscale and clip, read the step's figures (its one host
+    synchronisation: counts, losses and gradient norm together), then apply the optimizer
+    update, or skip the step (an fp16 overflow while the loss scale calibrates, or a
+    non-finite loss or gradient, counted towards ``max_bad_steps``).
+
+    Returns:
+        ``(loss_sum, lr, stepped)``: the step's summed label-smoothed loss over all ranks,
+        the learning rate it used, and whether the parameters were updated.
+
+    Raises:
+        RuntimeError: ``max_bad_steps`` non-finite steps in a row, or the fp16 loss scale
+            below :data:`MIN_LOSS_SCALE`.
+    """
+    s.scaler.unscale_(s.optimizer)
+    grad_norm_t = grad_norm_(s.params, float(t_cfg.clip_norm))
+    losses = distributed.all_reduce_sum(torch.stack([out["loss_sum"], out["nll_sum"]]))
+    # The step's one host-device synchronisation: counts, losses and norm together.
+    read = torch.cat([out["counts"], losses.to(torch.float64),
+                      grad_norm_t.to(torch.float64).reshape(1)]).tolist()
+    counts = dict(zip(COUNT_NAMES, (int(x) for x in read[:5])))
+    loss_sum, nll_sum, grad_norm = read[5], read[6], read[7]
+    lr = s.scheduler.get_last_lr()[0]
+    state.tokens_seen += counts["ntokens"]
+    state.src_tokens_seen += counts["src_tokens"]
+    state.src_sq_seen += counts["src_sq"]
+    state.tgt_sq_seen += counts["tgt_sq"]
+    state.src_tgt_seen += counts["src_tgt"]
+    out["ntokens"] = counts["ntokens"]
+    if math.isfinite(loss_sum) and math.isfinite(grad_norm):
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+        s.scheduler.step()
+        s.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.bad_steps_in_row = 0
+        window.loss += loss_sum
+        window.nll += nll_sum
+        window.ntokens += out["ntokens"]
+        window.grad_norm = grad_norm
+        return loss_sum, lr, True
+    if loss_overflow(s.scaler, loss_sum, grad_norm):
+        # fp16: the dynamic loss scaler calibrating (scale halved by update()); not a
+        # bad step unless the scale collapses
+        s.optimizer.zero_grad(set_to_none=True)
+        s.scaler.update()
+        state.skipped_steps += 1
+        state.overflow_steps += 1
+        scale = float(s.scaler.get_scale())
+        log.info("step %d skipped: fp16 gradient overflow, loss scale lowered to %g",
+                 state.step + 1, scale)
+        if scale < MIN_LOSS_SCALE:
+            raise _loss_scale_error(state, scale, run_dir)
+        return loss_sum, lr, False
+    s.optimizer.zero_grad(set_to_none=True)
+    s.scaler.update()
+    state.skipped_steps += 1
+    state.bad_steps_in_row += 1
+    log.warning("step %d skipped: loss %s, gradient norm %s (%d in a row, %d in total)",
+                state.step + 1, loss_sum, grad_norm, state.bad_steps_in_row, state.skipped_steps)
+    if state.bad_steps_in_row >= int(t_cfg.max_bad_steps):
+        raise _bad_steps_error(state, t_cfg, loss_sum, grad_norm, lr, run_dir)
+    return loss_sum, lr, False
 
 
 def _previous_summary(run_dir: Path) -> dict[str, Any]:
