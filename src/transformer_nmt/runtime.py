@@ -77,9 +77,7 @@ def autocast_context(precision: str, device: torch.device):
 
 def grad_scaler(enabled: bool):
     """A dynamic loss scaler for fp16 training (a disabled one, a no-op, otherwise)."""
-    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
-        return torch.amp.GradScaler("cuda", enabled=enabled)
-    return torch.cuda.amp.GradScaler(enabled=enabled)  # torch < 2.3
+    return torch.amp.GradScaler("cuda", enabled=enabled)
 
 
 def seed_everything(seed: int) -> None:
