@@ -1,10 +1,12 @@
 # transformer-nmt: one entry point per pipeline stage.
-#   make install            venv + editable install with dev and export extras (CPU torch pinned unless torch is already there)
+#   make install            venv + editable install with dev, export and cluster extras (CPU torch pinned unless torch is already there)
 #   make test               the whole test suite (but the torchrun-restart simulation: make test-restart)
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make all                the whole default job: train (data first), average, evaluate, table
 # test, data, train, average, eval and table run `make install` first when the environment is
 # missing or older than pyproject.toml (stamp file $(VENV)/.installed).
+#   make table3 EXP=wmt14_en_de_base [ARGS="hydra/launcher=slurm_torchrun ..."]   the paper's Table 3 sweep
+#   make table3-proxy       Table 3 at CPU scale on Multi30k (resumable; docs/table3_proxy.md)
 #   make plots EXP=<experiment>   training curves, BLEU per checkpoint (runs/<experiment>/plots/)
 #   make export EXP=<experiment>  runs/<experiment>/export/hf (ARGS="export.format=ctranslate2 export.quantization=int8")
 #   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
@@ -20,7 +22,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: all install test test-restart data train average eval export table plots lint clean bench-install bench gpu-check
+.PHONY: all install test test-restart data train average eval export table table3 table3-proxy plots lint clean bench-install bench gpu-check
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -41,7 +43,7 @@ install: $(BIN)/python
 	else \
 		$(BIN)/python -m pip install "$(TORCH_SPEC)"; \
 	fi
-	$(BIN)/python -m pip install -e ".[dev,export]"
+	$(BIN)/python -m pip install -e ".[dev,export,cluster]"
 	@touch $(STAMP)
 
 # The environment is (re)installed when missing or when pyproject.toml changed since.
@@ -75,6 +77,23 @@ export: average
 
 table: $(STAMP)
 	$(BIN)/nmt-table $(ARGS)
+
+# The paper's Table 3 (section 6.2): every row of configs/table3/ trained and evaluated on the
+# development set (one Hydra multirun; rows already done are skipped), then written to
+# docs/results.md. On a cluster: ARGS="hydra/launcher=slurm_torchrun hydra.launcher.partition=..."
+table3: data
+	$(BIN)/nmt-train -m experiment=$(EXP) 'table3=glob(*)' $(ARGS)
+	$(BIN)/nmt-table
+
+# Table 3 at CPU scale (experiment=table3_proxy): the base row with three seeds first, then
+# every other row; about three hours on a 2-core CPU, resumable (finished rows are skipped).
+TABLE3_PROXY := experiment=table3_proxy
+table3-proxy: $(STAMP)
+	$(BIN)/nmt-prepare $(TABLE3_PROXY)
+	$(BIN)/nmt-train -m $(TABLE3_PROXY) table3=base trainer.seed=1,2,3 $(ARGS)
+	$(BIN)/nmt-train -m $(TABLE3_PROXY) 'table3=glob(*,exclude=base)' $(ARGS)
+	$(BIN)/nmt-table 'tables=[table3]' 'results_glob=runs/table3_proxy/**/results.json' \
+		table_output=docs/table3_proxy.md table3_plot=docs/table3_proxy.png
 
 plots: $(STAMP)
 	$(BIN)/nmt-plot experiment=$(EXP) $(ARGS)

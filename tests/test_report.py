@@ -70,7 +70,9 @@ def test_report_tables(tmp_path):
     assert "| Transformer (big), ours: wmt14_en_fr_big | – | – | 40.5 | 38.8 | – | 1.9e+19 |" in text
     # Table 3: the variant matched to the paper's line (d_k=16: PPL 5.16, BLEU 25.1, 58M).
     assert "## Table 3" in text
-    assert "| B | row_b_dk16 | d_k=16 | 61.0M | 5.20 | 24.8 | 24.1 | newstest2013 | 5.16 | 25.1 | 58M |" in text
+    assert "### row_b_dk16 (dev set: newstest2013)" in text
+    assert ("| B | d_k=16 | 6, 512, 2048, 8, 16, 64, 0.1, 0.1, sinusoidal | 1 | 100000 | 61.0M | "
+            "58M | 5.20 | 5.16 | 24.83 | 24.10 | 25.1 | – | -0.7 |") in text
     # Other runs: both Multi30k test sets, with every score type named in the header.
     assert "| paper BLEU | sacreBLEU | chrF |" in text
     assert "test_2016_flickr | 35.52 | 34.47 | 50.00" in text and "test_2017_flickr" in text
@@ -78,3 +80,27 @@ def test_report_tables(tmp_path):
     assert "`sig-paper_bleu`" in text
     # Both newstest2014 variants of the Table 2 runs are listed with their scores.
     assert "| wmt14_en_de_base | wmt14_en_de (en-de) | base | 61.0M | 100000 | 5 | newstest2014_filtered |" in text
+
+
+def test_table3_seeds_are_averaged_and_rows_differenced_against_the_base(tmp_path):
+    """Base row with seeds scoring 20, 22, 24 (mean 22, sample std 2) and one N=2 row at 21."""
+    tiny = {"encoder_layers": 3, "decoder_layers": 3, "d_model": 256, "d_ff": 1024, "heads": 4,
+            "d_k": None, "d_v": None, "dropout": 0.1, "positions": "sinusoidal"}
+    runs = {f"base_seed{i}": ("base", i, bleu, ppl)
+            for i, bleu, ppl in ((1, 20.0, 9.0), (2, 22.0, 10.0), (3, 24.0, 11.0))}
+    runs["C_N2_seed1"] = ("C_N2", 1, 21.0, 12.0)
+    for name, (variant, seed, bleu, ppl) in runs.items():
+        r = fake_result("table3_proxy", "multi30k", "multi30k_en_de", "de", "tiny", ["valid"],
+                        bleu, bleu - 1, row="x", model_cfg=dict(tiny), ppl=ppl)
+        r["table3"] = {"variant": variant, "seed": seed}
+        path = tmp_path / "runs" / "table3_proxy" / "table3" / name / "results.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(r))
+    cfg = compose([f"results_glob={tmp_path}/runs/**/results.json", "tables=[table3]",
+                   f"table_output={tmp_path}/t3.md"])
+    text = write_report(cfg).read_text(encoding="utf-8")
+    assert "### table3_proxy (dev set: valid; seed noise of the base row: ± 2.00 BLEU)" in text
+    assert "| base | base model |" in text and "| 3 | 100000 |" in text
+    assert "| 10.00 ± 1.00 | 4.92 | 22.00 ± 2.00 | 21.00 ± 2.00 | 25.8 | 0 (base) | 0 (base) |" in text
+    assert "| C | N=2 |" in text and "| 21.00 | 20.00 | 23.7 | -1.00 | -2.1 |" in text
+    assert "## Table 2" not in text and "## Other runs" not in text

@@ -30,6 +30,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from transformer_nmt.errors import UserError
+
 # Special ids shared by SentencePiece, binarization, the model and decoding
 # (DESIGN.md: pad=0, unk=1, bos=2, eos=3). Defined here only.
 PAD_ID = 0
@@ -377,6 +379,34 @@ class TranslateConfig:
 
 
 @dataclass
+class Table3Config:
+    """A row of the paper's Table 3 (section 6.2) applied to the experiment's model.
+
+    Set by the ``table3`` config group (``configs/table3/<variant>.yaml``); empty (``variant``
+    None) for every other run. :func:`transformer_nmt.table3.apply_row` turns it into the
+    model and trainer values of the row, relative to the experiment's own (base) values, so
+    one row file serves ``wmt14_en_de_base`` (the paper's values exactly) and the CPU proxy.
+    """
+
+    variant: str | None = None
+    """The row's config name (``A_h1``, ``C_N2``, ``base`` ...); the run folder is
+    ``runs/<name>/table3/<variant>_seed<seed>``."""
+    scale: dict[str, float] = field(default_factory=dict)
+    """Multipliers of the experiment's values: ``heads``, ``d_k`` (the per-head key size,
+    d_model / heads unless set), ``layers`` (encoder and decoder), ``d_model``, ``d_ff``,
+    ``max_steps``. The product must be a whole number."""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Absolute values: ``heads``, ``dropout``, ``label_smoothing``, ``positions``."""
+    scale_steps: bool = True
+    """Apply a row's ``max_steps`` multiplier (big: 300K steps against base's 100K); the CPU
+    proxy sets False so that every row trains the same number of steps."""
+    evaluate: bool = True
+    """``nmt-train`` evaluates the row when training ends, as the paper did for Table 3: the
+    last checkpoint (no averaging), beam search, on the development set (``data.valid_split``,
+    newstest2013 for WMT14), skipped when the row's results.json is already current."""
+
+
+@dataclass
 class Config:
     """The whole configuration: one object for every entry point."""
 
@@ -388,12 +418,16 @@ class Config:
     translate: TranslateConfig = field(default_factory=TranslateConfig)
     name: str = "multi30k_en_de"
     """Experiment name; the run directory is runs/<name>."""
-    run_dir: str = "runs/${name}"
-    table3_row: str | None = None
-    """Paper Table 3 row this experiment reproduces (A-E), for nmt-table."""
-    results_glob: str = "runs/*/results.json"
-    """nmt-table: results files to tabulate."""
+    run_dir: str = "runs/${name}${nmt.table3_dir:${table3.variant},${trainer.seed}}"
+    """``runs/<name>``; a Table 3 row's run: ``runs/<name>/table3/<variant>_seed<seed>``."""
+    table3: Table3Config = field(default_factory=Table3Config)
+    results_glob: str = "runs/**/results.json"
+    """nmt-table: results files to tabulate (``**`` matches any depth)."""
     table_output: str = "docs/results.md"
+    tables: list[str] = field(default_factory=lambda: ["table2", "table3", "other"])
+    """nmt-table: the sections to write (``table2``, ``table3``, ``other``)."""
+    table3_plot: str | None = None
+    """nmt-table: also draw each Table 3 row's dev BLEU difference to the base row (PNG)."""
     extra: Any = None
     """Free-form notes copied into results.json."""
 
@@ -454,6 +488,14 @@ def validate_model_config(cfg: Any, vocab_size: int | None = None, pad_id: int =
 
 
 
+TABLES = ("table2", "table3", "other")
+"""The sections nmt-table can write (``tables``)."""
+
+
+class ConfigError(UserError):
+    """An invalid configuration found after composition (reported as one ``error:`` line)."""
+
+
 def validate(cfg: Any) -> None:
     """Check the values typing cannot (ranges, divisibility, combinations).
 
@@ -496,6 +538,9 @@ def validate(cfg: Any) -> None:
             errors.append(f"data.{key}={getattr(cfg.data, key)} must be positive")
     if cfg.data.max_ratio < 1.0:
         errors.append(f"data.max_ratio={cfg.data.max_ratio} must be >= 1")
+    unknown = [t for t in cfg.tables if t not in TABLES]
+    if unknown:
+        errors.append(f"tables={list(cfg.tables)}: {unknown} not among {list(TABLES)}")
     if len(errors) == 1:
         raise ValueError(f"invalid configuration: {errors[0]}")
     if errors:
@@ -514,10 +559,23 @@ def to_plain(cfg: Any) -> dict:
     return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 
 
+def table3_dir(variant: str | None, seed: Any) -> str:
+    """The ``run_dir`` suffix of a Table 3 row (``/table3/<variant>_seed<seed>``), else ``""``.
+
+    Registered as the OmegaConf resolver ``nmt.table3_dir``.
+    """
+    return "" if variant in (None, "None", "") else f"/table3/{variant}_seed{seed}"
+
+
 def register_configs() -> None:
-    """Store the schema in Hydra's ConfigStore (called on import of this module)."""
+    """Store the schema in Hydra's ConfigStore and register the ``nmt.*`` resolvers
+    (called on import of this module)."""
+    from omegaconf import OmegaConf
+
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
+    if not OmegaConf.has_resolver("nmt.table3_dir"):
+        OmegaConf.register_new_resolver("nmt.table3_dir", table3_dir)
 
 
 register_configs()

@@ -94,13 +94,13 @@ def reference_path(data_cfg: Any, split: str, lang: str) -> Path:
 
 
 def keep_references(data_cfg: Any, sources: list[SplitSource]) -> list[Path]:
-    """Copy the target side of every test split, byte for byte (gzip decompressed), to
+    """Copy the target side of every test split and of the validation split, byte for byte (gzip decompressed), to
     :func:`reference_path`; a copy newer than its original is left as it is.
 
     Returns:
         The reference files, one per test split.
     """
-    tests = set(data_cfg.test_splits)
+    tests = {data_cfg.valid_split, *data_cfg.test_splits}  # the dev set too (Table 3's BLEU)
     out = []
     for source in sources:
         if source.split not in tests:

@@ -17,7 +17,8 @@ scored against the official reference exactly as distributed,
 ``runs/<name>/results.json`` (written atomically) records::
 
     {
-      "experiment", "date" (ISO 8601, UTC), "table3_row", "extra",
+      "experiment", "date" (ISO 8601, UTC), "run_dir", "table3_row", "table3" (variant, seed)
+      or null, "extra",
       "data": {"name", "corpus", "src_lang", "tgt_lang"},
       "model": {"name", "params", "config"},
       "trainer": {"label_smoothing", "max_steps"}   (from the checkpoint's config),
@@ -51,6 +52,7 @@ from transformer_nmt.checkpoint import checkpoint_step
 from transformer_nmt.corpora import reference_path
 from transformer_nmt.fileio import atomic_write, raw_path
 from transformer_nmt.runtime import resolve_device
+from transformer_nmt.table3 import PAPER_TABLE3
 from transformer_nmt.translate import (
     read_lines,
     resolve_checkpoint,
@@ -110,7 +112,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
 
     Args:
         cfg: the composed run config (``data``, ``decode``, ``name``, ``run_dir``,
-            ``table3_row``, ``extra``).
+            ``table3``, ``extra``).
 
     Returns:
         The results dict written to ``<run_dir>/results.json``.
@@ -171,13 +173,18 @@ def evaluate(cfg: Any) -> dict[str, Any]:
         }
 
     summary = read_train_summary(run_dir)
+    paper_row = PAPER_TABLE3.get(str(cfg.table3.variant)) if cfg.table3.variant else None
+    table3_row = paper_row.row if paper_row is not None else (cfg.table3.variant or None)
     cost = {k: summary.get(k) for k in TRAINING_COST_KEYS} if summary is not None else None
     averaged = meta["averaged_from"]
     trainer_cfg = model_cfg.get("trainer", {}) if hasattr(model_cfg, "get") else {}
     results = {
         "experiment": cfg.name,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "table3_row": cfg.table3_row,
+        "run_dir": str(run_dir),
+        "table3_row": table3_row,
+        "table3": ({"variant": str(cfg.table3.variant), "seed": int(cfg.trainer.seed)}
+                   if cfg.table3.variant else None),
         "extra": _plain(cfg.extra),
         "data": {
             "name": data.name,

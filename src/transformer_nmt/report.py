@@ -1,15 +1,17 @@
 """``nmt-table``: the paper's tables rebuilt from every run's results.json.
 
-Pipeline position: bleu -> **table**. Reads ``cfg.results_glob`` (``runs/*/results.json``,
+Pipeline position: bleu -> **table**. Reads ``cfg.results_glob`` (``runs/**/results.json``,
 written by :mod:`transformer_nmt.evaluate`) and writes ``cfg.table_output``
-(``docs/results.md``) atomically, with three sections:
+(``docs/results.md``) atomically, with the sections ``cfg.tables`` names:
 
 * **Table 2** (paper section 6.1): newstest2014 BLEU, EN-DE and EN-FR, and training cost,
   for Transformer base and big; the paper's numbers beside ours. Runs qualify when their
   corpus is ``wmt14``, their model preset ``base`` or ``big`` and they name no Table 3 row.
-* **Table 3** (paper section 6.2): variant runs (``table3_row`` A-E, or base/big), each
-  matched to the paper line with the same N, d_model, d_ff, h, d_k, d_v, P_drop,
-  epsilon_ls and positional encoding.
+* **Table 3** (paper section 6.2): the runs of Table 3 rows (:mod:`transformer_nmt.table3`),
+  one table per base experiment, each row beside the paper's line it varies (by
+  ``table3.variant``; a run configured by hand: the line with the same setting), seeds
+  averaged, and each row's BLEU difference to its base row beside the paper's. With
+  ``table3_plot`` the differences are drawn too (:func:`transformer_nmt.plot.plot_table3`).
 * **Other runs** (Multi30k, custom corpora, ...): every test set's scores.
 
 Every BLEU number is in a column or cell that names its kind. The paper's numbers are
@@ -26,10 +28,12 @@ import glob
 import json
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from transformer_nmt.fileio import atomic_write
+from transformer_nmt.table3 import DEV_SET, PAPER_TABLE3, SETTING_KEYS, PaperRow, setting
 
 log = logging.getLogger(__name__)
 
@@ -40,39 +44,7 @@ PAPER_TABLE2 = {
 }
 TABLE2_TEST_SET = "newstest2014"
 
-# Paper Table 3 (EN-DE newstest2013, no checkpoint averaging): row, change, the full
-# (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, positions) setting, PPL, BLEU, params (M).
-_BASE = {"N": 6, "d_model": 512, "d_ff": 2048, "h": 8, "d_k": 64, "d_v": 64,
-         "P_drop": 0.1, "eps_ls": 0.1, "positions": "sinusoidal"}
-
-
-def _setting(**changes: Any) -> dict[str, Any]:
-    return {**_BASE, **changes}
-
-
-PAPER_TABLE3: list[tuple[str, str, dict[str, Any], float, float, float | None]] = [
-    ("base", "base model", _setting(), 4.92, 25.8, 65),
-    ("A", "h=1, d_k=d_v=512", _setting(h=1, d_k=512, d_v=512), 5.29, 24.9, None),
-    ("A", "h=4, d_k=d_v=128", _setting(h=4, d_k=128, d_v=128), 5.00, 25.5, None),
-    ("A", "h=16, d_k=d_v=32", _setting(h=16, d_k=32, d_v=32), 4.91, 25.8, None),
-    ("A", "h=32, d_k=d_v=16", _setting(h=32, d_k=16, d_v=16), 5.01, 25.4, None),
-    ("B", "d_k=16", _setting(d_k=16), 5.16, 25.1, 58),
-    ("B", "d_k=32", _setting(d_k=32), 5.01, 25.4, 60),
-    ("C", "N=2", _setting(N=2), 6.11, 23.7, 36),
-    ("C", "N=4", _setting(N=4), 5.19, 25.3, 50),
-    ("C", "N=8", _setting(N=8), 4.88, 25.5, 80),
-    ("C", "d_model=256, d_k=d_v=32", _setting(d_model=256, d_k=32, d_v=32), 5.75, 24.5, 28),
-    ("C", "d_model=1024, d_k=d_v=128", _setting(d_model=1024, d_k=128, d_v=128), 4.66, 26.0, 168),
-    ("C", "d_ff=1024", _setting(d_ff=1024), 5.12, 25.4, 53),
-    ("C", "d_ff=4096", _setting(d_ff=4096), 4.75, 26.2, 90),
-    ("D", "P_drop=0.0", _setting(P_drop=0.0), 5.77, 24.6, None),
-    ("D", "P_drop=0.2", _setting(P_drop=0.2), 4.95, 25.5, None),
-    ("D", "eps_ls=0.0", _setting(eps_ls=0.0), 4.67, 25.3, None),
-    ("D", "eps_ls=0.2", _setting(eps_ls=0.2), 5.47, 25.7, None),
-    ("E", "learned positional embedding", _setting(positions="learned"), 4.92, 25.7, None),
-    ("big", "big model", _setting(d_model=1024, d_ff=4096, h=16, P_drop=0.3), 4.33, 26.4, 213),
-]
-TABLE3_TEST_SET = "newstest2013"
+TABLE3_TEST_SET = DEV_SET
 
 TOK = "paper BLEU"
 TOK_DE = "paper BLEU (t2t get_ende_bleu.sh)"
@@ -89,7 +61,7 @@ def load_results(pattern: str) -> list[dict[str, Any]]:
         ValueError: naming a file that is not valid JSON.
     """
     out = []
-    for path in sorted(glob.glob(pattern)):
+    for path in sorted(glob.glob(pattern, recursive=True)):
         try:
             result = json.loads(Path(path).read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
@@ -105,25 +77,22 @@ def run_setting(result: dict[str, Any]) -> dict[str, Any] | None:
     None when the encoder and decoder depths differ or the config is missing.
     """
     m = (result.get("model") or {}).get("config")
-    if not m or m.get("encoder_layers") != m.get("decoder_layers"):
+    if not m:
         return None
-    heads, d_model = m["heads"], m["d_model"]
-    return {
-        "N": m["encoder_layers"], "d_model": d_model, "d_ff": m["d_ff"], "h": heads,
-        "d_k": m.get("d_k") or d_model // heads, "d_v": m.get("d_v") or d_model // heads,
-        "P_drop": float(m.get("dropout", 0.1)),
-        "eps_ls": float((result.get("trainer") or {}).get("label_smoothing") or 0.0),
-        "positions": m.get("positions", "sinusoidal"),
-    }
+    return setting(m, (result.get("trainer") or {}).get("label_smoothing"))
 
 
-def paper_table3_line(result: dict[str, Any]):
-    """The paper's Table 3 line with the same setting as the run, or None."""
-    setting = run_setting(result)
-    if setting is None:
+def paper_table3_line(result: dict[str, Any]) -> PaperRow | None:
+    """The paper's Table 3 line of a run: the row its ``table3.variant`` names, else the line
+    with the same setting (a run configured by hand), else None."""
+    variant = (result.get("table3") or {}).get("variant")
+    if variant in PAPER_TABLE3:
+        return PAPER_TABLE3[variant]
+    run = run_setting(result)
+    if run is None:
         return None
-    for line in PAPER_TABLE3:
-        if all(_same(setting[k], line[2][k]) for k in _BASE):
+    for line in PAPER_TABLE3.values():
+        if all(_same(run[k], v) for k, v in line.setting().items()):
             return line
     return None
 
@@ -188,7 +157,7 @@ def is_table2_run(result: dict[str, Any]) -> bool:
     return (
         (result.get("data") or {}).get("corpus") == "wmt14"
         and (result.get("model") or {}).get("name") in PAPER_TABLE2
-        and not result.get("table3_row")
+        and not is_table3_run(result)
     )
 
 
@@ -234,39 +203,135 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def is_table3_run(result: dict[str, Any]) -> bool:
+    """A run of a Table 3 row (``table3`` in results.json, or an older ``table3_row``)."""
+    return bool(result.get("table3") or result.get("table3_row"))
+
+
+def _dev_split(result: dict[str, Any]) -> str | None:
+    splits = list(result.get("test_sets") or {})
+    return TABLE3_TEST_SET if TABLE3_TEST_SET in splits else (splits[0] if splits else None)
+
+
+def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
+    if not xs:
+        return None, None
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, None
+    return mean, (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
+@dataclass
+class Table3Line:
+    """One row of our Table 3: every seed of one variant of one base experiment."""
+
+    experiment: str
+    variant: str
+    paper: PaperRow | None
+    runs: list[dict[str, Any]]
+
+    def values(self, kind: str) -> list[float]:
+        """BLEU (``paper_bleu`` / ``sacrebleu``) or ``ppl`` of every seed that has it."""
+        out = []
+        for r in self.runs:
+            if kind == "ppl":
+                x = ((r.get("train_summary") or {}).get("valid") or {}).get("ppl")
+            else:
+                split = _dev_split(r)
+                x = _score(r, split, kind) if split else None
+            if x is not None:
+                out.append(float(x))
+        return out
+
+
+def table3_lines(results: list[dict[str, Any]]) -> dict[str, list[Table3Line]]:
+    """Table 3 runs grouped by base experiment, then by variant (the paper's order; the
+    seeds of a variant together)."""
+    groups: dict[str, dict[str, Table3Line]] = {}
+    order = {v: i for i, v in enumerate(PAPER_TABLE3)}
+    for r in results:
+        if not is_table3_run(r):
+            continue
+        paper = paper_table3_line(r)
+        variant = (r.get("table3") or {}).get("variant") or (
+            paper.variant if paper else str(r.get("experiment")))
+        group = groups.setdefault(str(r.get("experiment")), {})
+        group.setdefault(variant, Table3Line(str(r.get("experiment")), variant, paper, [])).runs.append(r)
+    return {
+        exp: sorted(lines.values(), key=lambda x: (order.get(x.variant, len(order)), x.variant))
+        for exp, lines in sorted(groups.items())
+    }
+
+
+def base_line(lines: list[Table3Line]) -> Table3Line | None:
+    """The base row of a group, if it was run."""
+    return next((x for x in lines if x.variant == "base"), None)
+
+
+def _fmt_ms(mean: float | None, std: float | None, digits: int) -> str:
+    if mean is None:
+        return "–"
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+
+
+def _fmt_delta(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x:+.{digits}f}"
+
+
+def _setting_text(r: dict[str, Any]) -> str:
+    run = run_setting(r)
+    if run is None:
+        return "–"
+    return ", ".join(f"{run[k]:g}" if isinstance(run[k], float) else str(run[k])
+                     for k in SETTING_KEYS)
+
+
 def table3_section(results: list[dict[str, Any]]) -> list[str]:
     """Markdown lines of the Table 3 section (empty when no run names a Table 3 row)."""
-    variants = [r for r in results if r.get("table3_row")]
-    if not variants:
+    groups = table3_lines(results)
+    if not groups:
         return []
-    header = [
-        "row", "run", "change from base", "params", "PPL (dev, ours)",
-        f"{TOK} (ours)", f"{SACRE} (ours)", "test set (ours)",
-        "PPL (paper)", f"{TOK} (paper, newstest2013)", "params (paper)",
-    ]
-    rows = []
-    for r in sorted(variants, key=lambda r: (str(r["table3_row"]), r["experiment"])):
-        line = paper_table3_line(r)
-        splits = list(r.get("test_sets") or {})
-        split = TABLE3_TEST_SET if TABLE3_TEST_SET in splits else (splits[0] if splits else "–")
-        ppl = ((r.get("train_summary") or {}).get("valid") or {}).get("ppl")
-        rows.append([
-            str(r["table3_row"]), r["experiment"], line[1] if line else "(no paper line)",
-            _params(r), _fmt(ppl, 2), _fmt(_score(r, split, PAPER_KIND)),
-            _fmt(_score(r, split, "sacrebleu")), split,
-            _fmt(line[3], 2) if line else "–", _fmt(line[4]) if line else "–",
-            f"{line[5]}M" if line and line[5] else "–",
-        ])
-    return [
-        "## Table 3: variants (EN-DE)",
+    out = [
+        "## Table 3: variations on the base model (EN-DE)",
         "",
-        f"Paper: newstest2013, beam search without checkpoint averaging, {TOK}, PPL per",
-        "word-piece on the development set. Ours: the run's last validation perplexity (per",
-        "SentencePiece piece) and both BLEU kinds on the test set named in the row.",
-        "",
-        *_table(header, rows),
+        f"Paper: newstest2013, beam search without checkpoint averaging, {TOK} and perplexity",
+        "per word-piece on the development set. Ours: the same way on the experiment's",
+        "development set (its last checkpoint, no averaging): the last validation perplexity",
+        f"(per SentencePiece piece), {TOK} and {SACRE}. Δ: the row's BLEU ({TOK}) minus its",
+        "base row's; with several seeds a cell is mean ± standard deviation over the seeds, and",
+        "the base row's deviation is the seed noise each Δ is to be read against. Setting: N,",
+        "d_model, d_ff, h, d_k, d_v, P_drop, ε_ls, positions.",
         "",
     ]
+    header = ["row", "change (paper)", "setting (ours)", "seeds", "steps", "params (ours)",
+              "params (paper)", "PPL (ours)", "PPL (paper)", f"{TOK} (ours)", f"{SACRE} (ours)",
+              f"{TOK} (paper)", "Δ (ours)", "Δ (paper)"]
+    base_paper = PAPER_TABLE3["base"]
+    for exp, lines in groups.items():
+        base = base_line(lines)
+        base_bleu, base_std = _mean_std(base.values(PAPER_KIND)) if base else (None, None)
+        splits = sorted({_dev_split(r) or "–" for x in lines for r in x.runs})
+        rows = []
+        for x in lines:
+            p = x.paper
+            bleu, std = _mean_std(x.values(PAPER_KIND))
+            ppl, ppl_std = _mean_std(x.values("ppl"))
+            sacre, sacre_std = _mean_std(x.values("sacrebleu"))
+            r0 = x.runs[0]
+            delta = None if bleu is None or base_bleu is None else bleu - base_bleu
+            rows.append([
+                p.row if p else str(r0.get("table3_row") or "–"), p.change if p else x.variant,
+                _setting_text(r0), str(len(x.runs)), str(r0.get("steps", "–")), _params(r0),
+                f"{p.params:g}M" if p and p.params else "–",
+                _fmt_ms(ppl, ppl_std, 2), _fmt(p.ppl, 2) if p else "–",
+                _fmt_ms(bleu, std, 2), _fmt_ms(sacre, sacre_std, 2), _fmt(p.bleu) if p else "–",
+                "0 (base)" if x is base else _fmt_delta(delta, 2),
+                "0 (base)" if p is base_paper else (_fmt_delta(p.bleu - base_paper.bleu) if p else "–"),
+            ])
+        noise = "" if base_std is None else f"; seed noise of the base row: ± {base_std:.2f} BLEU"
+        out += [f"### {exp} (dev set: {', '.join(splits)}{noise})", "", *_table(header, rows), ""]
+    return out
 
 
 def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
@@ -314,7 +379,7 @@ def table2_details_section(results: list[dict[str, Any]]) -> list[str]:
 
 def others_section(results: list[dict[str, Any]]) -> list[str]:
     """Markdown lines for every run outside Tables 2 and 3, one row per test set."""
-    others = [r for r in results if not is_table2_run(r) and not r.get("table3_row")]
+    others = [r for r in results if not is_table2_run(r) and not is_table3_run(r)]
     if not others:
         return []
     return [
@@ -340,8 +405,10 @@ def signatures_section(results: list[dict[str, Any]]) -> list[str]:
     return ["## Score signatures", "", *[f"- {label}: `{sig}`" for label, sig in seen], ""]
 
 
-def build_report(results: list[dict[str, Any]]) -> str:
-    """The whole results.md text."""
+def build_report(results: list[dict[str, Any]],
+                 tables: Iterable[str] = ("table2", "table3", "other")) -> str:
+    """The whole results.md text, with the sections named in ``tables``."""
+    tables = set(tables)
     lines = [
         "# Results",
         "",
@@ -349,10 +416,10 @@ def build_report(results: list[dict[str, Any]]) -> str:
         + (", ".join(sorted(r["_path"] for r in results if "_path" in r)) or "no results.json files")
         + ".",
         "",
-        *table2_section(results),
-        *table2_details_section(results),
-        *table3_section(results),
-        *others_section(results),
+        *(table2_section(results) if "table2" in tables else []),
+        *(table2_details_section(results) if "table2" in tables else []),
+        *(table3_section(results) if "table3" in tables else []),
+        *(others_section(results) if "other" in tables else []),
         *signatures_section(results),
     ]
     return "\n".join(lines).rstrip() + "\n"
@@ -369,6 +436,15 @@ def write_report(cfg: Any) -> Path:
         log.warning("no results files match %s; writing the paper's numbers only", cfg.results_glob)
     out = Path(cfg.table_output)
     with atomic_write(out) as f:
-        f.write(build_report(results))
+        f.write(build_report(results, cfg.tables))
     log.info("wrote %s from %d results files", out, len(results))
+    if cfg.table3_plot:
+        from transformer_nmt.plot import plot_table3
+
+        for exp, lines in table3_lines(results).items():
+            plot = Path(cfg.table3_plot)
+            if len(table3_lines(results)) > 1:
+                plot = plot.with_name(f"{plot.stem}_{exp}{plot.suffix}")
+            plot_table3(exp, lines, plot)
+            log.info("wrote %s", plot)
     return out

@@ -1,7 +1,9 @@
 """``nmt-evaluate``: translate a run's test sets and score them (sacreBLEU against the official reference, the paper's BLEU, chrF).
 
 Example: ``nmt-evaluate experiment=wmt14_en_de_base`` writes ``runs/<name>/translations/`` and
-``runs/<name>/results.json`` and prints every score with its label and signature.
+``runs/<name>/results.json`` and prints every score with its label and signature. With a
+Table 3 row (``table3=C_N2``) the row is evaluated as the paper's Table 3 was: the development
+set, the last checkpoint, no averaging (:func:`transformer_nmt.table3.evaluation_config`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ def app(cfg: DictConfig) -> None:
     with user_errors():
         validate(cfg)
         retain_freed_memory()  # beam search allocates large tensors at every step
+        if cfg.table3.variant:
+            from transformer_nmt.table3 import evaluation_config
+
+            cfg = evaluation_config(cfg)
         evaluate(cfg)
 
 

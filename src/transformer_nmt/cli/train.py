@@ -10,9 +10,20 @@ naming the missing file when it is not there. The run directory is ``cfg.run_dir
 (``runs/<name>``), the same on every rank; a run directory that already holds checkpoints
 is resumed from its latest one. ``trainer.dry_run=true`` runs
 :func:`transformer_nmt.dryrun.dry_run` instead.
+
+The paper's Table 3 as one sweep (each row its own run folder, trained then evaluated on the
+development set; rows already done are skipped)::
+
+    nmt-train -m experiment=wmt14_en_de_base 'table3=glob(*)'
+    nmt-train -m experiment=wmt14_en_de_base 'table3=glob(*)' hydra/launcher=slurm_torchrun
+
+Under Hydra's submitit SLURM launcher each task gets the torchrun environment from SLURM
+(:func:`export_submitit_environment`).
 """
 
 from __future__ import annotations
+
+import os
 
 import hydra
 from omegaconf import DictConfig
@@ -25,17 +36,48 @@ from transformer_nmt.cli import CONFIG_DIR, run_app, user_errors
 # to this file is not found when the app starts from the nmt-train console script.
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Validate the config and train (or dry-run: prepare a slice, then train a few steps)."""
+    """Validate the config and train (or dry-run: prepare a slice, then train a few steps);
+    a Table 3 row is applied first and evaluated after training."""
     with user_errors():
-        _config.validate(cfg)
+        from transformer_nmt.table3 import apply_row
+
+        apply_row(cfg)
+        try:
+            _config.validate(cfg)
+        except ValueError as e:  # a row that gives an invalid model for this experiment
+            raise _config.ConfigError(str(e)) from e
+        export_submitit_environment()
         if cfg.trainer.dry_run:
             from transformer_nmt.dryrun import dry_run
 
             dry_run(cfg)
-        else:
-            from transformer_nmt.train import train
+            return
+        from transformer_nmt.train import train
 
-            train(cfg)
+        train(cfg)
+        if cfg.table3.variant and cfg.table3.evaluate and int(os.environ.get("RANK", "0")) == 0:
+            from transformer_nmt.cli import retain_freed_memory
+            from transformer_nmt.table3 import evaluate_row
+
+            retain_freed_memory()
+            evaluate_row(cfg)
+
+
+def export_submitit_environment() -> bool:
+    """Under Hydra's submitit SLURM launcher (one task per GPU, no torchrun), set ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` from the SLURM job
+    with submitit's own helper, so :func:`transformer_nmt.distributed.init_distributed` reads
+    them as it reads torchrun's.
+
+    Returns:
+        True when the environment was set; False outside submitit or under torchrun.
+    """
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or "RANK" in os.environ:
+        return False
+    from submitit.helpers import TorchDistributedEnvironment
+
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return True
 
 
 def main() -> None:

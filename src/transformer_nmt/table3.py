@@ -1,0 +1,250 @@
+"""The paper's Table 3 (section 6.2): its rows, applied to any base experiment, and their evaluation.
+
+A row is a config of the ``table3`` group (``configs/table3/<variant>.yaml``,
+:class:`transformer_nmt.config.Table3Config`): multipliers of the experiment's own values
+(``scale``) and absolute values (``fixed``). :func:`apply_row` turns it into model and
+trainer settings, so the same row file gives the paper's values on ``wmt14_en_de_base``
+(tested against :data:`PAPER_TABLE3`) and the same relative change on the CPU proxy
+(``experiment=table3_proxy``, the ``tiny`` model). The scaling rule:
+
+* A: ``h`` x 1/2, x 2, x 4 with d_k = d_v = d_model / h; the single-head row sets h = 1;
+* B: d_k x 1/4, x 1/2 of d_model / h, d_v unchanged;
+* C: N (encoder and decoder) x 1/3, x 2/3, x 4/3; d_model x 1/2, x 2 (h unchanged, so
+  d_k = d_v follow); d_ff x 1/2, x 2;
+* D: P_drop 0.0 / 0.2 and epsilon_ls 0.0 / 0.2 as absolute values; E: learned positions;
+* big: d_model, d_ff and h x 2, P_drop 0.3, steps x 3 (unless ``table3.scale_steps=false``).
+
+The paper evaluated Table 3 on newstest2013 (WMT14's development set) with beam search and
+no checkpoint averaging; :func:`evaluation_config` does the same with ``data.valid_split``
+and the run's last checkpoint, and :func:`evaluate_row` skips a row whose results.json
+already belongs to that checkpoint (a sweep can be finished over several sittings).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf, open_dict
+
+from transformer_nmt.errors import UserError
+
+log = logging.getLogger(__name__)
+
+SCALABLE = ("heads", "d_k", "layers", "d_model", "d_ff", "max_steps")
+"""Keys of ``table3.scale``."""
+SETTABLE = ("heads", "dropout", "label_smoothing", "positions")
+"""Keys of ``table3.fixed``."""
+
+
+def _writable(cfg: Any):
+    """``open_dict`` for a DictConfig; nothing for a dataclass."""
+    return open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.nullcontext()
+
+
+class Table3Error(UserError):
+    """A row that cannot be applied to the experiment (names the row, key and values)."""
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """One line of the paper's Table 3 (EN-DE newstest2013, no checkpoint averaging).
+
+    ``ppl`` is per word-piece on the development set, ``bleu`` tokenized BLEU, ``params``
+    in millions (None where the paper leaves the cell empty), ``steps`` training steps.
+    """
+
+    variant: str
+    row: str
+    change: str
+    N: int
+    d_model: int
+    d_ff: int
+    h: int
+    d_k: int
+    d_v: int
+    P_drop: float
+    eps_ls: float
+    positions: str
+    steps: int
+    ppl: float
+    bleu: float
+    params: float | None
+
+    def setting(self) -> dict[str, Any]:
+        """(N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, positions) as a dict."""
+        return {k: getattr(self, k) for k in SETTING_KEYS}
+
+
+SETTING_KEYS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "positions")
+
+
+def _row(variant: str, row: str, change: str, ppl: float, bleu: float, params: float | None,
+         **changes: Any) -> PaperRow:
+    base = {"N": 6, "d_model": 512, "d_ff": 2048, "h": 8, "d_k": 64, "d_v": 64,
+            "P_drop": 0.1, "eps_ls": 0.1, "positions": "sinusoidal", "steps": 100_000}
+    return PaperRow(variant, row, change, **{**base, **changes}, ppl=ppl, bleu=bleu, params=params)
+
+
+PAPER_TABLE3: dict[str, PaperRow] = {r.variant: r for r in [
+    _row("base", "base", "base model", 4.92, 25.8, 65),
+    _row("A_h1", "A", "h=1, d_k=d_v=512", 5.29, 24.9, None, h=1, d_k=512, d_v=512),
+    _row("A_h4", "A", "h=4, d_k=d_v=128", 5.00, 25.5, None, h=4, d_k=128, d_v=128),
+    _row("A_h16", "A", "h=16, d_k=d_v=32", 4.91, 25.8, None, h=16, d_k=32, d_v=32),
+    _row("A_h32", "A", "h=32, d_k=d_v=16", 5.01, 25.4, None, h=32, d_k=16, d_v=16),
+    _row("B_dk16", "B", "d_k=16", 5.16, 25.1, 58, d_k=16),
+    _row("B_dk32", "B", "d_k=32", 5.01, 25.4, 60, d_k=32),
+    _row("C_N2", "C", "N=2", 6.11, 23.7, 36, N=2),
+    _row("C_N4", "C", "N=4", 5.19, 25.3, 50, N=4),
+    _row("C_N8", "C", "N=8", 4.88, 25.5, 80, N=8),
+    _row("C_dmodel256", "C", "d_model=256, d_k=d_v=32", 5.75, 24.5, 28,
+         d_model=256, d_k=32, d_v=32),
+    _row("C_dmodel1024", "C", "d_model=1024, d_k=d_v=128", 4.66, 26.0, 168,
+         d_model=1024, d_k=128, d_v=128),
+    _row("C_dff1024", "C", "d_ff=1024", 5.12, 25.4, 53, d_ff=1024),
+    _row("C_dff4096", "C", "d_ff=4096", 4.75, 26.2, 90, d_ff=4096),
+    _row("D_drop0", "D", "P_drop=0.0", 5.77, 24.6, None, P_drop=0.0),
+    _row("D_drop02", "D", "P_drop=0.2", 4.95, 25.5, None, P_drop=0.2),
+    _row("D_ls0", "D", "eps_ls=0.0", 4.67, 25.3, None, eps_ls=0.0),
+    _row("D_ls02", "D", "eps_ls=0.2", 5.47, 25.7, None, eps_ls=0.2),
+    _row("E_learned", "E", "learned positional embedding", 4.92, 25.7, None, positions="learned"),
+    _row("big", "big", "big model", 4.33, 26.4, 213, d_model=1024, d_ff=4096, h=16, P_drop=0.3,
+         steps=300_000),
+]}
+"""The paper's Table 3 (shared/PAPER.md), keyed by the ``table3`` config name."""
+
+DEV_SET = "newstest2013"
+"""The paper's Table 3 test set: WMT14's development set (``data.valid_split``)."""
+
+
+def _whole(row: str, key: str, base: Any, factor: float) -> int:
+    value = float(base) * float(factor)
+    if round(value) < 1 or abs(value - round(value)) > 1e-3 * max(1.0, abs(value)):
+        raise Table3Error(
+            f"table3={row}: {key} {base} x {factor:g} = {value:g} is not a positive whole number; "
+            f"this row does not scale to the experiment's {key}={base}")
+    return round(value)
+
+
+def apply_row(cfg: Any) -> Any:
+    """Write the row ``cfg.table3`` into ``cfg.model`` / ``cfg.trainer`` (in place) and return cfg.
+
+    A config without a row (``table3.variant`` None) is returned unchanged. Multipliers act on
+    the composed experiment's values; ``d_k`` scales the effective size (d_model / heads when
+    unset), and a row that changes heads or d_model leaves d_k / d_v to follow d_model / heads
+    unless the experiment set them.
+
+    Raises:
+        Table3Error: an unknown key, or a product that is not a positive whole number (names
+            the row, the key and the values).
+    """
+    t = cfg.table3
+    if not t.variant:
+        return cfg
+    row = str(t.variant)
+    scale, values = dict(t.scale or {}), dict(t.fixed or {})
+    for key in scale:
+        if key not in SCALABLE:
+            raise Table3Error(f"table3={row}: table3.scale.{key} is not one of {list(SCALABLE)}")
+    for key in values:
+        if key not in SETTABLE:
+            raise Table3Error(f"table3={row}: table3.fixed.{key} is not one of {list(SETTABLE)}")
+    m, tr = cfg.model, cfg.trainer
+    d_k_base = m.d_k or m.d_model // m.heads
+    with _writable(cfg):
+        if "layers" in scale:
+            m.encoder_layers = _whole(row, "encoder_layers", m.encoder_layers, scale["layers"])
+            m.decoder_layers = _whole(row, "decoder_layers", m.decoder_layers, scale["layers"])
+        for key in ("heads", "d_model", "d_ff"):
+            if key in scale:
+                setattr(m, key, _whole(row, key, getattr(m, key), scale[key]))
+        if "d_k" in scale:
+            m.d_k = _whole(row, "d_k", d_k_base, scale["d_k"])
+        if "max_steps" in scale and t.scale_steps and tr.max_steps is not None:
+            tr.max_steps = _whole(row, "max_steps", tr.max_steps, scale["max_steps"])
+        for key, value in values.items():
+            if key == "label_smoothing":
+                tr.label_smoothing = float(value)
+            elif key == "dropout":
+                m.dropout = float(value)
+            else:
+                setattr(m, key, value)
+    return cfg
+
+
+def setting(model_cfg: Any, label_smoothing: float | None) -> dict[str, Any] | None:
+    """A model's (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, positions) as in Table 3.
+
+    Args:
+        model_cfg: a model config (dataclass, DictConfig or plain dict).
+        label_smoothing: the run's epsilon_ls.
+
+    Returns:
+        The setting, or None when the encoder and decoder depths differ.
+    """
+    get = model_cfg.get if isinstance(model_cfg, dict) else lambda k, d=None: getattr(model_cfg, k, d)
+    if get("encoder_layers") != get("decoder_layers"):
+        return None
+    heads, d_model = get("heads"), get("d_model")
+    return {
+        "N": get("encoder_layers"), "d_model": d_model, "d_ff": get("d_ff"), "h": heads,
+        "d_k": get("d_k") or d_model // heads, "d_v": get("d_v") or d_model // heads,
+        "P_drop": float(get("dropout", 0.1)), "eps_ls": float(label_smoothing or 0.0),
+        "positions": str(get("positions", "sinusoidal")),
+    }
+
+
+def evaluation_config(cfg: Any) -> Any:
+    """A copy of ``cfg`` that evaluates the row the paper's way: the development set
+    (``data.valid_split``) as the only test set, and the run's last checkpoint (no averaging).
+
+    Raises:
+        FileNotFoundError: the run has no checkpoint yet (names the folder).
+    """
+    from transformer_nmt.checkpoint import checkpoint_dir, latest_checkpoint
+
+    latest = latest_checkpoint(cfg.run_dir)
+    if latest is None:
+        raise FileNotFoundError(
+            f"table3={cfg.table3.variant}: no checkpoint_<step>.pt in {checkpoint_dir(cfg.run_dir)} "
+            "(train the row first)")
+    out = copy.deepcopy(cfg)
+    with _writable(out):
+        out.data.test_splits = [out.data.valid_split]
+        out.decode.checkpoint = str(latest)
+    return out
+
+
+def results_are_current(cfg: Any) -> bool:
+    """True when ``<run_dir>/results.json`` was written from the row's last checkpoint with
+    the same decoding settings and test sets as :func:`evaluation_config` gives now."""
+    path = Path(cfg.run_dir) / "results.json"
+    if not path.is_file():
+        return False
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return False
+    ev = evaluation_config(cfg)
+    decode = OmegaConf.to_container(ev.decode, resolve=True, enum_to_str=True) \
+        if OmegaConf.is_config(ev.decode) else vars(ev.decode)
+    same_decode = all(old.get("decode", {}).get(k) == v for k, v in decode.items()
+                      if k in old.get("decode", {}))
+    return (old.get("checkpoint") == str(ev.decode.checkpoint) and same_decode
+            and list(old.get("test_sets") or {}) == list(ev.data.test_splits))
+
+
+def evaluate_row(cfg: Any) -> dict[str, Any] | None:
+    """Evaluate a trained row (:func:`evaluation_config`); None when results.json is current."""
+    from transformer_nmt.evaluate import evaluate
+
+    if results_are_current(cfg):
+        log.info("table3=%s: %s/results.json is current; not evaluated again",
+                 cfg.table3.variant, cfg.run_dir)
+        return None
+    return evaluate(evaluation_config(cfg))
