@@ -48,7 +48,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,11 +163,44 @@ def _permute_marian(sd: dict[str, torch.Tensor], order: torch.Tensor) -> dict[st
     return out
 
 
-def _split_attention(ours: dict[str, torch.Tensor], d: int, dst: str, src: str,
-                     names: Sequence[str], sd: dict[str, torch.Tensor]) -> None:
-    weights, biases = ours[f"{src}.weight"].split(d, 0), ours[f"{src}.bias"].split(d, 0)
-    for name, w, b in zip(names, weights, biases):
-        sd[f"{dst}.{name}.weight"], sd[f"{dst}.{name}.bias"] = w, b
+# One table of per-layer parameter names, read in both directions (export splits our fused
+# projections, import concatenates them back): (our name, the peer's name, parts). ``parts``
+# None: the weight and bias are the same tensors under another name; a tuple: our fused
+# projection is the peer's projections ``<peer>.<part>`` stacked along dim 0, in that order.
+LayerNames = tuple[tuple[str, str, tuple[str, ...] | None], ...]
+SELF_ATTN_FFN_NAMES: LayerNames = (
+    ("self_attn.in_proj", "self_attn", ("q_proj", "k_proj", "v_proj")),
+    ("self_attn.out_proj", "self_attn.out_proj", None),
+    ("self_attn_norm", "self_attn_layer_norm", None),
+    ("ffn.w_1", "fc1", None),
+    ("ffn.w_2", "fc2", None),
+    ("ffn_norm", "final_layer_norm", None),
+)
+"""Every encoder and decoder layer: self-attention and feed-forward sub-layers."""
+CROSS_ATTN_NAMES: LayerNames = (
+    ("cross_attn.q_proj", "encoder_attn.q_proj", None),
+    ("cross_attn.kv_proj", "encoder_attn", ("k_proj", "v_proj")),
+    ("cross_attn.out_proj", "encoder_attn.out_proj", None),
+    ("cross_attn_norm", "encoder_attn_layer_norm", None),
+)
+"""Decoder layers only: the encoder-decoder attention sub-layer."""
+
+
+def layer_name_pairs(cfg: Any, enc_prefix: str, dec_prefix: str
+                     ) -> Iterator[tuple[str, str, tuple[str, ...] | None]]:
+    """``(our prefix, the peer's prefix, parts)`` of every layer parameter of ``cfg``'s model
+    (:data:`SELF_ATTN_FFN_NAMES`, :data:`CROSS_ATTN_NAMES`), encoder layers first.
+
+    Args:
+        cfg: a model config (layer counts).
+        enc_prefix, dec_prefix: where the peer keeps its layers, e.g. ``encoder.layers``.
+    """
+    for i in range(int(_get(cfg, "encoder_layers"))):
+        for ours, peer, parts in SELF_ATTN_FFN_NAMES:
+            yield f"encoder_layers.{i}.{ours}", f"{enc_prefix}.{i}.{peer}", parts
+    for i in range(int(_get(cfg, "decoder_layers"))):
+        for ours, peer, parts in SELF_ATTN_FFN_NAMES + CROSS_ATTN_NAMES:
+            yield f"decoder_layers.{i}.{ours}", f"{dec_prefix}.{i}.{peer}", parts
 
 
 def layer_state_dict(
@@ -184,29 +217,13 @@ def layer_state_dict(
     """
     d = int(_get(cfg, "d_model"))
     sd: dict[str, torch.Tensor] = {}
-
-    def copy(dst: str, src: str) -> None:
-        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
-
-    def self_attn_and_ffn(o: str, m: str) -> None:
-        _split_attention(ours, d, f"{m}.self_attn", f"{o}.self_attn.in_proj",
-                         ["q_proj", "k_proj", "v_proj"], sd)
-        copy(f"{m}.self_attn.out_proj", f"{o}.self_attn.out_proj")
-        copy(f"{m}.self_attn_layer_norm", f"{o}.self_attn_norm")
-        copy(f"{m}.fc1", f"{o}.ffn.w_1")
-        copy(f"{m}.fc2", f"{o}.ffn.w_2")
-        copy(f"{m}.final_layer_norm", f"{o}.ffn_norm")
-
-    for i in range(int(_get(cfg, "encoder_layers"))):
-        self_attn_and_ffn(f"encoder_layers.{i}", f"{enc_prefix}.{i}")
-    for i in range(int(_get(cfg, "decoder_layers"))):
-        o, m = f"decoder_layers.{i}", f"{dec_prefix}.{i}"
-        self_attn_and_ffn(o, m)
-        copy(f"{m}.encoder_attn.q_proj", f"{o}.cross_attn.q_proj")
-        _split_attention(ours, d, f"{m}.encoder_attn", f"{o}.cross_attn.kv_proj",
-                         ["k_proj", "v_proj"], sd)
-        copy(f"{m}.encoder_attn.out_proj", f"{o}.cross_attn.out_proj")
-        copy(f"{m}.encoder_attn_layer_norm", f"{o}.cross_attn_norm")
+    for src, dst, parts in layer_name_pairs(cfg, enc_prefix, dec_prefix):
+        if parts is None:
+            sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
+            continue
+        weights, biases = ours[f"{src}.weight"].split(d, 0), ours[f"{src}.bias"].split(d, 0)
+        for part, w, b in zip(parts, weights, biases):
+            sd[f"{dst}.{part}.weight"], sd[f"{dst}.{part}.bias"] = w, b
     return sd
 
 
@@ -550,31 +567,11 @@ def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: Any) -> dict[
     emb = sd["model.shared.weight"]
     for k in ("embed_tokens.weight", "tgt_embed_tokens.weight", "output_projection.weight"):
         ours[k] = emb
-
-    def copy(dst: str, src: str) -> None:
-        ours[f"{dst}.weight"], ours[f"{dst}.bias"] = sd[f"{src}.weight"], sd[f"{src}.bias"]
-
-    def fuse(dst: str, src: str, names: Sequence[str]) -> None:
-        ours[f"{dst}.weight"] = torch.cat([sd[f"{src}.{n}.weight"] for n in names], 0)
-        ours[f"{dst}.bias"] = torch.cat([sd[f"{src}.{n}.bias"] for n in names], 0)
-
-    def self_attn_and_ffn(o: str, m: str) -> None:
-        fuse(f"{o}.self_attn.in_proj", f"{m}.self_attn", ["q_proj", "k_proj", "v_proj"])
-        copy(f"{o}.self_attn.out_proj", f"{m}.self_attn.out_proj")
-        copy(f"{o}.self_attn_norm", f"{m}.self_attn_layer_norm")
-        copy(f"{o}.ffn.w_1", f"{m}.fc1")
-        copy(f"{o}.ffn.w_2", f"{m}.fc2")
-        copy(f"{o}.ffn_norm", f"{m}.final_layer_norm")
-
-    for i in range(int(_get(model_cfg, "encoder_layers"))):
-        self_attn_and_ffn(f"encoder_layers.{i}", f"model.encoder.layers.{i}")
-    for i in range(int(_get(model_cfg, "decoder_layers"))):
-        o, m = f"decoder_layers.{i}", f"model.decoder.layers.{i}"
-        self_attn_and_ffn(o, m)
-        copy(f"{o}.cross_attn.q_proj", f"{m}.encoder_attn.q_proj")
-        fuse(f"{o}.cross_attn.kv_proj", f"{m}.encoder_attn", ["k_proj", "v_proj"])
-        copy(f"{o}.cross_attn.out_proj", f"{m}.encoder_attn.out_proj")
-        copy(f"{o}.cross_attn_norm", f"{m}.encoder_attn_layer_norm")
+    for dst, src, parts in layer_name_pairs(model_cfg, "model.encoder.layers",
+                                            "model.decoder.layers"):
+        for suffix in ("weight", "bias"):
+            ours[f"{dst}.{suffix}"] = (sd[f"{src}.{suffix}"] if parts is None else
+                                       torch.cat([sd[f"{src}.{p}.{suffix}"] for p in parts], 0))
     return {k: v.contiguous() for k, v in ours.items()}
 
 
