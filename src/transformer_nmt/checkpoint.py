@@ -11,7 +11,7 @@ A training checkpoint is one ``torch.save`` file of plain types and tensors, loa
       "sampler":     {"epoch", "position", "seed"}: the data position, in batches per rank
                      consumed by the training loop this epoch,
       "rng":         a list indexed by rank of {"torch", "cuda", "numpy", "python"} RNG states,
-      "train_state": the loop's counters (transformer_nmt.train.TrainState.state_dict():
+      "train_state": the loop's counters (transformer_nmt.train_state.TrainState.state_dict():
                      step, micro_step, tokens_seen, train_seconds, skipped_steps, best
                      validation results, world_size, ...),
       "config":      the resolved run config as a plain dict,
@@ -174,9 +174,9 @@ def save_training(
     Every rank calls it (the RNG states are gathered); rank 0 writes.
 
     Args:
-        s: :class:`transformer_nmt.train.Setup` (model, optimizer, scheduler, scaler, vocab_size,
+        s: :class:`transformer_nmt.train_setup.Setup` (model, optimizer, scheduler, scaler, vocab_size,
             vocab).
-        state: :class:`transformer_nmt.train.TrainState`.
+        state: :class:`transformer_nmt.train_state.TrainState`.
         info: this process's :class:`transformer_nmt.distributed.DistInfo`.
     """
     from transformer_nmt import distributed

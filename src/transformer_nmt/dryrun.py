@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from transformer_nmt import distributed
-from transformer_nmt.train import data_ready, train
+from transformer_nmt.train import train
+from transformer_nmt.train_data import data_ready
 
 log = logging.getLogger(__name__)
 
