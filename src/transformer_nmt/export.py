@@ -40,6 +40,7 @@ extra (``pip install -e ".[export]"``) and are imported lazily.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -326,7 +327,8 @@ def _unicode_form(spm_path: Path) -> str | None:
 
 
 def _plain(node: Any) -> Any:
-    return to_plain(node) if isinstance(node, DictConfig) else node
+    """A config node (DictConfig or dataclass) as plain types; anything else unchanged."""
+    return to_plain(node) if isinstance(node, DictConfig) or dataclasses.is_dataclass(node) else node
 
 
 def _fmt(value: Any) -> str:

@@ -26,6 +26,7 @@ no display needed).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -840,11 +841,7 @@ def _plot_attention_files(cfg: Any, run_dir: Path, out_dir: Path, fmt: str, dpi:
     p = cfg.plot
     run_cfg = cfg
     if Path(cfg.run_dir) != run_dir:
-        from omegaconf import OmegaConf, open_dict
-
-        run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-        with open_dict(run_cfg):
-            run_cfg.run_dir = str(run_dir)
+        run_cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
     ckpt = resolve_checkpoint(run_cfg)
     model, model_cfg = load_model(ckpt, device)
     tokenizer = load_tokenizer(model_cfg.data)

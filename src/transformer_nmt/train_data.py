@@ -43,7 +43,7 @@ def check_data(cfg: Config) -> None:
     makes it) unless the prepared data exists."""
     missing = [p for p in required_files(cfg) if not p.is_file()]
     if missing:
-        exp = cfg.get("name") if hasattr(cfg, "get") else getattr(cfg, "name", None)
+        exp = cfg.name
         raise MissingDataError(
             f"prepared data not found: {missing[0]}"
             f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; run "

@@ -17,17 +17,17 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt import config as _config
-from transformer_nmt.cli import CONFIG_DIR, run_app, user_errors
+from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
 
 
 # An absolute config path (the repository's configs/, or $NMT_CONFIG_DIR): a path relative
 # to this file is not found when the app starts from the nmt-train console script.
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Validate the config and train (or dry-run: prepare a slice, then train a few steps)."""
+    """Type and validate the config (:func:`typed_config`),
+    then train (or dry-run: prepare a slice, then train a few steps)."""
     with user_errors():
-        _config.validate(cfg)
+        cfg = typed_config(cfg)
         if cfg.trainer.dry_run:
             from transformer_nmt.dryrun import dry_run
 
