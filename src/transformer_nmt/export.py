@@ -51,13 +51,25 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, to_plain
+from transformer_nmt.config import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Config,
+    DecodeConfig,
+    ModelConfig,
+    to_plain,
+)
 from transformer_nmt.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import MarianConfig
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +109,12 @@ def require(module: str):
 # --------------------------------------------------------------------------------------
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
+def _get(cfg: ModelConfig | DecodeConfig | DictConfig | dict[str, Any], key: str,
+         default: Any = None) -> Any:
     return cfg.get(key, default) if isinstance(cfg, (dict, DictConfig)) else getattr(cfg, key, default)
 
 
-def check_exportable(model_cfg: Any, target: str) -> None:
+def check_exportable(model_cfg: ModelConfig | DictConfig, target: str) -> None:
     """Refuse a model that ``target`` (``hf`` or ``ctranslate2``) cannot compute exactly.
 
     Raises:
@@ -187,7 +200,7 @@ CROSS_ATTN_NAMES: LayerNames = (
 """Decoder layers only: the encoder-decoder attention sub-layer."""
 
 
-def layer_name_pairs(cfg: Any, enc_prefix: str, dec_prefix: str
+def layer_name_pairs(cfg: ModelConfig | DictConfig, enc_prefix: str, dec_prefix: str
                      ) -> Iterator[tuple[str, str, tuple[str, ...] | None]]:
     """``(our prefix, the peer's prefix, parts)`` of every layer parameter of ``cfg``'s model
     (:data:`SELF_ATTN_FFN_NAMES`, :data:`CROSS_ATTN_NAMES`), encoder layers first.
@@ -205,7 +218,7 @@ def layer_name_pairs(cfg: Any, enc_prefix: str, dec_prefix: str
 
 
 def layer_state_dict(
-    ours: dict[str, torch.Tensor], cfg: Any, enc_prefix: str, dec_prefix: str
+    ours: dict[str, torch.Tensor], cfg: ModelConfig | DictConfig, enc_prefix: str, dec_prefix: str
 ) -> dict[str, torch.Tensor]:
     """Our encoder/decoder layer weights under fairseq's layer names (Marian uses the same).
 
@@ -228,7 +241,8 @@ def layer_state_dict(
     return sd
 
 
-def marian_config(model_cfg: Any, vocab_size: int, dropout: float | None = None):
+def marian_config(model_cfg: ModelConfig | DictConfig, vocab_size: int,
+                  dropout: float | None = None):
     """The ``MarianConfig`` of our architecture: post-norm, ReLU, sqrt(D) scale, tied, our ids.
 
     Args:
@@ -256,7 +270,8 @@ def marian_config(model_cfg: Any, vocab_size: int, dropout: float | None = None)
     )
 
 
-def to_marian_state_dict(ours: dict[str, torch.Tensor], model_cfg: Any) -> dict[str, torch.Tensor]:
+def to_marian_state_dict(ours: dict[str, torch.Tensor], model_cfg: ModelConfig | DictConfig
+                         ) -> dict[str, torch.Tensor]:
     """Our state dict -> MarianMTModel's (names, split projections, channel order).
 
     Returns:
@@ -328,14 +343,16 @@ def _unicode_form(spm_path: Path) -> str | None:
 
 def _plain(node: Any) -> Any:
     """A config node (DictConfig or dataclass) as plain types; anything else unchanged."""
-    return to_plain(node) if isinstance(node, DictConfig) or dataclasses.is_dataclass(node) else node
+    if isinstance(node, DictConfig) or dataclasses.is_dataclass(node):
+        return to_plain(node)
+    return node
 
 
 def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def model_card(run_cfg: Any, ckpt: dict[str, Any], results: dict[str, Any] | None,
+def model_card(run_cfg: DictConfig, ckpt: dict[str, Any], results: dict[str, Any] | None,
                vocab_size: int) -> str:
     """README.md of an exported folder: data, recipe, steps, measured BLEU with signatures."""
     data, model, trainer = run_cfg.data, run_cfg.model, run_cfg.get("trainer", {})
@@ -438,7 +455,8 @@ def _load(checkpoint: str | Path):
     return ckpt, config_of(ckpt), model
 
 
-def write_tokenizer_files(spm_path: Path, folder: Path, run_cfg: Any, max_length: int) -> None:
+def write_tokenizer_files(spm_path: Path, folder: Path, run_cfg: DictConfig,
+                          max_length: int) -> None:
     """source.spm, target.spm, vocab.json, tokenizer_config.json for ``MarianTokenizer``."""
     pieces = _piece_vocab(spm_path)
     shutil.copyfile(spm_path, folder / "source.spm")
@@ -510,7 +528,7 @@ def export_hf(checkpoint: str | Path, spm_path: str | Path, out_dir: str | Path,
 # --------------------------------------------------------------------------------------
 
 
-def _check_importable(mcfg: Any, folder: Path) -> None:
+def _check_importable(mcfg: MarianConfig, folder: Path) -> None:
     """Refuse a Marian config that our Transformer cannot compute exactly."""
     problems = []
     want = {"pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": BOS_ID,
@@ -560,7 +578,8 @@ def _tokenizer_of(folder: Path, vocab_size: int) -> Path:
     return src
 
 
-def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: Any) -> dict[str, torch.Tensor]:
+def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: ModelConfig | DictConfig
+                           ) -> dict[str, torch.Tensor]:
     """MarianMTModel's state dict -> ours (inverse of :func:`to_marian_state_dict`)."""
     d = int(_get(model_cfg, "d_model"))
     order = marian_channel_order(d)
@@ -577,7 +596,8 @@ def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: Any) -> dict[
     return {k: v.contiguous() for k, v in ours.items()}
 
 
-def model_config_of_marian(mcfg: Any, base: Any = None) -> dict[str, Any]:
+def model_config_of_marian(mcfg: MarianConfig, base: ModelConfig | DictConfig | dict | None = None
+                           ) -> dict[str, Any]:
     """Our ModelConfig fields (a dict) for a MarianConfig; other fields from ``base``."""
     fields = dict(_plain(base)) if base is not None else {}
     fields.update(
@@ -591,7 +611,7 @@ def model_config_of_marian(mcfg: Any, base: Any = None) -> dict[str, Any]:
     return fields
 
 
-def import_marian(folder: str | Path, run_cfg: Any, checkpoint_out: str | Path,
+def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_out: str | Path,
                   spm_out: str | Path) -> dict[str, Any]:
     """A Marian-architecture transformers folder -> our model file + shared SentencePiece model.
 
@@ -860,7 +880,7 @@ class CTranslate2Engine:
             intra_threads=threads or torch.get_num_threads())
         self._warned = False
 
-    def _warn(self, decode_cfg: Any) -> None:
+    def _warn(self, decode_cfg: DecodeConfig) -> None:
         if self._warned:
             return
         self._warned = True
@@ -871,7 +891,7 @@ class CTranslate2Engine:
             log.warning("decode.engine=ctranslate2 stops a sentence once beam_size hypotheses "
                         "have finished (stopping=beam), not with stopping=%s", decode_cfg.stopping)
 
-    def translate_lines(self, tokenizer: Any, lines: Sequence[str], decode_cfg: Any,
+    def translate_lines(self, tokenizer: Any, lines: Sequence[str], decode_cfg: DecodeConfig,
                         return_hypotheses: bool = False) -> tuple[list[Any], dict[str, Any]]:
         """Same inputs, outputs and stats as :func:`transformer_nmt.translate.translate_lines`."""
         self._warn(decode_cfg)
@@ -933,7 +953,7 @@ class CTranslate2Engine:
         return outputs, stats
 
 
-def decode_engine(model: Any, checkpoint: str | Path, cfg: Any, device: Any) -> Any:
+def decode_engine(model: Any, checkpoint: str | Path, cfg: Config, device: Any) -> Any:
     """The decoder for ``cfg.decode.engine``: ``model`` itself, or a CTranslate2 engine.
 
     ``ctranslate2`` converts the checkpoint on first use (:func:`cached_ctranslate2`) and

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from transformer_nmt.config import Config
 from transformer_nmt.fileio import atomic_write
 
 log = logging.getLogger(__name__)
@@ -358,7 +359,7 @@ def build_report(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(cfg: Any) -> Path:
+def write_report(cfg: Config) -> Path:
     """``nmt-table``: read ``cfg.results_glob``, write ``cfg.table_output`` atomically.
 
     Returns:
