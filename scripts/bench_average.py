@@ -28,12 +28,11 @@ VOCAB = 37_000
 
 
 def _config() -> dict:
-    from omegaconf import OmegaConf
-
     from transformer_nmt.cli import compose
+    from transformer_nmt.config import to_plain
 
     cfg = compose(["model=big", "data.vocab_size=37000", "trainer.save_every_steps=1000"])
-    return OmegaConf.to_container(cfg, resolve=True)
+    return to_plain(cfg)
 
 
 def make(folder: Path, n: int) -> int:

@@ -1,7 +1,7 @@
 """Time our training step in-process on real batches, Adam variants interleaved.
 
 One model per variant (identical initial weights), stepped in turn on the same real
-Multi30k batches with the training loop's own pieces (``train.forward_backward``: forward,
+Multi30k batches with the training loop's own pieces (``train_step.forward_backward``: forward,
 label-smoothed loss, backward; clipping; the optimizer step), so that the variants share
 every moment's machine state; on a shared VM this is the fair way to compare two versions
 of a step. Variants: ``default`` (``torch.optim.Adam`` as PyTorch picks it on CPU, the
@@ -28,7 +28,8 @@ from transformer_nmt.batching import LengthBucketSampler, collate
 from transformer_nmt.cli import compose
 from transformer_nmt.model import Transformer
 from transformer_nmt.optim import build_optimizer
-from transformer_nmt.train import forward_backward, load_split
+from transformer_nmt.train_data import load_split
+from transformer_nmt.train_step import forward_backward
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ from transformer_nmt.distributed import DistInfo
 from transformer_nmt.model import Transformer
 from transformer_nmt.optim import build_optimizer, build_scheduler
 from transformer_nmt.runtime import grad_scaler
-from transformer_nmt.train import TrainState
+from transformer_nmt.train_state import TrainState
 
 VOCAB = 30
 

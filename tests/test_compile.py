@@ -10,7 +10,7 @@ import torch
 from transformer_nmt import distributed
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from transformer_nmt.model import Transformer
-from transformer_nmt.train import wrap_model
+from transformer_nmt.train_setup import wrap_model
 
 V = 23
 TINY = ModelConfig(

@@ -9,6 +9,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from transformer_nmt.cli import CONFIG_DIR, compose
+from transformer_nmt.config import to_plain
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 
@@ -97,7 +98,7 @@ def test_choices_compare_and_print_as_strings():
     assert f"{cfg.model.norm}" == str(cfg.model.norm) == "pre"
     assert {"bf16": 1}[cfg.trainer.precision] == 1
     assert "norm: pre" in OmegaConf.to_yaml(cfg)
-    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    plain = to_plain(cfg)  # what a checkpoint stores
     assert type(plain["model"]["norm"]) is str and plain["model"]["norm"] == "pre"
 
 

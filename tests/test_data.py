@@ -20,7 +20,7 @@ from transformer_nmt import binarize, bpe, clean, corpora
 from transformer_nmt.binarize import TokenDataset
 from transformer_nmt.bpe import SentencePieceTokenizer
 from transformer_nmt.cli import compose
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, to_plain
 from transformer_nmt.corpora import DataError
 from transformer_nmt.fileio import bin_prefix, raw_path, spm_model_path
 from transformer_nmt.prepare import prepare, summary_path
@@ -173,7 +173,7 @@ def test_translate_file_writes_one_line_per_input_line(tmp_path):
 
 def test_invalid_utf8_strict_names_file_and_line(tmp_path):
     cfg = custom_cfg(tmp_path)
-    bad = Path(cfg.data.custom_files.train + ".de")
+    bad = Path(cfg.data.custom_files["train"] + ".de")
     lines = bad.read_bytes().split(b"\n")
     lines[6] = b"caf\xe9 au lait"
     bad.write_bytes(b"\n".join(lines))
@@ -188,7 +188,7 @@ def test_invalid_utf8_strict_names_file_and_line(tmp_path):
 
 def test_invalid_utf8_replace_policy(tmp_path):
     cfg = custom_cfg(tmp_path, encoding_errors="replace")
-    bad = Path(cfg.data.custom_files.valid + ".en")
+    bad = Path(cfg.data.custom_files["valid"] + ".en")
     bad.write_bytes(b"caf\xe9 au lait\n" + b"\n".join(bad.read_bytes().split(b"\n")[1:]))
     summary = prepare(cfg)
     assert raw_path(cfg.data, "valid", "en").read_text().splitlines()[0] == "caf\ufffd au lait"
@@ -197,8 +197,8 @@ def test_invalid_utf8_replace_policy(tmp_path):
 
 def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
     cfg = custom_cfg(tmp_path)
-    src = Path(cfg.data.custom_files.valid + ".en")
-    tgt = Path(cfg.data.custom_files.valid + ".de")
+    src = Path(cfg.data.custom_files["valid"] + ".en")
+    tgt = Path(cfg.data.custom_files["valid"] + ".de")
     src.write_text(src.read_text() + "one more line\nand another\n")
     with pytest.raises(DataError) as err:
         prepare(cfg)
@@ -216,14 +216,14 @@ def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
 
 def test_missing_file_and_unknown_corpus(tmp_path):
     cfg = custom_cfg(tmp_path)
-    Path(cfg.data.custom_files.test + ".de").unlink()
+    Path(cfg.data.custom_files["test"] + ".de").unlink()
     with pytest.raises(DataError, match=r"file not found: .*test\.de"):
         prepare(cfg)
     cfg.data.test_splits = ["other"]
     with pytest.raises(DataError, match="no entry for split 'other'"):
         prepare(cfg)
     # the typed config refuses the value; an untyped one (from code) reaches fetch's check
-    untyped = OmegaConf.create(OmegaConf.to_container(cfg.data, enum_to_str=True))
+    untyped = OmegaConf.create(to_plain(cfg.data))
     untyped.corpus = "europarl"
     with pytest.raises(DataError, match="unknown corpus data.corpus='europarl'"):
         corpora.fetch(untyped)
@@ -242,7 +242,7 @@ def test_corpus_empty_after_filtering(tmp_path):
         prepare(cfg)
     msg = str(err.value)
     assert "'train' is empty after cleaning" in msg and "too_long" in msg
-    assert cfg.data.custom_files.train in msg
+    assert cfg.data.custom_files["train"] in msg
     assert not any((Path(cfg.data.root) / "raw").rglob("train.*"))
     assert leftovers(Path(cfg.data.root)) == []
 

@@ -3,6 +3,7 @@ both BLEUs and chrF against the official reference bytes, results.json, training
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def test_evaluate_scores_against_the_official_reference_bytes(workspace, tokeniz
     from transformer_nmt import evaluate as evaluate_module
 
     _, cfg = workspace
-    cfg = cfg.copy()
+    cfg = copy.deepcopy(cfg)
     cfg.run_dir = str(tmp_path / "run")
     ckpt = tmp_path / "model.pt"
     write_checkpoint(ckpt, new_model(cfg, tokenizer.vocab_size, 5), cfg, 3)

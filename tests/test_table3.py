@@ -23,7 +23,10 @@ ROWS = sorted(p.stem for p in (Path(CONFIG_DIR) / "table3").glob("*.yaml"))
 
 
 def _row_cfg(experiment: str, variant: str, *extra: str):
-    return apply_row(compose([f"experiment={experiment}", f"table3={variant}", *extra]))
+    """The composed, typed config of a row (compose applies the row, as every entry point)."""
+    cfg = compose([f"experiment={experiment}", f"table3={variant}", *extra])
+    assert apply_row(cfg) is cfg and cfg.model == apply_row(cfg).model  # applied once only
+    return cfg
 
 
 def test_every_paper_row_has_a_config_named_after_it():

@@ -67,8 +67,7 @@ def test_prepare_filters_by_tokens_and_rebuilds_when_the_limit_changes(tmp_path,
 def test_trainer_too_long_policy_reaches_the_sampler(tmp_path, monkeypatch, policy, skip):
     import torch
 
-    import transformer_nmt.train as train_mod
-    from transformer_nmt import distributed
+    from transformer_nmt import distributed, train_setup
 
     seen = {}
 
@@ -77,14 +76,14 @@ def test_trainer_too_long_policy_reaches_the_sampler(tmp_path, monkeypatch, poli
         raise RuntimeError("sampler built")
 
     fake_split = type("Split", (), {"src_sizes": [1], "tgt_sizes": [1]})()
-    monkeypatch.setattr(train_mod, "LengthBucketSampler", recording)
-    monkeypatch.setattr(train_mod, "check_data", lambda cfg: None)
-    monkeypatch.setattr(train_mod, "SentencePieceTokenizer",
+    monkeypatch.setattr(train_setup, "LengthBucketSampler", recording)
+    monkeypatch.setattr(train_setup, "check_data", lambda cfg: None)
+    monkeypatch.setattr(train_setup, "SentencePieceTokenizer",
                         lambda path: type("Tok", (), {"vocab_size": 8})())
-    monkeypatch.setattr(train_mod, "load_split", lambda cfg, split: fake_split)
+    monkeypatch.setattr(train_setup, "load_split", lambda cfg, split: fake_split)
     cfg = compose(["experiment=multi30k_en_de", f"trainer.too_long={policy}",
                    f"data.root={tmp_path}"])
     info = distributed.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     with pytest.raises(RuntimeError, match="sampler built"):
-        train_mod.setup(cfg, info)
+        train_setup.setup(cfg, info)
     assert seen["skip_too_long"] is skip

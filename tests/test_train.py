@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import transformer_nmt.train as train_mod
+from transformer_nmt import train_data, train_setup, train_step
 from transformer_nmt.batching import LengthBucketSampler
 from transformer_nmt.binarize import TokenDataset
 from transformer_nmt.checkpoint import (
@@ -31,7 +32,8 @@ from transformer_nmt.cli import compose
 from transformer_nmt.dryrun import dry_run
 from transformer_nmt.fileio import bin_prefix
 from transformer_nmt.flops import TokenCounts, training_flops
-from transformer_nmt.train import MissingDataError, train
+from transformer_nmt.train import train
+from transformer_nmt.train_data import MissingDataError
 
 TRAINER = [
     "model.dropout=0.1", "trainer.max_tokens=1024",
@@ -193,7 +195,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, data_overrides, tiny):
 
 
 def test_non_finite_step_is_skipped_and_counted(tmp_path, data_overrides, tiny, monkeypatch):
-    real_loss = train_mod.label_smoothed_nll_loss
+    real_loss = train_step.label_smoothed_nll_loss
     calls = {"n": 0}
 
     def loss_with_one_nan(logits, target, epsilon, ignore_index=0):
@@ -203,7 +205,7 @@ def test_non_finite_step_is_skipped_and_counted(tmp_path, data_overrides, tiny, 
             loss = loss * float("nan")
         return loss, nll
 
-    monkeypatch.setattr(train_mod, "label_smoothed_nll_loss", loss_with_one_nan)
+    monkeypatch.setattr(train_step, "label_smoothed_nll_loss", loss_with_one_nan)
     run = tmp_path / "run"
     summary = train(compose([*data_overrides, *tiny, f"run_dir={run}", "trainer.max_steps=8",
                              "trainer.validate_every_steps=null"]))
@@ -216,13 +218,13 @@ def test_non_finite_step_is_skipped_and_counted(tmp_path, data_overrides, tiny, 
 
 
 def test_max_bad_steps_stops_with_a_clear_message(tmp_path, data_overrides, tiny, monkeypatch):
-    real_loss = train_mod.label_smoothed_nll_loss
+    real_loss = train_step.label_smoothed_nll_loss
 
     def always_nan(logits, target, epsilon, ignore_index=0):
         loss, nll = real_loss(logits, target, epsilon, ignore_index)
         return loss * float("nan"), nll
 
-    monkeypatch.setattr(train_mod, "label_smoothed_nll_loss", always_nan)
+    monkeypatch.setattr(train_step, "label_smoothed_nll_loss", always_nan)
     with pytest.raises(RuntimeError, match=r"3 consecutive steps .*max_bad_steps=3"):
         train(compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
                        "trainer.max_steps=20", "trainer.max_bad_steps=3"]))
@@ -276,7 +278,7 @@ def test_init_from_starts_a_new_run_from_a_model_file(tmp_path, data_overrides, 
     checkpoints resumes from them instead; a model of another shape is a one-line user error."""
     from transformer_nmt import distributed
     from transformer_nmt.errors import UserError
-    from transformer_nmt.train import setup
+    from transformer_nmt.train_setup import setup
 
     source = tmp_path / "source"
     train(compose([*data_overrides, *tiny, f"run_dir={source}", "trainer.max_steps=2",
@@ -360,7 +362,7 @@ def _fp16_scaler_with_overflows(monkeypatch, init_scale: float, overflows: int |
                      if p.grad is not None).grad.view(-1)[0] = float("inf")
             return super().unscale_(optimizer)
 
-    monkeypatch.setattr(train_mod, "grad_scaler",
+    monkeypatch.setattr(train_setup, "grad_scaler",
                         lambda enabled: OverflowingScaler("cpu", init_scale=init_scale))
 
 
@@ -405,7 +407,7 @@ def test_real_tokens_per_step_are_recorded_and_estimated_at_start(tmp_path, data
     assert per_step["tgt"] * steps == pytest.approx(int(tgt.sizes.sum()) + len(tgt))
     assert per_step["src"] * steps == pytest.approx(int(src.sizes.sum()) + len(src))
     sampler = LengthBucketSampler(src.sizes, tgt.sizes, 8192)
-    est_src, est_tgt = train_mod.real_tokens_per_step(sampler, 1, 1)
+    est_src, est_tgt = train_data.real_tokens_per_step(sampler, 1, 1)
     assert (est_src, est_tgt) == pytest.approx((per_step["src"], per_step["tgt"]))
     assert f"{est_tgt:,.0f} real target tokens" in caplog.text
 

@@ -24,12 +24,12 @@ import random
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import sentencepiece as spm
+from omegaconf import DictConfig
 
 from transformer_nmt.clean import normalize
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
 from transformer_nmt.corpora import DataError, read_lines
 from transformer_nmt.fileio import atomic_write, spm_model_path
 
@@ -93,7 +93,7 @@ def meta_path(model_path: str | os.PathLike) -> Path:
     return Path(model_path).with_suffix(".json")
 
 
-def spm_params(data_cfg: Any) -> dict:
+def spm_params(data_cfg: DataConfig) -> dict:
     """The config values the SentencePiece model depends on (a change means training again)."""
     keys = ("vocab_size", "spm_model_type", "spm_character_coverage", "spm_sample_sentences",
             "spm_seed", "unicode_form")
@@ -125,7 +125,7 @@ def reservoir_sample(lines: Iterable[str], k: int, seed: int) -> tuple[list[str]
     return sample, n
 
 
-def train_spm(data_cfg: Any, text_files: Sequence[Path], model_path: Path) -> dict:
+def train_spm(data_cfg: DataConfig, text_files: Sequence[Path], model_path: Path) -> dict:
     """Train the shared SentencePiece model on a random sample of ``text_files``.
 
     Args:
@@ -243,7 +243,7 @@ class SentencePieceTokenizer:
         return self.sp.decode([int(i) for i in ids if int(i) not in self._special])
 
 
-def load_tokenizer(data_cfg: Any) -> SentencePieceTokenizer:
+def load_tokenizer(data_cfg: DataConfig | DictConfig) -> SentencePieceTokenizer:
     """The shared SentencePiece model of ``data_cfg`` (``data/spm/<name>/spm.model``).
 
     Raises:

@@ -11,7 +11,7 @@ A training checkpoint is one ``torch.save`` file of plain types and tensors, loa
       "sampler":     {"epoch", "position", "seed"}: the data position, in batches per rank
                      consumed by the training loop this epoch,
       "rng":         a list indexed by rank of {"torch", "cuda", "numpy", "python"} RNG states,
-      "train_state": the loop's counters (transformer_nmt.train.TrainState.state_dict():
+      "train_state": the loop's counters (transformer_nmt.train_state.TrainState.state_dict():
                      step, micro_step, tokens_seen, train_seconds, skipped_steps, best
                      validation results, world_size, ...),
       "config":      the resolved run config as a plain dict,
@@ -35,15 +35,20 @@ import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.config import to_plain
+from transformer_nmt.config import Config, ModelConfig, to_plain
 from transformer_nmt.errors import MissingFileError, UserError
 from transformer_nmt.fileio import atomic_path
+
+if TYPE_CHECKING:
+    from transformer_nmt.distributed import DistInfo
+    from transformer_nmt.train_setup import Setup
+    from transformer_nmt.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +118,7 @@ def training_checkpoint(
     sampler: dict[str, int],
     rng: list[dict[str, Any]],
     train_state: dict[str, Any],
-    config: Any,
+    config: Config | DictConfig | dict[str, Any],
     vocab_size: int,
     vocab: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -165,8 +170,8 @@ def restore_modules(
 
 
 def save_training(
-    run_dir: str | Path, s: Any, state: Any, info: Any, *, config: Any, seed: int,
-    keep_last: int, best: bool = False, regular: bool = True,
+    run_dir: str | Path, s: Setup, state: TrainState, info: DistInfo, *, config: Config,
+    seed: int, keep_last: int, best: bool = False, regular: bool = True,
 ) -> None:
     """Write ``checkpoint_<step>.pt`` (pruning to the last ``keep_last``) and / or
     ``checkpoint_best.pt`` from the trainer's parts.
@@ -174,9 +179,9 @@ def save_training(
     Every rank calls it (the RNG states are gathered); rank 0 writes.
 
     Args:
-        s: :class:`transformer_nmt.train.Setup` (model, optimizer, scheduler, scaler, vocab_size,
-            vocab).
-        state: :class:`transformer_nmt.train.TrainState`.
+        s: :class:`transformer_nmt.train_setup.Setup` (model, optimizer, scheduler, scaler,
+            vocab_size, vocab).
+        state: :class:`transformer_nmt.train_state.TrainState`.
         info: this process's :class:`transformer_nmt.distributed.DistInfo`.
     """
     from transformer_nmt import distributed
@@ -239,7 +244,7 @@ def _load_resumable(run_dir: str | Path, info: Any) -> tuple[Path, dict[str, Any
     return None
 
 
-def _model_summary(model_cfg: Any) -> str:
+def _model_summary(model_cfg: ModelConfig | DictConfig | dict[str, Any]) -> str:
     """``d_model=512, 6+6 layers`` of a model config (DictConfig or plain dict)."""
     get = model_cfg.get if hasattr(model_cfg, "get") else lambda k, d=None: getattr(model_cfg, k, d)
     return (f"d_model={get('d_model')}, d_ff={get('d_ff')}, heads={get('heads')}, "
@@ -247,7 +252,7 @@ def _model_summary(model_cfg: Any) -> str:
 
 
 def check_same_model(saved: dict[str, Any], model: torch.nn.Module, path: str | Path,
-                     config: Any = None) -> None:
+                     config: Config | None = None) -> None:
     """Fail with one line unless ``saved["model"]`` has ``model``'s parameter names and shapes.
 
     Raises:
@@ -273,8 +278,8 @@ def check_same_model(saved: dict[str, Any], model: torch.nn.Module, path: str | 
     )
 
 
-def resume_training(run_dir: str | Path, s: Any, state: Any, seed: int, info: Any,
-                    config: Any = None) -> Path | None:
+def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
+                    info: DistInfo, config: Config | None = None) -> Path | None:
     """Load the run's newest readable checkpoint into ``s`` and ``state``; returns its path
     (or None when the run has no checkpoint).
 
@@ -569,7 +574,7 @@ def _periodic(paths: list[Path], metas: list[dict[str, Any]],
     return keep, ""
 
 
-def average_run(cfg: Any) -> Path:
+def average_run(cfg: Config) -> Path:
     """Average checkpoints into ``<run_dir>/checkpoints/averaged.pt``.
 
     Which files: ``cfg.average.checkpoints`` when given, else the last

@@ -23,8 +23,8 @@ import logging
 import re
 import unicodedata
 from pathlib import Path
-from typing import Any
 
+from transformer_nmt.config import DataConfig
 from transformer_nmt.corpora import SplitSource
 from transformer_nmt.fileio import DataError, atomic_write, raw_path, read_lines
 
@@ -41,7 +41,7 @@ _INVISIBLE = re.compile(
 )
 
 
-def report_path(data_cfg: Any) -> Path:
+def report_path(data_cfg: DataConfig) -> Path:
     """``<root>/raw/<name>/clean_report.json``."""
     return Path(data_cfg.root) / "raw" / data_cfg.name / "clean_report.json"
 
@@ -101,7 +101,7 @@ class PairFilter:
         return broken
 
 
-def clean_split(source: SplitSource, data_cfg: Any, pair_filter: PairFilter | None) -> dict:
+def clean_split(source: SplitSource, data_cfg: DataConfig, pair_filter: PairFilter | None) -> dict:
     """Normalise (and, for training, filter) one split into ``raw_path(split, lang)`` files.
 
     Args:
@@ -165,14 +165,14 @@ def _mismatch(source: SplitSource, n_src: int, n_tgt: int) -> None:
     )
 
 
-def clean_params(data_cfg: Any) -> dict:
+def clean_params(data_cfg: DataConfig) -> dict:
     """The config values the cleaned text depends on (a change means cleaning again)."""
     keys = ("corpus", "src_lang", "tgt_lang", "unicode_form", "encoding_errors", "max_len",
             "max_ratio", "ratio_min_len", "dedup", "max_train_pairs")
     return {k: getattr(data_cfg, k) for k in keys}
 
 
-def clean_corpus(data_cfg: Any, sources: list[SplitSource]) -> dict:
+def clean_corpus(data_cfg: DataConfig, sources: list[SplitSource]) -> dict:
     """Clean every split and save the report.
 
     Args:

@@ -28,7 +28,7 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
 from transformer_nmt.errors import UserError
 
@@ -437,7 +437,8 @@ _MODEL_CHOICES: dict[str, type[Choice]] = {
 }
 
 
-def validate_model_config(cfg: Any, vocab_size: int | None = None, pad_id: int = PAD_ID) -> None:
+def validate_model_config(cfg: ModelConfig | DictConfig, vocab_size: int | None = None,
+                          pad_id: int = PAD_ID) -> None:
     """Check a model config before any tensor is allocated.
 
     Args:
@@ -496,7 +497,7 @@ class ConfigError(UserError):
     """An invalid configuration found after composition (reported as one ``error:`` line)."""
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: Config) -> None:
     """Check the values typing cannot (ranges, divisibility, combinations).
 
     Args:
@@ -547,7 +548,7 @@ def validate(cfg: Any) -> None:
         raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
 
 
-def to_plain(cfg: Any) -> dict:
+def to_plain(cfg: DictConfig | object) -> dict:
     """The config as plain Python types (choices as ``str``), resolved: what a checkpoint stores.
 
     ``torch.load(weights_only=True)`` reads no Enum, so every config written into a

@@ -36,9 +36,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from transformer_nmt.config import Corpus
+from transformer_nmt.config import Corpus, DataConfig
 from transformer_nmt.fileio import (  # noqa: F401  (DataError, read_lines: re-exported)
     DataError,
     atomic_write,
@@ -83,18 +82,19 @@ class SplitSource:
     max_pairs: int | None = None
 
 
-def orig_dir(data_cfg: Any) -> Path:
+def orig_dir(data_cfg: DataConfig) -> Path:
     """Folder for downloaded or streamed originals: ``<root>/raw/<name>/orig``."""
     return Path(data_cfg.root) / "raw" / data_cfg.name / "orig"
 
 
-def reference_path(data_cfg: Any, split: str, lang: str) -> Path:
+def reference_path(data_cfg: DataConfig, split: str, lang: str) -> Path:
     """The official reference text of a test split: ``<root>/raw/<name>/ref/<split>.<lang>``."""
     return Path(data_cfg.root) / "raw" / data_cfg.name / REFERENCE_DIR / f"{split}.{lang}"
 
 
-def keep_references(data_cfg: Any, sources: list[SplitSource]) -> list[Path]:
-    """Copy the target side of every test split and of the validation split, byte for byte (gzip decompressed), to
+def keep_references(data_cfg: DataConfig, sources: list[SplitSource]) -> list[Path]:
+    """Copy the target side of every test split and of the validation split, byte for byte
+    (gzip decompressed), to
     :func:`reference_path`; a copy newer than its original is left as it is.
 
     Returns:
@@ -114,7 +114,7 @@ def keep_references(data_cfg: Any, sources: list[SplitSource]) -> list[Path]:
     return out
 
 
-def splits(data_cfg: Any) -> list[str]:
+def splits(data_cfg: DataConfig) -> list[str]:
     """All split names of a corpus, training split first: train, valid, then each test split."""
     names = [data_cfg.train_split, data_cfg.valid_split, *list(data_cfg.test_splits)]
     seen: list[str] = []
@@ -124,7 +124,7 @@ def splits(data_cfg: Any) -> list[str]:
     return seen
 
 
-def fetch(data_cfg: Any) -> tuple[list[SplitSource], bool]:
+def fetch(data_cfg: DataConfig) -> tuple[list[SplitSource], bool]:
     """Make the original text of every split available on local disk.
 
     Args:
@@ -155,26 +155,26 @@ def fetch(data_cfg: Any) -> tuple[list[SplitSource], bool]:
     return sources, did_work
 
 
-def _max_pairs(data_cfg: Any, split: str) -> int | None:
+def _max_pairs(data_cfg: DataConfig, split: str) -> int | None:
     return data_cfg.max_train_pairs if split == data_cfg.train_split else None
 
 
 # --- Multi30k ------------------------------------------------------------------------------
 
 
-def multi30k_mirror(data_cfg: Any) -> Path | None:
+def multi30k_mirror(data_cfg: DataConfig) -> Path | None:
     """The local mirror folder: ``data.mirror``, else ``$NMT_MULTI30K_MIRROR``; empty = unset."""
     mirror = data_cfg.mirror or os.environ.get(MIRROR_ENV) or None
     return Path(mirror) if mirror else None
 
 
-def _multi30k_official(data_cfg: Any, split: str) -> str:
+def _multi30k_official(data_cfg: DataConfig, split: str) -> str:
     if split == data_cfg.valid_split:
         return MULTI30K_VALID
     return split
 
 
-def _fetch_multi30k(data_cfg: Any) -> tuple[list[SplitSource], bool]:
+def _fetch_multi30k(data_cfg: DataConfig) -> tuple[list[SplitSource], bool]:
     mirror = multi30k_mirror(data_cfg)
     langs = (data_cfg.src_lang, data_cfg.tgt_lang)
     did_work = False
@@ -231,7 +231,7 @@ def download(url: str, dest: Path, timeout_s: float = 60.0) -> None:
 # --- custom ---------------------------------------------------------------------------------
 
 
-def _custom_sources(data_cfg: Any) -> list[SplitSource]:
+def _custom_sources(data_cfg: DataConfig) -> list[SplitSource]:
     files = dict(data_cfg.custom_files or {})
     sources = []
     for split in splits(data_cfg):
@@ -265,7 +265,7 @@ def _wmt14_stamp_ok(stamp: Path, max_pairs: int | None) -> bool:
     return saved is None or (max_pairs is not None and saved >= max_pairs)
 
 
-def _fetch_wmt14(data_cfg: Any) -> tuple[list[SplitSource], bool]:
+def _fetch_wmt14(data_cfg: DataConfig) -> tuple[list[SplitSource], bool]:
     src, tgt = data_cfg.src_lang, data_cfg.tgt_lang
     out = orig_dir(data_cfg)
     did_work = False
@@ -327,7 +327,7 @@ def _resume_point(partial: tuple[Path, Path], progress: Path, ident: dict) -> di
     return saved
 
 
-def _stream_hf(data_cfg: Any, hf_split: str, dest: tuple[Path, Path],
+def _stream_hf(data_cfg: DataConfig, hf_split: str, dest: tuple[Path, Path],
                max_pairs: int | None) -> int:
     """Stream ``{"translation": {lang: text}}`` records of one split to two text files.
 

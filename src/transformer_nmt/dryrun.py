@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from transformer_nmt import distributed
-from transformer_nmt.train import data_ready, train
+from transformer_nmt.config import Config
+from transformer_nmt.train import train
+from transformer_nmt.train_data import data_ready
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +27,7 @@ DRY_RUN_VOCAB = 1000
 """SentencePiece vocabulary of that slice (the model still uses the experiment's size)."""
 
 
-def dry_run_config(cfg: Any) -> Any:
+def dry_run_config(cfg: Config) -> Config:
     """The config of a dry run: a few steps in ``<run_dir>/dry_run``, never the real checkpoints.
 
     When the experiment's binarized data is missing, a slice is prepared instead under its
@@ -56,7 +58,7 @@ def dry_run_config(cfg: Any) -> Any:
     return cfg
 
 
-def dry_run(cfg: Any, poll_seconds: float = 5.0) -> dict[str, Any]:
+def dry_run(cfg: Config, poll_seconds: float = 5.0) -> dict[str, Any]:
     """Run the dry run of ``cfg`` (every rank calls it); returns the training summary.
 
     Rank 0 empties ``<run_dir>/dry_run`` and prepares the slice when needed; the other ranks

@@ -49,6 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.bleu import format_score, read_text_lines, score_all
 from transformer_nmt.bpe import load_tokenizer
 from transformer_nmt.checkpoint import checkpoint_step
+from transformer_nmt.config import Config
 from transformer_nmt.corpora import reference_path
 from transformer_nmt.fileio import atomic_write, raw_path
 from transformer_nmt.runtime import resolve_device
@@ -107,7 +108,7 @@ def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
-def evaluate(cfg: Any) -> dict[str, Any]:
+def evaluate(cfg: Config) -> dict[str, Any]:
     """Translate and score every test set of ``cfg.data``; write translations and results.json.
 
     Args:

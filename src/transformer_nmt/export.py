@@ -40,6 +40,7 @@ extra (``pip install -e ".[export]"``) and are imported lazily.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -48,15 +49,27 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, to_plain
+from transformer_nmt.config import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Config,
+    DecodeConfig,
+    ModelConfig,
+    to_plain,
+)
 from transformer_nmt.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import MarianConfig
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +109,12 @@ def require(module: str):
 # --------------------------------------------------------------------------------------
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
+def _get(cfg: ModelConfig | DecodeConfig | DictConfig | dict[str, Any], key: str,
+         default: Any = None) -> Any:
     return cfg.get(key, default) if isinstance(cfg, (dict, DictConfig)) else getattr(cfg, key, default)
 
 
-def check_exportable(model_cfg: Any, target: str) -> None:
+def check_exportable(model_cfg: ModelConfig | DictConfig, target: str) -> None:
     """Refuse a model that ``target`` (``hf`` or ``ctranslate2``) cannot compute exactly.
 
     Raises:
@@ -163,15 +177,48 @@ def _permute_marian(sd: dict[str, torch.Tensor], order: torch.Tensor) -> dict[st
     return out
 
 
-def _split_attention(ours: dict[str, torch.Tensor], d: int, dst: str, src: str,
-                     names: Sequence[str], sd: dict[str, torch.Tensor]) -> None:
-    weights, biases = ours[f"{src}.weight"].split(d, 0), ours[f"{src}.bias"].split(d, 0)
-    for name, w, b in zip(names, weights, biases):
-        sd[f"{dst}.{name}.weight"], sd[f"{dst}.{name}.bias"] = w, b
+# One table of per-layer parameter names, read in both directions (export splits our fused
+# projections, import concatenates them back): (our name, the peer's name, parts). ``parts``
+# None: the weight and bias are the same tensors under another name; a tuple: our fused
+# projection is the peer's projections ``<peer>.<part>`` stacked along dim 0, in that order.
+LayerNames = tuple[tuple[str, str, tuple[str, ...] | None], ...]
+SELF_ATTN_FFN_NAMES: LayerNames = (
+    ("self_attn.in_proj", "self_attn", ("q_proj", "k_proj", "v_proj")),
+    ("self_attn.out_proj", "self_attn.out_proj", None),
+    ("self_attn_norm", "self_attn_layer_norm", None),
+    ("ffn.w_1", "fc1", None),
+    ("ffn.w_2", "fc2", None),
+    ("ffn_norm", "final_layer_norm", None),
+)
+"""Every encoder and decoder layer: self-attention and feed-forward sub-layers."""
+CROSS_ATTN_NAMES: LayerNames = (
+    ("cross_attn.q_proj", "encoder_attn.q_proj", None),
+    ("cross_attn.kv_proj", "encoder_attn", ("k_proj", "v_proj")),
+    ("cross_attn.out_proj", "encoder_attn.out_proj", None),
+    ("cross_attn_norm", "encoder_attn_layer_norm", None),
+)
+"""Decoder layers only: the encoder-decoder attention sub-layer."""
+
+
+def layer_name_pairs(cfg: ModelConfig | DictConfig, enc_prefix: str, dec_prefix: str
+                     ) -> Iterator[tuple[str, str, tuple[str, ...] | None]]:
+    """``(our prefix, the peer's prefix, parts)`` of every layer parameter of ``cfg``'s model
+    (:data:`SELF_ATTN_FFN_NAMES`, :data:`CROSS_ATTN_NAMES`), encoder layers first.
+
+    Args:
+        cfg: a model config (layer counts).
+        enc_prefix, dec_prefix: where the peer keeps its layers, e.g. ``encoder.layers``.
+    """
+    for i in range(int(_get(cfg, "encoder_layers"))):
+        for ours, peer, parts in SELF_ATTN_FFN_NAMES:
+            yield f"encoder_layers.{i}.{ours}", f"{enc_prefix}.{i}.{peer}", parts
+    for i in range(int(_get(cfg, "decoder_layers"))):
+        for ours, peer, parts in SELF_ATTN_FFN_NAMES + CROSS_ATTN_NAMES:
+            yield f"decoder_layers.{i}.{ours}", f"{dec_prefix}.{i}.{peer}", parts
 
 
 def layer_state_dict(
-    ours: dict[str, torch.Tensor], cfg: Any, enc_prefix: str, dec_prefix: str
+    ours: dict[str, torch.Tensor], cfg: ModelConfig | DictConfig, enc_prefix: str, dec_prefix: str
 ) -> dict[str, torch.Tensor]:
     """Our encoder/decoder layer weights under fairseq's layer names (Marian uses the same).
 
@@ -184,33 +231,18 @@ def layer_state_dict(
     """
     d = int(_get(cfg, "d_model"))
     sd: dict[str, torch.Tensor] = {}
-
-    def copy(dst: str, src: str) -> None:
-        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
-
-    def self_attn_and_ffn(o: str, m: str) -> None:
-        _split_attention(ours, d, f"{m}.self_attn", f"{o}.self_attn.in_proj",
-                         ["q_proj", "k_proj", "v_proj"], sd)
-        copy(f"{m}.self_attn.out_proj", f"{o}.self_attn.out_proj")
-        copy(f"{m}.self_attn_layer_norm", f"{o}.self_attn_norm")
-        copy(f"{m}.fc1", f"{o}.ffn.w_1")
-        copy(f"{m}.fc2", f"{o}.ffn.w_2")
-        copy(f"{m}.final_layer_norm", f"{o}.ffn_norm")
-
-    for i in range(int(_get(cfg, "encoder_layers"))):
-        self_attn_and_ffn(f"encoder_layers.{i}", f"{enc_prefix}.{i}")
-    for i in range(int(_get(cfg, "decoder_layers"))):
-        o, m = f"decoder_layers.{i}", f"{dec_prefix}.{i}"
-        self_attn_and_ffn(o, m)
-        copy(f"{m}.encoder_attn.q_proj", f"{o}.cross_attn.q_proj")
-        _split_attention(ours, d, f"{m}.encoder_attn", f"{o}.cross_attn.kv_proj",
-                         ["k_proj", "v_proj"], sd)
-        copy(f"{m}.encoder_attn.out_proj", f"{o}.cross_attn.out_proj")
-        copy(f"{m}.encoder_attn_layer_norm", f"{o}.cross_attn_norm")
+    for src, dst, parts in layer_name_pairs(cfg, enc_prefix, dec_prefix):
+        if parts is None:
+            sd[f"{dst}.weight"], sd[f"{dst}.bias"] = ours[f"{src}.weight"], ours[f"{src}.bias"]
+            continue
+        weights, biases = ours[f"{src}.weight"].split(d, 0), ours[f"{src}.bias"].split(d, 0)
+        for part, w, b in zip(parts, weights, biases):
+            sd[f"{dst}.{part}.weight"], sd[f"{dst}.{part}.bias"] = w, b
     return sd
 
 
-def marian_config(model_cfg: Any, vocab_size: int, dropout: float | None = None):
+def marian_config(model_cfg: ModelConfig | DictConfig, vocab_size: int,
+                  dropout: float | None = None):
     """The ``MarianConfig`` of our architecture: post-norm, ReLU, sqrt(D) scale, tied, our ids.
 
     Args:
@@ -238,7 +270,8 @@ def marian_config(model_cfg: Any, vocab_size: int, dropout: float | None = None)
     )
 
 
-def to_marian_state_dict(ours: dict[str, torch.Tensor], model_cfg: Any) -> dict[str, torch.Tensor]:
+def to_marian_state_dict(ours: dict[str, torch.Tensor], model_cfg: ModelConfig | DictConfig
+                         ) -> dict[str, torch.Tensor]:
     """Our state dict -> MarianMTModel's (names, split projections, channel order).
 
     Returns:
@@ -309,14 +342,17 @@ def _unicode_form(spm_path: Path) -> str | None:
 
 
 def _plain(node: Any) -> Any:
-    return to_plain(node) if isinstance(node, DictConfig) else node
+    """A config node (DictConfig or dataclass) as plain types; anything else unchanged."""
+    if isinstance(node, DictConfig) or dataclasses.is_dataclass(node):
+        return to_plain(node)
+    return node
 
 
 def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def model_card(run_cfg: Any, ckpt: dict[str, Any], results: dict[str, Any] | None,
+def model_card(run_cfg: DictConfig, ckpt: dict[str, Any], results: dict[str, Any] | None,
                vocab_size: int) -> str:
     """README.md of an exported folder: data, recipe, steps, measured BLEU with signatures."""
     data, model, trainer = run_cfg.data, run_cfg.model, run_cfg.get("trainer", {})
@@ -419,7 +455,8 @@ def _load(checkpoint: str | Path):
     return ckpt, config_of(ckpt), model
 
 
-def write_tokenizer_files(spm_path: Path, folder: Path, run_cfg: Any, max_length: int) -> None:
+def write_tokenizer_files(spm_path: Path, folder: Path, run_cfg: DictConfig,
+                          max_length: int) -> None:
     """source.spm, target.spm, vocab.json, tokenizer_config.json for ``MarianTokenizer``."""
     pieces = _piece_vocab(spm_path)
     shutil.copyfile(spm_path, folder / "source.spm")
@@ -491,7 +528,7 @@ def export_hf(checkpoint: str | Path, spm_path: str | Path, out_dir: str | Path,
 # --------------------------------------------------------------------------------------
 
 
-def _check_importable(mcfg: Any, folder: Path) -> None:
+def _check_importable(mcfg: MarianConfig, folder: Path) -> None:
     """Refuse a Marian config that our Transformer cannot compute exactly."""
     problems = []
     want = {"pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": BOS_ID,
@@ -541,7 +578,8 @@ def _tokenizer_of(folder: Path, vocab_size: int) -> Path:
     return src
 
 
-def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: Any) -> dict[str, torch.Tensor]:
+def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: ModelConfig | DictConfig
+                           ) -> dict[str, torch.Tensor]:
     """MarianMTModel's state dict -> ours (inverse of :func:`to_marian_state_dict`)."""
     d = int(_get(model_cfg, "d_model"))
     order = marian_channel_order(d)
@@ -550,35 +588,16 @@ def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: Any) -> dict[
     emb = sd["model.shared.weight"]
     for k in ("embed_tokens.weight", "tgt_embed_tokens.weight", "output_projection.weight"):
         ours[k] = emb
-
-    def copy(dst: str, src: str) -> None:
-        ours[f"{dst}.weight"], ours[f"{dst}.bias"] = sd[f"{src}.weight"], sd[f"{src}.bias"]
-
-    def fuse(dst: str, src: str, names: Sequence[str]) -> None:
-        ours[f"{dst}.weight"] = torch.cat([sd[f"{src}.{n}.weight"] for n in names], 0)
-        ours[f"{dst}.bias"] = torch.cat([sd[f"{src}.{n}.bias"] for n in names], 0)
-
-    def self_attn_and_ffn(o: str, m: str) -> None:
-        fuse(f"{o}.self_attn.in_proj", f"{m}.self_attn", ["q_proj", "k_proj", "v_proj"])
-        copy(f"{o}.self_attn.out_proj", f"{m}.self_attn.out_proj")
-        copy(f"{o}.self_attn_norm", f"{m}.self_attn_layer_norm")
-        copy(f"{o}.ffn.w_1", f"{m}.fc1")
-        copy(f"{o}.ffn.w_2", f"{m}.fc2")
-        copy(f"{o}.ffn_norm", f"{m}.final_layer_norm")
-
-    for i in range(int(_get(model_cfg, "encoder_layers"))):
-        self_attn_and_ffn(f"encoder_layers.{i}", f"model.encoder.layers.{i}")
-    for i in range(int(_get(model_cfg, "decoder_layers"))):
-        o, m = f"decoder_layers.{i}", f"model.decoder.layers.{i}"
-        self_attn_and_ffn(o, m)
-        copy(f"{o}.cross_attn.q_proj", f"{m}.encoder_attn.q_proj")
-        fuse(f"{o}.cross_attn.kv_proj", f"{m}.encoder_attn", ["k_proj", "v_proj"])
-        copy(f"{o}.cross_attn.out_proj", f"{m}.encoder_attn.out_proj")
-        copy(f"{o}.cross_attn_norm", f"{m}.encoder_attn_layer_norm")
+    for dst, src, parts in layer_name_pairs(model_cfg, "model.encoder.layers",
+                                            "model.decoder.layers"):
+        for suffix in ("weight", "bias"):
+            ours[f"{dst}.{suffix}"] = (sd[f"{src}.{suffix}"] if parts is None else
+                                       torch.cat([sd[f"{src}.{p}.{suffix}"] for p in parts], 0))
     return {k: v.contiguous() for k, v in ours.items()}
 
 
-def model_config_of_marian(mcfg: Any, base: Any = None) -> dict[str, Any]:
+def model_config_of_marian(mcfg: MarianConfig, base: ModelConfig | DictConfig | dict | None = None
+                           ) -> dict[str, Any]:
     """Our ModelConfig fields (a dict) for a MarianConfig; other fields from ``base``."""
     fields = dict(_plain(base)) if base is not None else {}
     fields.update(
@@ -592,7 +611,7 @@ def model_config_of_marian(mcfg: Any, base: Any = None) -> dict[str, Any]:
     return fields
 
 
-def import_marian(folder: str | Path, run_cfg: Any, checkpoint_out: str | Path,
+def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_out: str | Path,
                   spm_out: str | Path) -> dict[str, Any]:
     """A Marian-architecture transformers folder -> our model file + shared SentencePiece model.
 
@@ -861,7 +880,7 @@ class CTranslate2Engine:
             intra_threads=threads or torch.get_num_threads())
         self._warned = False
 
-    def _warn(self, decode_cfg: Any) -> None:
+    def _warn(self, decode_cfg: DecodeConfig) -> None:
         if self._warned:
             return
         self._warned = True
@@ -872,7 +891,7 @@ class CTranslate2Engine:
             log.warning("decode.engine=ctranslate2 stops a sentence once beam_size hypotheses "
                         "have finished (stopping=beam), not with stopping=%s", decode_cfg.stopping)
 
-    def translate_lines(self, tokenizer: Any, lines: Sequence[str], decode_cfg: Any,
+    def translate_lines(self, tokenizer: Any, lines: Sequence[str], decode_cfg: DecodeConfig,
                         return_hypotheses: bool = False) -> tuple[list[Any], dict[str, Any]]:
         """Same inputs, outputs and stats as :func:`transformer_nmt.translate.translate_lines`."""
         self._warn(decode_cfg)
@@ -934,7 +953,7 @@ class CTranslate2Engine:
         return outputs, stats
 
 
-def decode_engine(model: Any, checkpoint: str | Path, cfg: Any, device: Any) -> Any:
+def decode_engine(model: Any, checkpoint: str | Path, cfg: Config, device: Any) -> Any:
     """The decoder for ``cfg.decode.engine``: ``model`` itself, or a CTranslate2 engine.
 
     ``ctranslate2`` converts the checkpoint on first use (:func:`cached_ctranslate2`) and

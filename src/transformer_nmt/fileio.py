@@ -28,6 +28,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from omegaconf import DictConfig
+
+from transformer_nmt.config import DataConfig
 from transformer_nmt.errors import UserError
 
 
@@ -118,17 +121,17 @@ def is_up_to_date(outputs: list[Path], inputs: list[Path]) -> bool:
     return min(p.stat().st_mtime for p in outputs) >= newest_input
 
 
-def raw_path(data_cfg: Any, split: str, lang: str) -> Path:
+def raw_path(data_cfg: DataConfig | DictConfig, split: str, lang: str) -> Path:
     """Cleaned text of one split and language: ``<root>/raw/<name>/<split>.<lang>``."""
     return Path(data_cfg.root) / "raw" / data_cfg.name / f"{split}.{lang}"
 
 
-def spm_model_path(data_cfg: Any) -> Path:
+def spm_model_path(data_cfg: DataConfig | DictConfig) -> Path:
     """The shared SentencePiece model: ``<root>/spm/<name>/spm.model``."""
     return Path(data_cfg.root) / "spm" / data_cfg.name / "spm.model"
 
 
-def bin_prefix(data_cfg: Any, split: str, lang: str) -> Path:
+def bin_prefix(data_cfg: DataConfig | DictConfig, split: str, lang: str) -> Path:
     """Prefix of the binarized files: ``<root>/bin/<name>/<split>.<lang>`` (+ .bin / .idx)."""
     return Path(data_cfg.root) / "bin" / data_cfg.name / f"{split}.{lang}"
 

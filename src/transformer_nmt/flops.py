@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from transformer_nmt.config import ModelConfig
+
 FORMULA = (
     "6 * (P_src * sum(s) + P_tgt * sum(t)) + 6 * h * (d_k + d_v) * "
     "(L_e * sum(s^2) + L_d * sum(t^2) + L_d * sum(s * t)) (transformer_nmt.flops)"
@@ -56,7 +58,7 @@ class TokenCounts:
                    int((s * t).sum()))
 
 
-def _dims(model_cfg: Any) -> tuple[int, int, int, int, int, int, int]:
+def _dims(model_cfg: ModelConfig) -> tuple[int, int, int, int, int, int, int]:
     d = int(model_cfg.d_model)
     h = int(model_cfg.heads)
     dk = int(getattr(model_cfg, "d_k", None) or d // h)
@@ -65,7 +67,7 @@ def _dims(model_cfg: Any) -> tuple[int, int, int, int, int, int, int]:
             int(model_cfg.d_ff))
 
 
-def matmul_params_per_token(model_cfg: Any, vocab_size: int) -> tuple[int, int]:
+def matmul_params_per_token(model_cfg: ModelConfig, vocab_size: int) -> tuple[int, int]:
     """Weights each source / target token is multiplied by in one forward pass.
 
     Args:
@@ -87,7 +89,7 @@ def matmul_params_per_token(model_cfg: Any, vocab_size: int) -> tuple[int, int]:
     return per_src, per_tgt
 
 
-def training_flops(model_cfg: Any, vocab_size: int, counts: TokenCounts) -> float:
+def training_flops(model_cfg: ModelConfig, vocab_size: int, counts: TokenCounts) -> float:
     """Training FLOPs (forward + backward) of the sentences summed in ``counts``."""
     le, ld, _, h, dk, dv, _ = _dims(model_cfg)
     per_src, per_tgt = matmul_params_per_token(model_cfg, vocab_size)

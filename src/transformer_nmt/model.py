@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from transformer_nmt.cache import DecoderCache
-from transformer_nmt.config import PAD_ID, validate_model_config
+from transformer_nmt.config import PAD_ID, ModelConfig, validate_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -413,7 +413,7 @@ class PositionwiseFeedForward(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in residual dropout and LayerNorm (3.1)."""
 
-    def __init__(self, cfg: Any, d_k: int, d_v: int) -> None:
+    def __init__(self, cfg: ModelConfig | DictConfig, d_k: int, d_v: int) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(
@@ -436,7 +436,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Masked self-attention, encoder-decoder attention, feed-forward (section 3.1)."""
 
-    def __init__(self, cfg: Any, d_k: int, d_v: int) -> None:
+    def __init__(self, cfg: ModelConfig | DictConfig, d_k: int, d_v: int) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(
@@ -512,7 +512,8 @@ class Transformer(nn.Module):
         ValueError: from :func:`validate_model_config`, naming every bad key and value.
     """
 
-    def __init__(self, cfg: Any, vocab_size: int, pad_id: int = PAD_ID) -> None:
+    def __init__(self, cfg: ModelConfig | DictConfig, vocab_size: int,
+                 pad_id: int = PAD_ID) -> None:
         super().__init__()
         validate_model_config(cfg, vocab_size, pad_id)
         self.cfg = cfg

@@ -9,9 +9,9 @@ d_model = 512, warmup 4000), then decays with the inverse square root of the ste
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+
+from transformer_nmt.config import TrainerConfig
 
 
 def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, multiplier: float = 1.0) -> float:
@@ -37,7 +37,7 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, multiplier: floa
     return multiplier * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
-def build_optimizer(model: torch.nn.Module, trainer_cfg: Any) -> torch.optim.Adam:
+def build_optimizer(model: torch.nn.Module, trainer_cfg: TrainerConfig) -> torch.optim.Adam:
     """Adam with the paper's betas and epsilon (section 5.3) over all trainable parameters.
 
     The base learning rate is 1.0: :func:`build_scheduler` multiplies it by the schedule,
@@ -64,7 +64,7 @@ def build_optimizer(model: torch.nn.Module, trainer_cfg: Any) -> torch.optim.Ada
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, d_model: int, trainer_cfg: Any
+    optimizer: torch.optim.Optimizer, d_model: int, trainer_cfg: TrainerConfig
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR applying :func:`inverse_sqrt_lr`, with the scheduler's count shifted to start at 1.
 

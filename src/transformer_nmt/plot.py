@@ -26,6 +26,7 @@ no display needed).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -33,7 +34,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -44,8 +45,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from transformer_nmt.config import BOS_ID, EOS_ID
+from transformer_nmt.config import BOS_ID, EOS_ID, DecodeConfig
 from transformer_nmt.fileio import atomic_path
+
+if TYPE_CHECKING:
+    from transformer_nmt.cli.plot import PlotAppConfig
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +266,7 @@ def _file_key(path: Path) -> dict[str, Any]:
     return {"name": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _decode_key(decode_cfg: Any) -> dict[str, Any]:
+def _decode_key(decode_cfg: DecodeConfig) -> dict[str, Any]:
     keys = ("beam_size", "lenpen", "lenpen_form", "stopping", "max_len_a", "max_len_b",
             "max_input_tokens", "precision")
     return {k: getattr(decode_cfg, k) for k in keys}
@@ -285,7 +289,7 @@ def _read_cache(path: Path) -> dict[str, Any]:
 
 def checkpoint_bleu(
     run_dir: str | Path,
-    decode_cfg: Any,
+    decode_cfg: DecodeConfig,
     device: str | torch.device = "cpu",
     max_sentences: int | None = None,
     cache_dir: str | Path | None = None,
@@ -625,7 +629,7 @@ def attention_maps(
     model: nn.Module,
     tokenizer: Any,
     sentence: str,
-    decode_cfg: Any,
+    decode_cfg: DecodeConfig,
     target_ids: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Translate ``sentence`` and capture every layer's attention weights for it.
@@ -804,7 +808,7 @@ def close(fig: Any) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def _run_dirs(cfg: Any) -> list[Path]:
+def _run_dirs(cfg: PlotAppConfig) -> list[Path]:
     """The run folders named by ``runs`` (names under runs/, or paths), else ``run_dir``."""
     base = Path(cfg.run_dir).parent
     names = list(getattr(cfg, "runs", None) or [])
@@ -817,7 +821,7 @@ def _run_dirs(cfg: Any) -> list[Path]:
     return dirs
 
 
-def make_plots(cfg: Any) -> list[Path]:
+def make_plots(cfg: PlotAppConfig) -> list[Path]:
     """``nmt-plot``: the figures ``cfg.plot.kinds`` asks for, from one or more run folders.
 
     ``curves``: ``curves.<fmt>`` (one run) or ``curves_<a>_vs_<b>.<fmt>`` (``runs=[a,b]``);
@@ -888,7 +892,7 @@ def make_plots(cfg: Any) -> list[Path]:
     return written
 
 
-def _plot_attention_files(cfg: Any, run_dir: Path, out_dir: Path, fmt: str, dpi: int,
+def _plot_attention_files(cfg: PlotAppConfig, run_dir: Path, out_dir: Path, fmt: str, dpi: int,
                           device: torch.device) -> list[Path]:
     from transformer_nmt.checkpoint import load_model
     from transformer_nmt.translate import load_tokenizer, resolve_checkpoint
@@ -896,11 +900,7 @@ def _plot_attention_files(cfg: Any, run_dir: Path, out_dir: Path, fmt: str, dpi:
     p = cfg.plot
     run_cfg = cfg
     if Path(cfg.run_dir) != run_dir:
-        from omegaconf import OmegaConf, open_dict
-
-        run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-        with open_dict(run_cfg):
-            run_cfg.run_dir = str(run_dir)
+        run_cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
     ckpt = resolve_checkpoint(run_cfg)
     model, model_cfg = load_model(ckpt, device)
     tokenizer = load_tokenizer(model_cfg.data)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from transformer_nmt import binarize, bpe, clean, corpora
-from transformer_nmt.config import UNK_ID
+from transformer_nmt.config import UNK_ID, Config, DataConfig
 from transformer_nmt.fileio import atomic_write, bin_prefix, raw_path, spm_model_path
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ SUMMARY_MAX_TOKENS = 4096
 """Token budget (per batch, source and target each) at which padding efficiency is reported."""
 
 
-def summary_path(data_cfg: Any) -> Path:
+def summary_path(data_cfg: DataConfig) -> Path:
     """``<root>/bin/<name>/summary.json``."""
     return Path(data_cfg.root) / "bin" / data_cfg.name / "summary.json"
 
@@ -117,7 +117,7 @@ def remove_orphans(folder: Path, patterns: tuple[str, ...] = (".*.tmp",)) -> lis
     return removed
 
 
-def token_filter_params(cfg: Any) -> dict:
+def token_filter_params(cfg: Config) -> dict:
     """The training-pair token limit of the binarize stage (part of its stamp, so a change
     rebuilds the training split): ``max_positions`` (``cfg.model``), ``max_tokens``
     (``cfg.trainer``) and ``max_len`` (:func:`transformer_nmt.binarize.max_train_tokens`);
@@ -131,7 +131,7 @@ def token_filter_params(cfg: Any) -> dict:
             "max_len": binarize.max_train_tokens(max_positions, max_tokens)}
 
 
-def prepare(cfg: Any) -> dict:
+def prepare(cfg: Config) -> dict:
     """Run the data stage for ``cfg.data``.
 
     Args:

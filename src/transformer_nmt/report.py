@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformer_nmt.config import Config
 from transformer_nmt.fileio import atomic_write
 from transformer_nmt.table3 import DEV_SET, PAPER_TABLE3, SETTING_KEYS, PaperRow, setting
 
@@ -425,7 +426,7 @@ def build_report(results: list[dict[str, Any]],
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(cfg: Any) -> Path:
+def write_report(cfg: Config) -> Path:
     """``nmt-table``: read ``cfg.results_glob``, write ``cfg.table_output`` atomically.
 
     Returns:

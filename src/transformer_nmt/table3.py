@@ -134,7 +134,8 @@ def _whole(row: str, key: str, base: Any, factor: float) -> int:
 def apply_row(cfg: Any) -> Any:
     """Write the row ``cfg.table3`` into ``cfg.model`` / ``cfg.trainer`` (in place) and return cfg.
 
-    A config without a row (``table3.variant`` None) is returned unchanged. Multipliers act on
+    A config without a row (``table3.variant`` None), or a typed config whose row was applied
+    already, is returned unchanged. Multipliers act on
     the composed experiment's values; ``d_k`` scales the effective size (d_model / heads when
     unset), and a row that changes heads or d_model leaves d_k / d_v to follow d_model / heads
     unless the experiment set them.
@@ -144,7 +145,7 @@ def apply_row(cfg: Any) -> Any:
             the row, the key and the values).
     """
     t = cfg.table3
-    if not t.variant:
+    if not t.variant or getattr(t, "_applied", False):  # never scale twice
         return cfg
     row = str(t.variant)
     scale, values = dict(t.scale or {}), dict(t.fixed or {})
@@ -174,6 +175,8 @@ def apply_row(cfg: Any) -> Any:
                 m.dropout = float(value)
             else:
                 setattr(m, key, value)
+    if not OmegaConf.is_config(t):
+        object.__setattr__(t, "_applied", True)
     return cfg
 
 

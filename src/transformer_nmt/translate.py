@@ -38,13 +38,14 @@ from transformer_nmt.checkpoint import (
     checkpoint_dir,
     latest_checkpoint,
 )
+from transformer_nmt.config import Config, DecodeConfig
 from transformer_nmt.fileio import atomic_write, iter_lines
 from transformer_nmt.fileio import read_lines as fileio_read_lines
 from transformer_nmt.runtime import autocast_context, resolve_device
 
 log = logging.getLogger(__name__)
 
-def resolve_checkpoint(cfg: Any) -> Path:
+def resolve_checkpoint(cfg: Config) -> Path:
     """The model file to decode with.
 
     Order: ``cfg.decode.checkpoint``; else ``<run_dir>/checkpoints/averaged.pt``; else the
@@ -78,7 +79,8 @@ def resolve_checkpoint(cfg: Any) -> Path:
     )
 
 
-def search(model: Any, src_tokens: torch.Tensor, decode_cfg: Any) -> list[list[Hypothesis]]:
+def search(model: Any, src_tokens: torch.Tensor, decode_cfg: DecodeConfig
+           ) -> list[list[Hypothesis]]:
     """Beam search with ``decode_cfg``'s settings; ``beam_size`` 1 is greedy decoding.
 
     Args:
@@ -168,7 +170,7 @@ def translate_lines(
     model: Any,
     tokenizer: Any,
     lines: Sequence[str],
-    decode_cfg: Any,
+    decode_cfg: DecodeConfig,
     device: str | torch.device | None = None,
     *,
     return_hypotheses: bool = False,
@@ -292,7 +294,7 @@ def write_lines(lines: Iterable[str], path: str | Path | None) -> None:
 def translate_file(
     model: Any,
     tokenizer: Any,
-    decode_cfg: Any,
+    decode_cfg: DecodeConfig,
     device: str | torch.device | None = None,
     input_path: str | Path | None = None,
     output_path: str | Path | None = None,
@@ -317,7 +319,7 @@ def translate_file(
     return stats
 
 
-def translate(cfg: Any) -> dict[str, Any]:
+def translate(cfg: Config) -> dict[str, Any]:
     """``nmt-translate``: load the run's model and translate ``translate.input`` (a file or
     standard input) to ``translate.output`` (a file or standard output).
 

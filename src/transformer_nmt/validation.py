@@ -15,9 +15,10 @@ from torch.utils.data import DataLoader
 
 from transformer_nmt import distributed
 from transformer_nmt.batching import ParallelDataset
-from transformer_nmt.config import PAD_ID
+from transformer_nmt.config import PAD_ID, Config
 from transformer_nmt.fileio import raw_path
 from transformer_nmt.loss import label_smoothed_nll_loss
+from transformer_nmt.train_state import TrainState
 
 log = logging.getLogger("transformer_nmt.train")
 
@@ -71,7 +72,7 @@ def validate_bleu(
     dataset: ParallelDataset,
     references: list[str],
     tokenizer: Any,
-    cfg: Any,
+    cfg: Config,
     device: torch.device,
     autocast: Any = contextlib.nullcontext,
 ) -> float:
@@ -100,7 +101,7 @@ def validate_bleu(
     return float(sacrebleu.corpus_bleu(hyps, [references]).score)
 
 
-def valid_references(cfg: Any, dataset: ParallelDataset, tokenizer: Any, n: int) -> list[str]:
+def valid_references(cfg: Config, dataset: ParallelDataset, tokenizer: Any, n: int) -> list[str]:
     """The first ``n`` valid targets as text: the cleaned text file, else decoded ids."""
     path = raw_path(cfg.data, cfg.data.valid_split, cfg.data.tgt_lang)
     n = min(n, len(dataset))
@@ -112,8 +113,8 @@ def valid_references(cfg: Any, dataset: ParallelDataset, tokenizer: Any, n: int)
     return [tokenizer.decode(dataset[i][2]) for i in range(n)]
 
 
-def run_validation(cfg: Any, model: torch.nn.Module, loader: DataLoader, dataset: ParallelDataset,
-                   tokenizer: Any, state: Any, *, device: torch.device, autocast: Any,
+def run_validation(cfg: Config, model: torch.nn.Module, loader: DataLoader,
+                   dataset: ParallelDataset, tokenizer: Any, state: TrainState, *, device: torch.device, autocast: Any,
                    is_main: bool, references: list[str],
                    max_batches: int | None = None) -> tuple[dict[str, float], bool]:
     """One validation of the training loop: loss on every rank, BLEU on rank 0 (broadcast)

@@ -22,9 +22,10 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt import config as _config  # registers the schema
+from transformer_nmt.config import Config
 from transformer_nmt.errors import UserError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
@@ -50,14 +51,44 @@ CONFIG_DIR = _config_dir()
 """Folder holding config.yaml and the config groups (see :func:`_config_dir`)."""
 
 
-def compose(overrides: Sequence[str] = ()) -> DictConfig:
+def typed_config(cfg: DictConfig) -> Config:
+    """The composed config as the typed :class:`~transformer_nmt.config.Config` that every
+    stage receives, validated: the one conversion each entry point makes.
+
+    A Table 3 row (``table3=<row>``) is applied here (:func:`transformer_nmt.table3.apply_row`),
+    so every stage sees the row's model and trainer values.
+
+    ``OmegaConf.to_object`` resolves the interpolations (``run_dir: runs/${name}``) and gives
+    the schema's dataclasses (the entry point's subclass of ``Config`` where it has one:
+    nmt-export, nmt-import, nmt-plot), choice fields as their Enums, free-form nodes
+    (``extra``, ``data.custom_files``) as plain dicts and lists.
+
+    Raises:
+        omegaconf errors: a mandatory value missing, an interpolation that does not resolve.
+        ConfigError (a UserError): from :func:`transformer_nmt.config.validate` or a Table 3
+            row that does not apply to the experiment.
+    """
+    from transformer_nmt.table3 import apply_row
+
+    typed = OmegaConf.to_object(cfg)
+    apply_row(typed)  # a Table 3 row (``table3=...``) onto the experiment's model and trainer
+    try:
+        _config.validate(typed)
+    except _config.ConfigError:
+        raise
+    except ValueError as e:  # reported as one line, also where no pre-flight check ran (-m)
+        raise _config.ConfigError(str(e)) from e
+    return typed
+
+
+def compose(overrides: Sequence[str] = ()) -> Config:
     """Compose the primary config with overrides, as an entry point would (for tests, scripts).
 
     Args:
         overrides: Hydra override strings, e.g. ``["experiment=multi30k_en_de", "trainer.max_steps=5"]``.
 
     Returns:
-        The composed, validated config (struct mode: unknown keys raise).
+        The composed, validated, typed config (:func:`typed_config`).
 
     Raises:
         hydra.errors.ConfigCompositionException / omegaconf errors: unknown keys or groups.
@@ -68,8 +99,7 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    _config.validate(cfg)
-    return cfg
+    return typed_config(cfg)
 
 
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
@@ -141,7 +171,6 @@ def _preflight(overrides: list[str]) -> tuple[Path | None, str | None]:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     try:
@@ -151,7 +180,7 @@ def _preflight(overrides: list[str]) -> tuple[Path | None, str | None]:
         run_dir = Path(str(OmegaConf.select(cfg, "hydra.run.dir")))
         OmegaConf.set_struct(cfg, False)
         cfg.pop("hydra")
-        _config.validate(cfg)
+        typed_config(cfg)
     except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
         # composition (unknown key or group, bad type, bad override) or validation
         return None, one_line(e)

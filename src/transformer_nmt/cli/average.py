@@ -11,15 +11,14 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt.checkpoint import average_run
-from transformer_nmt.cli import CONFIG_DIR, run_app, user_errors
-from transformer_nmt.config import validate
+from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Validate the config and run :func:`average_run`."""
+    """Type and validate the config (:func:`typed_config`), then run :func:`average_run`."""
     with user_errors():
-        validate(cfg)
+        cfg = typed_config(cfg)
         print(average_run(cfg))
 
 

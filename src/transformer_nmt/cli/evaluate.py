@@ -11,16 +11,16 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory, run_app, user_errors
-from transformer_nmt.config import validate
+from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory, run_app, typed_config, user_errors
 from transformer_nmt.evaluate import evaluate
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Validate the config and run :func:`transformer_nmt.evaluate.evaluate`."""
+    """Type and validate the config (:func:`typed_config`),
+    then run :func:`transformer_nmt.evaluate.evaluate`."""
     with user_errors():
-        validate(cfg)
+        cfg = typed_config(cfg)
         retain_freed_memory()  # beam search allocates large tensors at every step
         if cfg.table3.variant:
             from transformer_nmt.table3 import evaluation_config

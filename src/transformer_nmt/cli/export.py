@@ -22,8 +22,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR
-from transformer_nmt.config import Config, validate
+from transformer_nmt.cli import CONFIG_DIR, typed_config
+from transformer_nmt.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def default_output(cfg: DictConfig) -> Path:
+def default_output(cfg: InteropConfig) -> Path:
     """``<run_dir>/export/hf``, ``.../ctranslate2`` or ``.../ctranslate2_<quantization>``."""
     e = cfg.export
     if e.output:
@@ -74,7 +74,7 @@ def default_output(cfg: DictConfig) -> Path:
     return Path(cfg.run_dir) / "export" / name
 
 
-def run_export(cfg: DictConfig) -> Path:
+def run_export(cfg: InteropConfig) -> Path:
     """Export the run's model as ``cfg.export`` says; returns the folder written.
 
     Raises:
@@ -104,10 +104,10 @@ def run_export(cfg: DictConfig) -> Path:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    """Validate the config and run :func:`run_export`; user errors exit 2 with one line."""
+    """Type and validate the config (:func:`typed_config`),
+    run :func:`run_export`; user errors exit 2 with one line."""
     try:
-        validate(cfg)
-        print(run_export(cfg))
+        print(run_export(typed_config(cfg)))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         fail(str(e).replace("\n", " "))
 

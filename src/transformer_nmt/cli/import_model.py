@@ -16,12 +16,12 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.cli import CONFIG_DIR
-from transformer_nmt.cli.export import fail
-from transformer_nmt.config import to_plain, validate
+from transformer_nmt.cli import CONFIG_DIR, typed_config
+from transformer_nmt.cli.export import InteropConfig, fail
+from transformer_nmt.config import to_plain
 
 
-def run_import(cfg: DictConfig):
+def run_import(cfg: InteropConfig):
     """Import ``cfg.source`` into ``cfg.run_dir``; returns the checkpoint path written.
 
     Raises:
@@ -46,10 +46,10 @@ def run_import(cfg: DictConfig):
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    """Validate the config and run :func:`run_import`; user errors exit 2 with one line."""
+    """Type and validate the config (:func:`typed_config`),
+    run :func:`run_import`; user errors exit 2 with one line."""
     try:
-        validate(cfg)
-        print(run_import(cfg))
+        print(run_import(typed_config(cfg)))
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
         fail(str(e).replace("\n", " "))
 

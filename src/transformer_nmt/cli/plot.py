@@ -21,8 +21,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.cli import CONFIG_DIR
-from transformer_nmt.config import Config, validate
+from transformer_nmt.cli import CONFIG_DIR, typed_config
+from transformer_nmt.config import Config
 
 
 @dataclass
@@ -76,16 +76,16 @@ _register()
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="nmt_plot")
 def main(cfg: DictConfig) -> None:
-    """Validate the config and run :func:`transformer_nmt.plot.make_plots`.
+    """Type and validate the config (:func:`typed_config`),
+    run :func:`transformer_nmt.plot.make_plots`.
 
     A user's mistake (bad value, missing run folder or file, bad metrics line) prints one
     ``error:`` line and exits with status 2.
     """
     try:
-        validate(cfg)
         from transformer_nmt.plot import make_plots
 
-        make_plots(cfg)
+        make_plots(typed_config(cfg))
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, run_app, user_errors
-from transformer_nmt.config import validate
+from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
 from transformer_nmt.prepare import format_summary, prepare
 
 
@@ -18,7 +17,7 @@ from transformer_nmt.prepare import format_summary, prepare
 def app(cfg: DictConfig) -> None:
     """Validate the config, run :func:`transformer_nmt.prepare.prepare`, print its summary."""
     with user_errors():
-        validate(cfg)
+        cfg = typed_config(cfg)
         print(format_summary(prepare(cfg)))
 
 

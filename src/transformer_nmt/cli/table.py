@@ -8,16 +8,16 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, run_app, user_errors
-from transformer_nmt.config import validate
+from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
 from transformer_nmt.report import write_report
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Validate the config and run :func:`transformer_nmt.report.write_report`."""
+    """Type and validate the config (:func:`typed_config`),
+    then run :func:`transformer_nmt.report.write_report`."""
     with user_errors():
-        validate(cfg)
+        cfg = typed_config(cfg)
         print(write_report(cfg))
 
 

@@ -28,24 +28,18 @@ import os
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt import config as _config
-from transformer_nmt.cli import CONFIG_DIR, run_app, user_errors
+from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
 
 
 # An absolute config path (the repository's configs/, or $NMT_CONFIG_DIR): a path relative
 # to this file is not found when the app starts from the nmt-train console script.
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Validate the config and train (or dry-run: prepare a slice, then train a few steps);
-    a Table 3 row is applied first and evaluated after training."""
+    """Type and validate the config (:func:`typed_config`, which applies a Table 3 row), then
+    train (or dry-run: prepare a slice, then train a few steps); a Table 3 row is evaluated
+    after training."""
     with user_errors():
-        from transformer_nmt.table3 import apply_row
-
-        apply_row(cfg)
-        try:
-            _config.validate(cfg)
-        except ValueError as e:  # a row that gives an invalid model for this experiment
-            raise _config.ConfigError(str(e)) from e
+        cfg = typed_config(cfg)
         export_submitit_environment()
         if cfg.trainer.dry_run:
             from transformer_nmt.dryrun import dry_run
