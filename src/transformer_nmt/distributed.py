@@ -100,7 +100,7 @@ def init_distributed(device: str | None = None) -> DistInfo:
             dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
         else:
             dist.init_process_group(backend=backend, store=store, rank=rank,
-                                    world_size=world_size, timeout=default_pg_timeout)
+                                    world_size=world_size)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
 
 
@@ -145,6 +145,8 @@ def group_namespace(store: dist.Store, rank: int, world_size: int,
 
     Raises:
         TimeoutError: on rank 0 when some rank has not answered within ``timeout`` (names them).
+        torch.distributed.DistStoreError: on the other ranks when rank 0 has not answered
+            within the store's timeout.
     """
     root = NAMESPACE_ROOT
     if rank != 0:
@@ -170,7 +172,7 @@ def group_namespace(store: dist.Store, rank: int, world_size: int,
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"ranks {sorted(waiting)} of {world_size} did not join the process group "
-                    f"within {timeout.total_seconds():.0f} s")
+                    f"within {timeout.total_seconds():g} s")
             time.sleep(poll_s)
     return token
 
