@@ -215,21 +215,25 @@ def test_a_group_on_torchruns_shared_store_reads_nothing_an_earlier_group_left(t
 
     def group(delay_rank1: float) -> None:
         procs = []
-        for rank, delay in ((0, 0.0), (1, delay_rank1)):
-            env = {**_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
-                   "TORCHELASTIC_USE_AGENT_STORE": "True"}
-            procs.append(subprocess.Popen([sys.executable, str(script), str(delay)], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
-        for rank, proc in enumerate(procs):
-            try:
-                out, err = proc.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                for p in procs:
-                    p.kill()
-                pytest.fail(f"rank {rank} did not finish in 120 s")
-            assert proc.returncode == 0 and out.split() == ["3"], f"rank {rank}:\n{err[-3000:]}"
+        try:
+            for rank, delay in ((0, 0.0), (1, delay_rank1)):
+                env = {**_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"}
+                procs.append(subprocess.Popen([sys.executable, str(script), str(delay)],
+                                              env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, text=True))
+            for rank, proc in enumerate(procs):
+                try:
+                    out, err = proc.communicate(timeout=120)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"rank {rank} did not finish in 120 s")
+                assert proc.returncode == 0 and out.split() == ["3"], f"rank {rank}:\n{err[-3000:]}"
+        finally:  # a failed rank leaves the other one waiting for it
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
 
     group(0.0)
     stale = server.list_keys()
