@@ -1,6 +1,6 @@
 # transformer-nmt: one entry point per pipeline stage.
 #   make install            venv + editable install with dev, export and cluster extras (CPU torch pinned unless torch is already there)
-#   make test               the whole test suite (but the torchrun-restart simulation: make test-restart)
+#   make test               the whole test suite (the cluster simulations of tests/test_cluster.py included)
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make all                the whole default job: train (data first), average, evaluate, table
 # test, data, train, average, eval and table run `make install` first when the environment is
@@ -22,7 +22,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: all install test test-restart data train average eval export table table3 table3-proxy plots lint clean bench-install bench gpu-check
+.PHONY: all install test data train average eval export table table3 table3-proxy plots lint clean bench-install bench gpu-check
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -53,12 +53,7 @@ $(STAMP): pyproject.toml
 all: train eval table
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not restart" tests
-
-# The killed-worker simulation (tests/test_cluster.py): torchrun restarts the group on one
-# machine; the restarted group's gloo setup sometimes fails or hangs, so it runs on its own.
-test-restart: $(STAMP)
-	$(BIN)/python -m pytest -q -m restart tests
+	$(BIN)/python -m pytest -q tests
 
 data: $(STAMP)
 	$(BIN)/nmt-prepare experiment=$(EXP) $(ARGS)

@@ -6,16 +6,26 @@
 the training loop is the same code for one process and for many.
 
 Back-end: NCCL when the process owns a GPU, gloo on CPU.
+
+Under ``torchrun`` (c10d rendezvous, torch >= 2.5) the workers' ``MASTER_PORT`` is a TCPStore
+that the agent hosts for its whole life: a group restarted after a failed worker (``--max-restarts``)
+finds in it every key the previous group wrote, and gloo (like NCCL's unique id) would read the
+dead group's addresses. :func:`init_distributed` therefore sets the group up under a key prefix
+that only the processes of this group know (:func:`group_namespace`).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 
 @dataclass(frozen=True)
@@ -85,8 +95,86 @@ def init_distributed(device: str | None = None) -> DistInfo:
         dev = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if use_cuda else "gloo"
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        store = _agent_store(rank, world_size, default_pg_timeout)
+        if store is None:
+            dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        else:
+            dist.init_process_group(backend=backend, store=store, rank=rank,
+                                    world_size=world_size)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
+
+
+NAMESPACE_ROOT = "transformer_nmt/group"
+"""Keys of :func:`group_namespace` in the store (under it: ``hello/``, ``token/``, ``ack/``)."""
+
+
+def _agent_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store | None:
+    """torchrun's shared store (``TORCHELASTIC_USE_AGENT_STORE=True``) under this group's own
+    prefix (:func:`group_namespace`); None otherwise (``init_process_group``'s env:// set-up,
+    whose store rank 0 creates afresh)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0),
+                          world_size=world_size, is_master=False, timeout=timeout)
+    namespace = group_namespace(store, rank, world_size, timeout)
+    return dist.PrefixStore(f"{NAMESPACE_ROOT}/{namespace}/", store)
+
+
+def group_namespace(store: dist.Store, rank: int, world_size: int,
+                    timeout: timedelta = default_pg_timeout, poll_s: float = 0.01) -> str:
+    """A random token that every rank of this group returns, unknown to any earlier group.
+
+    ``store`` may hold every key of earlier groups (processes that used the same store and
+    are gone: a torchrun restart). Neither ``TORCHELASTIC_RESTART_COUNT`` (each agent counts
+    its own restarts, so nodes disagree) nor a key's presence tells a fresh value from a stale
+    one, so the ranks hand-shake with values only live processes can know: rank ``r`` > 0
+    writes a fresh random nonce to ``hello/r`` and waits for ``token/<nonce>``; rank 0 draws
+    the token, answers every ``hello/r`` it reads (a stale nonce gets an answer nobody waits
+    for) until each rank ``r`` has written ``ack/<token>/r``. Collective: every rank of the
+    group must call it.
+
+    Args:
+        store: the store every rank reaches (torchrun's TCPStore).
+        rank, world_size: this process's place in the group.
+        timeout: how long rank 0 waits for the others (the others wait as long in
+            ``store.get``: the store's own timeout).
+        poll_s: rank 0's pause between two reads of the keys it waits for, in seconds.
+
+    Returns:
+        A 16-character hexadecimal token, the same on every rank.
+
+    Raises:
+        TimeoutError: on rank 0 when some rank has not answered within ``timeout`` (names them).
+        torch.distributed.DistStoreError: on the other ranks when rank 0 has not answered
+            within the store's timeout.
+    """
+    root = NAMESPACE_ROOT
+    if rank != 0:
+        nonce = secrets.token_hex(8)
+        store.set(f"{root}/hello/{rank}", nonce)
+        token = store.get(f"{root}/token/{nonce}").decode()
+        store.set(f"{root}/ack/{token}/{rank}", "1")
+        return token
+    token = secrets.token_hex(8)
+    answered: dict[int, bytes] = {}
+    waiting = set(range(1, world_size))
+    deadline = time.monotonic() + timeout.total_seconds()
+    while waiting:
+        for r in sorted(waiting):
+            if store.check([f"{root}/ack/{token}/{r}"]):
+                waiting.discard(r)
+            elif store.check([f"{root}/hello/{r}"]):
+                nonce = store.get(f"{root}/hello/{r}")
+                if answered.get(r) != nonce:
+                    store.set(f"{root}/token/{nonce.decode()}", token)
+                    answered[r] = nonce
+        if waiting:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"ranks {sorted(waiting)} of {world_size} did not join the process group "
+                    f"within {timeout.total_seconds():g} s")
+            time.sleep(poll_s)
+    return token
 
 
 def is_initialized() -> bool:
