@@ -22,17 +22,18 @@ already belongs to that checkpoint (a sweep can be finished over several sitting
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from omegaconf import OmegaConf, open_dict
+from typing import TYPE_CHECKING, Any
 
 from transformer_nmt.errors import UserError
+
+if TYPE_CHECKING:
+    from transformer_nmt.config import Config, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,6 @@ SCALABLE = ("heads", "d_k", "layers", "d_model", "d_ff", "max_steps")
 """Keys of ``table3.scale``."""
 SETTABLE = ("heads", "dropout", "label_smoothing", "positions")
 """Keys of ``table3.fixed``."""
-
-
-def _writable(cfg: Any):
-    """``open_dict`` for a DictConfig; nothing for a dataclass."""
-    return open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.nullcontext()
 
 
 class Table3Error(UserError):
@@ -131,11 +127,11 @@ def _whole(row: str, key: str, base: Any, factor: float) -> int:
     return round(value)
 
 
-def apply_row(cfg: Any) -> Any:
+def apply_row(cfg: Config) -> Config:
     """Write the row ``cfg.table3`` into ``cfg.model`` / ``cfg.trainer`` (in place) and return cfg.
 
-    A config without a row (``table3.variant`` None), or a typed config whose row was applied
-    already, is returned unchanged. Multipliers act on
+    A config without a row (``table3.variant`` None), or one whose row was applied already
+    (the entry points apply it in ``cli.typed_config``), is returned unchanged. Multipliers act on
     the composed experiment's values; ``d_k`` scales the effective size (d_model / heads when
     unset), and a row that changes heads or d_model leaves d_k / d_v to follow d_model / heads
     unless the experiment set them.
@@ -157,34 +153,37 @@ def apply_row(cfg: Any) -> Any:
             raise Table3Error(f"table3={row}: table3.fixed.{key} is not one of {list(SETTABLE)}")
     m, tr = cfg.model, cfg.trainer
     d_k_base = m.d_k or m.d_model // m.heads
-    with _writable(cfg):
-        if "layers" in scale:
-            m.encoder_layers = _whole(row, "encoder_layers", m.encoder_layers, scale["layers"])
-            m.decoder_layers = _whole(row, "decoder_layers", m.decoder_layers, scale["layers"])
-        for key in ("heads", "d_model", "d_ff"):
-            if key in scale:
-                setattr(m, key, _whole(row, key, getattr(m, key), scale[key]))
-        if "d_k" in scale:
-            m.d_k = _whole(row, "d_k", d_k_base, scale["d_k"])
-        if "max_steps" in scale and t.scale_steps and tr.max_steps is not None:
-            tr.max_steps = _whole(row, "max_steps", tr.max_steps, scale["max_steps"])
-        for key, value in values.items():
-            if key == "label_smoothing":
-                tr.label_smoothing = float(value)
-            elif key == "dropout":
-                m.dropout = float(value)
-            else:
-                setattr(m, key, value)
-    if not OmegaConf.is_config(t):
-        object.__setattr__(t, "_applied", True)
+    if "layers" in scale:
+        m.encoder_layers = _whole(row, "encoder_layers", m.encoder_layers, scale["layers"])
+        m.decoder_layers = _whole(row, "decoder_layers", m.decoder_layers, scale["layers"])
+    for key in ("heads", "d_model", "d_ff"):
+        if key in scale:
+            setattr(m, key, _whole(row, key, getattr(m, key), scale[key]))
+    if "d_k" in scale:
+        m.d_k = _whole(row, "d_k", d_k_base, scale["d_k"])
+    if "max_steps" in scale and t.scale_steps and tr.max_steps is not None:
+        tr.max_steps = _whole(row, "max_steps", tr.max_steps, scale["max_steps"])
+    for key, value in values.items():
+        if key == "label_smoothing":
+            tr.label_smoothing = float(value)
+        elif key == "dropout":
+            m.dropout = float(value)
+        elif key == "positions":
+            from transformer_nmt.config import Positions
+
+            m.positions = Positions(value)
+        else:
+            setattr(m, key, int(value))
+    object.__setattr__(t, "_applied", True)
     return cfg
 
 
-def setting(model_cfg: Any, label_smoothing: float | None) -> dict[str, Any] | None:
+def setting(model_cfg: ModelConfig | dict[str, Any],
+            label_smoothing: float | None) -> dict[str, Any] | None:
     """A model's (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, positions) as in Table 3.
 
     Args:
-        model_cfg: a model config (dataclass, DictConfig or plain dict).
+        model_cfg: a model config, or its plain dict (results.json).
         label_smoothing: the run's epsilon_ls.
 
     Returns:
@@ -202,7 +201,7 @@ def setting(model_cfg: Any, label_smoothing: float | None) -> dict[str, Any] | N
     }
 
 
-def evaluation_config(cfg: Any) -> Any:
+def evaluation_config(cfg: Config) -> Config:
     """A copy of ``cfg`` that evaluates the row the paper's way: the development set
     (``data.valid_split``) as the only test set, and the run's last checkpoint (no averaging).
 
@@ -217,13 +216,12 @@ def evaluation_config(cfg: Any) -> Any:
             f"table3={cfg.table3.variant}: no checkpoint_<step>.pt in {checkpoint_dir(cfg.run_dir)} "
             "(train the row first)")
     out = copy.deepcopy(cfg)
-    with _writable(out):
-        out.data.test_splits = [out.data.valid_split]
-        out.decode.checkpoint = str(latest)
+    out.data.test_splits = [out.data.valid_split]
+    out.decode.checkpoint = str(latest)
     return out
 
 
-def results_are_current(cfg: Any) -> bool:
+def results_are_current(cfg: Config) -> bool:
     """True when ``<run_dir>/results.json`` was written from the row's last checkpoint with
     the same decoding settings and test sets as :func:`evaluation_config` gives now."""
     path = Path(cfg.run_dir) / "results.json"
@@ -234,15 +232,14 @@ def results_are_current(cfg: Any) -> bool:
     except json.JSONDecodeError:
         return False
     ev = evaluation_config(cfg)
-    decode = OmegaConf.to_container(ev.decode, resolve=True, enum_to_str=True) \
-        if OmegaConf.is_config(ev.decode) else vars(ev.decode)
+    decode = dataclasses.asdict(ev.decode)
     same_decode = all(old.get("decode", {}).get(k) == v for k, v in decode.items()
                       if k in old.get("decode", {}))
     return (old.get("checkpoint") == str(ev.decode.checkpoint) and same_decode
             and list(old.get("test_sets") or {}) == list(ev.data.test_splits))
 
 
-def evaluate_row(cfg: Any) -> dict[str, Any] | None:
+def evaluate_row(cfg: Config) -> dict[str, Any] | None:
     """Evaluate a trained row (:func:`evaluation_config`); None when results.json is current."""
     from transformer_nmt.evaluate import evaluate
 
