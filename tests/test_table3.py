@@ -201,8 +201,10 @@ def test_submitit_tasks_get_the_torchrun_environment(monkeypatch):
     pytest.importorskip("submitit")
     from transformer_nmt.cli.train import export_submitit_environment
 
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(k, "")  # recorded, so what export() writes is undone after the test
+        monkeypatch.delenv(k)
     assert export_submitit_environment() is False  # not under submitit
     env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "5",
            "SLURM_NTASKS": "8", "SLURM_LOCALID": "5", "SLURM_NTASKS_PER_NODE": "8",

@@ -418,8 +418,8 @@ class Config:
     translate: TranslateConfig = field(default_factory=TranslateConfig)
     name: str = "multi30k_en_de"
     """Experiment name; the run directory is runs/<name>."""
-    run_dir: str = "runs/${name}${nmt.table3_dir:${table3.variant},${trainer.seed}}"
-    """``runs/<name>``; a Table 3 row's run: ``runs/<name>/table3/<variant>_seed<seed>``."""
+    run_dir: str = "runs/${name}"
+    """``runs/<name>``; a Table 3 row's run (set by its config): ``runs/<name>/table3/<variant>_seed<seed>``."""
     table3: Table3Config = field(default_factory=Table3Config)
     results_glob: str = "runs/**/results.json"
     """nmt-table: results files to tabulate (``**`` matches any depth)."""
@@ -560,23 +560,10 @@ def to_plain(cfg: DictConfig | object) -> dict:
     return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 
 
-def table3_dir(variant: str | None, seed: Any) -> str:
-    """The ``run_dir`` suffix of a Table 3 row (``/table3/<variant>_seed<seed>``), else ``""``.
-
-    Registered as the OmegaConf resolver ``nmt.table3_dir``.
-    """
-    return "" if variant in (None, "None", "") else f"/table3/{variant}_seed{seed}"
-
-
 def register_configs() -> None:
-    """Store the schema in Hydra's ConfigStore and register the ``nmt.*`` resolvers
-    (called on import of this module)."""
-    from omegaconf import OmegaConf
-
+    """Store the schema in Hydra's ConfigStore (called on import of this module)."""
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    if not OmegaConf.has_resolver("nmt.table3_dir"):
-        OmegaConf.register_new_resolver("nmt.table3_dir", table3_dir)
 
 
 register_configs()
