@@ -790,7 +790,7 @@ def plot_table3(experiment: str, lines: Sequence[Any], path: str | Path,
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_xlabel(f"dev BLEU difference to the base row ({kind})")
     ax.set_title(f"Table 3 rows: {experiment}")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     try:
         return save_figure(fig, path)
