@@ -753,26 +753,23 @@ def ctranslate2_spec(model: Any, pieces: Sequence[str]):
     if pre:
         norm(enc.layer_norm, "encoder_norm")
         norm(dec.layer_norm, "decoder_norm")
-    for i, layer in enumerate(enc.layer):
-        o = f"encoder_layers.{i}"
+    def self_attention_and_ffn(layer: Any, o: str) -> None:  # shared by encoder and decoder layers
         linear(layer.self_attention.linear[0], f"{o}.self_attn.in_proj")
         linear(layer.self_attention.linear[1], f"{o}.self_attn.out_proj")
         norm(layer.self_attention.layer_norm, f"{o}.self_attn_norm")
         linear(layer.ffn.linear_0, f"{o}.ffn.w_1")
         linear(layer.ffn.linear_1, f"{o}.ffn.w_2")
         norm(layer.ffn.layer_norm, f"{o}.ffn_norm")
+
+    for i, layer in enumerate(enc.layer):
+        self_attention_and_ffn(layer, f"encoder_layers.{i}")
     for i, layer in enumerate(dec.layer):
         o = f"decoder_layers.{i}"
-        linear(layer.self_attention.linear[0], f"{o}.self_attn.in_proj")
-        linear(layer.self_attention.linear[1], f"{o}.self_attn.out_proj")
-        norm(layer.self_attention.layer_norm, f"{o}.self_attn_norm")
+        self_attention_and_ffn(layer, o)
         linear(layer.attention.linear[0], f"{o}.cross_attn.q_proj")
         linear(layer.attention.linear[1], f"{o}.cross_attn.kv_proj")
         linear(layer.attention.linear[2], f"{o}.cross_attn.out_proj")
         norm(layer.attention.layer_norm, f"{o}.cross_attn_norm")
-        linear(layer.ffn.linear_0, f"{o}.ffn.w_1")
-        linear(layer.ffn.linear_1, f"{o}.ffn.w_2")
-        norm(layer.ffn.layer_norm, f"{o}.ffn_norm")
     vocab = ["<blank>" if i == PAD_ID else p for i, p in enumerate(pieces)]
     spec.register_source_vocabulary(vocab)
     spec.register_target_vocabulary(vocab)

@@ -442,9 +442,10 @@ def write_report(cfg: Config) -> Path:
     if cfg.table3_plot:
         from transformer_nmt.plot import plot_table3
 
-        for exp, lines in table3_lines(results).items():
+        groups = table3_lines(results)
+        for exp, lines in groups.items():
             plot = Path(cfg.table3_plot)
-            if len(table3_lines(results)) > 1:
+            if len(groups) > 1:
                 plot = plot.with_name(f"{plot.stem}_{exp}{plot.suffix}")
             plot_table3(exp, lines, plot)
             log.info("wrote %s", plot)
