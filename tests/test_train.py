@@ -127,6 +127,26 @@ def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides, tiny, 
     assert all(torch.equal(v, last["model"][k]) for k, v in model.state_dict().items())
 
 
+def test_epoch_checkpoints_and_validation(tmp_path, data_overrides, tiny):
+    """save_every_epochs / validate_every_epochs (fairseq's per-epoch intervals) act at the
+    last step of each epoch, and only there."""
+    run = tmp_path / "run"
+    summary = train(compose([
+        *data_overrides, *tiny, f"run_dir={run}", "trainer.max_steps=null",
+        "trainer.max_epochs=3", "trainer.save_every_steps=null", "trainer.save_every_minutes=null",
+        "trainer.validate_every_steps=null", "trainer.save_every_epochs=1",
+        "trainer.validate_every_epochs=2", "trainer.keep_last=5"]))
+    steps = summary["steps"]
+    assert steps % 3 == 0 and steps >= 6, steps
+    per_epoch = steps // 3
+    assert [p.name for p in step_checkpoints(run)] == [
+        f"checkpoint_{per_epoch * e}.pt" for e in (1, 2, 3)]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    # epoch 2 by the interval, epoch 3 because training ends there
+    assert [r["step"] for r in records if r["split"] == "valid"] == [2 * per_epoch, steps]
+    assert load_checkpoint(latest_checkpoint(run))["train_state"]["step"] == steps
+
+
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, data_overrides, tiny):
     common = [*data_overrides, *tiny, "trainer.max_steps=25", "trainer.save_every_steps=5",
               "trainer.validate_every_steps=10"]
@@ -240,6 +260,7 @@ def test_dry_run_leaves_the_real_run_alone(tmp_path, data_overrides, tiny):
     assert summary["steps"] == 2
     assert (run / "dry_run" / "train_summary.json").is_file()
     assert step_checkpoints(run) == [] and not (run / "train_summary.json").exists()
+    assert not (run / "dry_run" / "checkpoints").exists()  # trainer.no_save: nothing written
 
 
 def test_missing_data_fails_with_one_line_naming_the_file(tmp_path, data_overrides, tiny):

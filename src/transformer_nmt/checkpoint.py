@@ -425,8 +425,10 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
 
 
 RUN_LENGTH_KEYS = ("max_steps", "max_epochs", "max_time_minutes", "patience", "num_workers",
-                   "log_every_steps", "validate_every_steps", "save_every_steps",
-                   "save_every_minutes", "keep_last", "valid_bleu", "valid_bleu_sentences")
+                   "log_every_steps", "validate_every_steps", "validate_every_epochs",
+                   "save_every_steps", "save_every_epochs",
+                   "save_every_minutes", "keep_last", "no_save", "valid_bleu",
+                   "valid_bleu_sentences")
 """``trainer`` fields that may change when a run is resumed (how long it runs, how often it
 logs, validates and saves); every other ``model``, ``data`` and ``trainer`` value, and the run's
 ``name``, must be equal for checkpoints to be averaged."""

@@ -306,14 +306,20 @@ class TrainerConfig:
     """DataLoader worker processes."""
 
     save_every_steps: int | None = None
+    save_every_epochs: int | None = None
+    """Also save at the end of every n-th epoch (fairseq's ``--save-interval``)."""
     save_every_minutes: float | None = 10.0
     keep_last: int = 20
     """Checkpoints kept (the paper averages the last 5 base / 20 big)."""
+    no_save: bool = False
+    """Write no checkpoint at all (fairseq's ``--no-save``); the dry run sets it."""
     init_from: str | None = None
     """Model file (a checkpoint, ``averaged.pt`` or an ``nmt-import`` output) whose weights
     start a new run (fine-tuning); optimizer, schedule and counters start fresh. Ignored when
     the run directory already holds checkpoints (the run resumes from them)."""
     validate_every_steps: int | None = 1000
+    validate_every_epochs: int | None = None
+    """Also validate at the end of every n-th epoch (fairseq's ``--validate-interval``)."""
     log_every_steps: int = 100
 
     valid_bleu: bool = False
@@ -517,8 +523,10 @@ def validate(cfg: Config) -> None:
             errors.append(f"trainer.{key}={getattr(t, key)} must be positive")
     if not 0.0 <= t.label_smoothing < 1.0:
         errors.append(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
-    if t.max_time_minutes is not None and t.max_time_minutes <= 0:
-        errors.append(f"trainer.max_time_minutes={t.max_time_minutes} must be positive (or null)")
+    for key in ("max_time_minutes", "save_every_steps", "save_every_epochs",
+                "validate_every_steps", "validate_every_epochs"):
+        if getattr(t, key) is not None and getattr(t, key) <= 0:
+            errors.append(f"trainer.{key}={getattr(t, key)} must be positive (or null)")
     if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):
         errors.append(f"trainer.adam_betas={list(t.adam_betas)} must be two values in [0, 1)")
     d = cfg.decode

@@ -28,7 +28,7 @@ DRY_RUN_VOCAB = 1000
 
 
 def dry_run_config(cfg: Config) -> Config:
-    """The config of a dry run: a few steps in ``<run_dir>/dry_run``, never the real checkpoints.
+    """The config of a dry run: a few steps in ``<run_dir>/dry_run``, writing no checkpoint.
 
     When the experiment's binarized data is missing, a slice is prepared instead under its
     own name (``<data.name>_dry_run``): the first ``DRY_RUN_TRAIN_PAIRS`` training pairs of
@@ -47,6 +47,7 @@ def dry_run_config(cfg: Config) -> Config:
     t.validate_every_steps = None
     t.log_every_steps = 1
     t.keep_last = 1
+    t.no_save = True  # a big model's checkpoint is 2.5 GB; the dry run is about the steps
     t.patience = None
     t.valid_bleu_sentences = min(int(t.valid_bleu_sentences), 16)
     cfg.run_dir = str(Path(cfg.run_dir) / "dry_run")

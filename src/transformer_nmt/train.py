@@ -136,7 +136,8 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
             micro_batches = [next(loader_iter) for _ in range(k)]
             state.position += k
             state.micro_step += k
-            if state.position >= len(s.sampler):
+            epoch_ended = state.position >= len(s.sampler)
+            if epoch_ended:
                 state.epoch, state.position, loader_iter = state.epoch + 1, 0, None
 
             # -- forward / backward over the micro-batches, then the update ----------------
@@ -181,9 +182,10 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
             # -- validation, checkpoints ------------------------------------------------------------
             stepped = state.bad_steps_in_row == 0
             best = False
-            vfreq = t_cfg.validate_every_steps
+            vfreq, vepochs = t_cfg.validate_every_steps, t_cfg.validate_every_epochs
             if stepped and state.step != last_valid_step and (
                 (vfreq and state.step % int(vfreq) == 0)
+                or (vepochs and epoch_ended and state.epoch % int(vepochs) == 0)
                 or stopped_by in ("max_steps", "max_epochs", "max_time")
             ):
                 last_valid, best = run_validation(
@@ -195,12 +197,13 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
                 if (t_cfg.patience is not None and stopped_by is None
                         and state.validations_without_improvement >= int(t_cfg.patience)):
                     stopped_by = "patience"
-            sfreq = t_cfg.save_every_steps
+            sfreq, sepochs = t_cfg.save_every_steps, t_cfg.save_every_epochs
             regular = state.step != last_saved_step and (
                 (stepped and sfreq and state.step % int(sfreq) == 0)
+                or (stepped and sepochs and epoch_ended and state.epoch % int(sepochs) == 0)
                 or save_for_time or stopped_by is not None
             )
-            if regular or best:
+            if (regular or best) and not t_cfg.no_save:
                 ckpt_lib.save_training(run_dir, s, state, info, config=cfg, seed=seed,
                                        keep_last=int(t_cfg.keep_last), best=best, regular=regular)
                 if regular:
