@@ -104,7 +104,10 @@ bench-install: $(BENCH_BIN)/python
 		$(BENCH_BIN)/python -m pip install "$(TORCH_SPEC)"; \
 	fi
 	$(BENCH_BIN)/python -m pip install -e .
-	$(BENCH_BIN)/python -m pip install $(BENCH_PEERS)
+	# fairseq builds C extensions against torch: without build isolation it uses the torch
+	# above instead of pulling a CUDA torch (gigabytes) into a throw-away build environment
+	$(BENCH_BIN)/python -m pip install cython "setuptools<81" wheel numpy
+	$(BENCH_BIN)/python -m pip install --no-build-isolation $(BENCH_PEERS)
 
 bench:
 	$(BENCH_BIN)/nmt-prepare experiment=$(EXP)

@@ -1,0 +1,378 @@
+"""Equal work with fairseq: one tiny Multi30k recipe trained by transformer-nmt and by fairseq,
+then averaged, decoded and scored the same way.
+
+The recipe (fairseq's tiny Multi30k setting, both toolkits):
+
+* model ``tiny`` (3 + 3 layers, d_model 256, d_ff 1024, 4 heads, all embeddings shared),
+  dropout 0.1 (no attention or activation dropout), label smoothing 0.1;
+* Adam(0.9, 0.98, 1e-9), inverse square root schedule, 1,000 warm-up steps to a peak lr of
+  1.976e-3 (lr_multiplier 1.0: 256^-0.5 x 1000^-0.5), no gradient clipping;
+* max_tokens 4,096, one GPU/process, 20 epochs, a checkpoint and a validation at the end of
+  every epoch; the last 5 epoch checkpoints averaged;
+* beam 4, length penalty 0.6 in fairseq's form (score / |Y|^0.6), at most 1.0 x |X| + 50 tokens.
+
+Both toolkits train on the same sentences and pieces (``bench_common.prepare_fairseq_data``).
+Each toolkit's test translations are turned into text by the same SentencePiece model and scored
+by sacreBLEU against the official reference files (``data/raw/<data>/ref``). Per-epoch training
+loss (label-smoothed, nats per target token) and validation perplexity come from each toolkit's
+own logs.
+
+The run is resumable: each toolkit continues from its last epoch checkpoint when the script is
+started again; finished stages are skipped. ``--toolkits ours`` and ``--toolkits fairseq`` may
+run at the same time (``--threads 1`` each); ``--report`` then writes the table.
+
+Examples::
+
+    .venv-bench/bin/python scripts/bench_equal_work.py                       # both, in turn
+    .venv-bench/bin/python scripts/bench_equal_work.py --toolkits ours --threads 1 &
+    .venv-bench/bin/python scripts/bench_equal_work.py --toolkits fairseq --threads 1 &
+    .venv-bench/bin/python scripts/bench_equal_work.py --report              # the table
+    .venv-bench/bin/python scripts/bench_equal_work.py --epochs 2 --average 2 \\
+        --max-train-pairs 2000 --out data/bench/equal_work_smoke              # a smoke run
+
+Results: ``<out>/<toolkit>/result.json`` and ``<out>/summary.json``; a Markdown table on stdout
+for docs/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common as bc
+
+LN2 = math.log(2.0)
+SIZE = "tiny"
+TEST_SPLITS = ("test_2016_flickr", "test_2017_flickr")
+
+
+def peak_lr(args) -> float:
+    """lr_multiplier x d_model^-0.5 x warmup^-0.5 (the schedule's value at the last warm-up step)."""
+    d_model = bc.SIZES[SIZE][2]
+    return args.lr_multiplier * d_model ** -0.5 * args.warmup ** -0.5
+
+
+def data_overrides(args) -> list[str]:
+    """The data settings both toolkits' data come from (a smaller training set for smoke runs)."""
+    out = ["experiment=multi30k_en_de"]
+    if args.max_train_pairs:
+        out += [f"data.name=multi30k_en_de_{args.max_train_pairs}",
+                f"data.max_train_pairs={args.max_train_pairs}",
+                f"data.vocab_size={args.vocab_size}"]
+    return out
+
+
+def data_config(args):
+    from transformer_nmt.cli import compose
+
+    return compose(data_overrides(args)).data
+
+
+# ------------------------------------------------------------------------------ ours
+
+
+def ours_overrides(args, run_dir: Path) -> list[str]:
+    return [
+        *data_overrides(args), f"model={SIZE}", "name=equal_work_ours", f"run_dir={run_dir}",
+        f"model.dropout={args.dropout}", "model.attention_dropout=0.0",
+        "model.activation_dropout=0.0",
+        f"trainer.max_tokens={args.max_tokens}", "trainer.update_freq=1",
+        "trainer.max_steps=null", f"trainer.max_epochs={args.epochs}",
+        "trainer.max_time_minutes=null", f"trainer.warmup_steps={args.warmup}",
+        f"trainer.lr_multiplier={args.lr_multiplier}", "trainer.clip_norm=0.0",
+        "trainer.label_smoothing=0.1", "trainer.precision=fp32", "trainer.seed=1",
+        "trainer.num_workers=0", "trainer.save_every_steps=null",
+        "trainer.save_every_minutes=null", "trainer.save_every_epochs=1",
+        "trainer.validate_every_steps=null", "trainer.validate_every_epochs=1",
+        # room for checkpoints written at an interruption, so the last epochs' ones stay
+        f"trainer.keep_last={args.average + 3}", "trainer.log_every_steps=1",
+        "trainer.valid_bleu=false", "trainer.patience=null", "trainer.compile=false",
+        f"decode.beam_size={args.beam}",
+        f"decode.lenpen={args.lenpen}", "decode.lenpen_form=fairseq", "decode.max_len_a=1.0",
+        "decode.max_len_b=50",
+    ]
+
+
+def metrics_by_step(run_dir: Path, split: str) -> list[dict]:
+    """``metrics.jsonl`` records of ``split``, one per step: a resumed run logs again the steps
+    after its last checkpoint, and the later record wins."""
+    by_step = {}
+    for line in bc.read_lines(run_dir / "metrics.jsonl"):
+        rec = json.loads(line) if line else None
+        if rec and rec["split"] == split:
+            by_step[rec["step"]] = rec
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def ours_epoch_losses(run_dir: Path) -> list[float]:
+    """Mean label-smoothed training loss (nats per target token) of each epoch, from the
+    per-step records of ``metrics.jsonl`` (``epoch`` = completed epochs at the step's end)."""
+    sums: dict[int, list[float]] = {}
+    for rec in metrics_by_step(run_dir, "train"):
+        ntok = rec["tokens_per_s"] * rec["seconds_per_step"]
+        epoch = max(1, math.ceil(rec["epoch"] - 1e-9))
+        acc = sums.setdefault(epoch, [0.0, 0.0])
+        acc[0] += rec["loss"] * ntok
+        acc[1] += ntok
+    return [sums[e][0] / sums[e][1] for e in sorted(sums)]
+
+
+def run_ours(args, out: Path) -> dict:
+    """Train (resuming), average the last ``--average`` epoch checkpoints, evaluate."""
+    run_dir = out / "ours"
+    env = bc.thread_env(args.threads)
+    overrides = ours_overrides(args, run_dir)
+    summary_path = run_dir / "train_summary.json"
+    done = summary_path.is_file() and json.loads(summary_path.read_text()).get(
+        "stopped_by") == "max_epochs"
+    if not done:
+        bc.run_child([bc.venv_tool("nmt-train"), *overrides], out / "ours_train.log", env)
+    summary = json.loads(summary_path.read_text())
+    if summary.get("stopped_by") != "max_epochs":
+        raise RuntimeError(f"ours stopped by {summary.get('stopped_by')}, see {out / 'ours_train.log'}")
+    steps, epochs = summary["steps"], args.epochs
+    if steps % epochs:
+        raise RuntimeError(f"ours: {steps} steps is not a whole number of steps per epoch")
+    ckpts = [str(run_dir / "checkpoints" / f"checkpoint_{steps // epochs * e}.pt")
+             for e in range(epochs - args.average + 1, epochs + 1)]
+    overrides.append("average.checkpoints=[" + ",".join(f"'{c}'" for c in ckpts) + "]")
+    bc.run_child([bc.venv_tool("nmt-average"), *overrides], out / "ours_average.log", env)
+    bc.run_child([bc.venv_tool("nmt-evaluate"), *overrides], out / "ours_evaluate.log", env)
+    dcfg = data_config(args)
+    hyps = {split: bc.read_lines(run_dir / "translations" / f"{split}.{dcfg.tgt_lang}")
+            for split in TEST_SPLITS}
+    valid = metrics_by_step(run_dir, "valid")
+    return {
+        "train_loss_per_epoch": ours_epoch_losses(run_dir),
+        "valid_ppl_per_epoch": [r["ppl"] for r in valid],
+        "valid_steps": [r["step"] for r in valid],
+        "steps": summary["steps"], "train_seconds": summary["train_seconds"],
+        "parameters": summary["parameters"], "hypotheses": hyps,
+    }
+
+
+# --------------------------------------------------------------------------- fairseq
+
+
+def fairseq_train_cmd(args, data_bin: Path, save_dir: Path) -> list[str]:
+    le, ld, d, f, h = bc.SIZES[SIZE]
+    lr = peak_lr(args)
+    return [
+        bc.venv_tool("fairseq-train"), str(data_bin), "--task", "translation",
+        "--source-lang", "en", "--target-lang", "de", "--arch", "transformer",
+        "--encoder-embed-dim", str(d), "--encoder-ffn-embed-dim", str(f),
+        "--encoder-layers", str(le), "--encoder-attention-heads", str(h),
+        "--decoder-embed-dim", str(d), "--decoder-ffn-embed-dim", str(f),
+        "--decoder-layers", str(ld), "--decoder-attention-heads", str(h),
+        "--share-all-embeddings", "--dropout", str(args.dropout),
+        "--attention-dropout", "0.0", "--activation-dropout", "0.0",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-9",
+        "--lr", f"{lr:.8g}", "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", str(args.warmup),
+        # fairseq's first update runs at warmup_init_lr; this starts it where ours starts.
+        "--warmup-init-lr", f"{lr / args.warmup:.8g}", "--clip-norm", "0.0",
+        "--max-tokens", str(args.max_tokens), "--max-epoch", str(args.epochs),
+        "--seed", "1", "--num-workers", "0", "--cpu",
+        "--save-dir", str(save_dir), "--keep-last-epochs", str(args.average),
+        "--save-interval", "1",
+        "--log-format", "json", "--log-interval", "50", "--no-progress-bar",
+    ]
+
+
+def average_fairseq(save_dir: Path, epochs: int, n: int) -> Path:
+    """Mean of the model weights of ``checkpoint{epochs-n+1..epochs}.pt`` (fairseq's
+    scripts/average_checkpoints.py --num-epoch-checkpoints n), written to ``averaged.pt``."""
+    import torch
+
+    paths = [save_dir / f"checkpoint{e}.pt" for e in range(epochs - n + 1, epochs + 1)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"fairseq epoch checkpoints missing: {missing}")
+    avg: dict = {}
+    state = None
+    for p in paths:
+        state = torch.load(p, map_location="cpu", weights_only=False)
+        for k, v in state["model"].items():
+            v = v.double()
+            avg[k] = avg[k] + v if k in avg else v
+    assert state is not None
+    state["model"] = {k: (v / n).float() for k, v in avg.items()}
+    state["last_optimizer_state"] = None
+    out = save_dir / "averaged.pt"
+    torch.save(state, out)
+    return out
+
+
+def fairseq_hypotheses(log_path: Path, sp) -> list[str]:
+    """Text of the ``H-<id>`` lines of fairseq-generate's output, in id order."""
+    hyps: dict[int, str] = {}
+    for line in bc.read_lines(log_path):
+        m = re.match(r"^H-(\d+)\t\S+\t?(.*)$", line)
+        if m:
+            hyps[int(m.group(1))] = sp.decode_pieces(m.group(2).split())
+    return [hyps[i] for i in range(len(hyps))]
+
+
+def fairseq_epoch_logs(log_paths: list[Path]) -> tuple[list[float], list[float]]:
+    """Per-epoch training loss (nats) and validation perplexity from fairseq's JSON logs
+    (in attempt order)."""
+    train, valid = {}, {}
+    lines = [line for path in log_paths for line in bc.read_lines(path)]
+    for line in lines:
+        if "{" not in line:
+            continue
+        try:
+            rec = json.loads(line[line.index("{"):])
+        except json.JSONDecodeError:
+            continue
+        if "train_loss" in rec:
+            train[int(rec["epoch"])] = float(rec["train_loss"]) * LN2
+        if "valid_ppl" in rec:
+            valid[int(rec["epoch"])] = float(rec["valid_ppl"])
+    return [train[e] for e in sorted(train)], [valid[e] for e in sorted(valid)]
+
+
+def run_fairseq(args, out: Path) -> dict:
+    import sentencepiece as spm
+
+    from transformer_nmt.fileio import spm_model_path
+
+    dcfg = data_config(args)
+    data_bin = bc.prepare_fairseq_data(dcfg, out / "fairseq_data",
+                                       ["train", "valid", *TEST_SPLITS])
+    save_dir = out / "fairseq" / "checkpoints"
+    save_dir.mkdir(parents=True, exist_ok=True)
+    env = bc.thread_env(args.threads)
+    # fairseq 0.12 pickles its config into checkpoints: its own files, read back without
+    # torch's weights-only default (resume, generate)
+    env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
+    # one log per attempt: fairseq resumes from checkpoint_last.pt, and a later attempt's
+    # record of an epoch replaces an interrupted one's
+    logs = sorted(out.glob("fairseq_train.*.log"), key=lambda p: int(p.suffixes[0][1:]))
+    if not (save_dir / f"checkpoint{args.epochs}.pt").is_file():
+        log = out / f"fairseq_train.{len(logs) + 1}.log"
+        bc.run_child(fairseq_train_cmd(args, data_bin, save_dir), log, env)
+        logs.append(log)
+    losses, ppls = fairseq_epoch_logs(logs)
+    avg = average_fairseq(save_dir, args.epochs, args.average)
+    sp = spm.SentencePieceProcessor(model_file=str(spm_model_path(dcfg)))
+    hyps = {}
+    for i, split in enumerate(TEST_SPLITS):
+        subset = "test" if i == 0 else f"test{i}"
+        gen_log = out / f"fairseq_generate_{split}.log"
+        bc.run_child([
+            bc.venv_tool("fairseq-generate"), str(data_bin), "--path", str(avg),
+            "--source-lang", "en", "--target-lang", "de", "--gen-subset", subset,
+            "--beam", str(args.beam), "--lenpen", str(args.lenpen), "--max-len-a", "1.0",
+            "--max-len-b", "50", "--batch-size", "64", "--cpu", "--seed", "1",
+        ], gen_log, env)
+        hyps[split] = fairseq_hypotheses(gen_log, sp)
+    return {"train_loss_per_epoch": losses, "valid_ppl_per_epoch": ppls, "hypotheses": hyps}
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def score(args, result: dict) -> dict:
+    """sacreBLEU of each test set against the official reference file."""
+    import sacrebleu
+
+    from transformer_nmt.corpora import reference_path
+
+    dcfg = data_config(args)
+    scores = {}
+    for split, hyps in result["hypotheses"].items():
+        ref = reference_path(dcfg, split, dcfg.tgt_lang)
+        refs = bc.read_lines(ref if ref.is_absolute() else bc.REPO / ref)
+        if len(refs) != len(hyps):
+            raise RuntimeError(f"{split}: {len(hyps)} hypotheses for {len(refs)} references")
+        bleu = sacrebleu.metrics.BLEU()
+        scores[split] = {"bleu": round(bleu.corpus_score(hyps, [refs]).score, 2),
+                         "signature": str(bleu.get_signature())}
+    return scores
+
+
+def markdown(results: dict) -> str:
+    names = [t for t in ("ours", "fairseq") if t in results]
+    lines = ["| toolkit | " + " | ".join(f"sacreBLEU {s}" for s in TEST_SPLITS)
+             + " | valid ppl (last epoch) | train loss (last epoch, nats) |",
+             "|---" * (len(TEST_SPLITS) + 3) + "|"]
+    for t in names:
+        r = results[t]
+        lines.append(f"| {t} | " + " | ".join(f"{r['bleu'][s]['bleu']:.2f}" for s in TEST_SPLITS)
+                     + f" | {r['valid_ppl_per_epoch'][-1]:.2f} | {r['train_loss_per_epoch'][-1]:.4f} |")
+    lines += ["", "| epoch | " + " | ".join(f"{t} train loss | {t} valid ppl" for t in names) + " |",
+              "|---" * (1 + 2 * len(names)) + "|"]
+    epochs = max(len(results[t]["train_loss_per_epoch"]) for t in names)
+    for e in range(epochs):
+        cells = []
+        for t in names:
+            r = results[t]
+            loss = r["train_loss_per_epoch"]
+            ppl = r["valid_ppl_per_epoch"]
+            cells += [f"{loss[e]:.4f}" if e < len(loss) else "",
+                      f"{ppl[e]:.2f}" if e < len(ppl) else ""]
+        lines.append(f"| {e + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--toolkits", default="ours,fairseq")
+    p.add_argument("--report", action="store_true", help="only write the table from results")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--average", type=int, default=5, help="last epoch checkpoints averaged")
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--warmup", type=int, default=1000)
+    p.add_argument("--lr-multiplier", type=float, default=1.0)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--lenpen", type=float, default=0.6)
+    p.add_argument("--max-train-pairs", type=int, default=None,
+                   help="a smaller training set (smoke runs), with --vocab-size pieces")
+    p.add_argument("--vocab-size", type=int, default=2000)
+    p.add_argument("--out", type=Path, default=bc.REPO / "data" / "bench" / "equal_work")
+    args = p.parse_args(argv)
+    if args.average > args.epochs:
+        p.error(f"--average {args.average} is more than --epochs {args.epochs}")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    mirror = bc.REPO.parent / "shared" / "data" / "multi30k"
+    if not os.environ.get("NMT_MULTI30K_MIRROR") and (mirror / "train.en.gz").is_file():
+        os.environ["NMT_MULTI30K_MIRROR"] = str(mirror)  # as the Makefile does
+    # one toolkit's driver prepares while the other waits (they may run at the same time)
+    with open(out / "prepare.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        bc.run_child([bc.venv_tool("nmt-prepare"), *data_overrides(args)], out / "prepare.log",
+                     bc.thread_env(args.threads))
+        if not args.report and "fairseq" in args.toolkits.split(","):
+            bc.prepare_fairseq_data(data_config(args), out / "fairseq_data",
+                                    ["train", "valid", *TEST_SPLITS])
+    if not args.report:
+        for toolkit in args.toolkits.split(","):
+            result = {"ours": run_ours, "fairseq": run_fairseq}[toolkit](args, out)
+            result["bleu"] = score(args, result)
+            bc.write_json(out / toolkit / "result.json", result)
+    results = {t: json.loads((out / t / "result.json").read_text())
+               for t in ("ours", "fairseq") if (out / t / "result.json").is_file()}
+    if not results:
+        return
+    summary = {"machine": bc.machine_info(), "recipe": {**vars(args), "out": str(out),
+               "peak_lr": peak_lr(args)},
+               "results": {t: {k: v for k, v in r.items() if k != "hypotheses"}
+                           for t, r in results.items()}}
+    bc.write_json(out / "summary.json", summary)
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
