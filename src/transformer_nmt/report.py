@@ -406,6 +406,18 @@ def signatures_section(results: list[dict[str, Any]]) -> list[str]:
     return ["## Score signatures", "", *[f"- {label}: `{sig}`" for label, sig in seen], ""]
 
 
+ELSEWHERE = [
+    "## Measured elsewhere",
+    "",
+    "- docs/table3.md: Table 3 at CPU scale (Multi30k, the `tiny` model as the base row).",
+    "- docs/equal_work.md: fairseq's tiny Multi30k recipe trained by both toolkits, per-epoch "
+    "loss, valid perplexity and sacreBLEU.",
+    "- docs/benchmarks.md: training and decoding speed against fairseq and Marian.",
+    "",
+]
+"""The closing section of results.md: the measurements that come from other commands."""
+
+
 def build_report(results: list[dict[str, Any]],
                  tables: Iterable[str] = ("table2", "table3", "other")) -> str:
     """The whole results.md text, with the sections named in ``tables``."""
@@ -422,6 +434,7 @@ def build_report(results: list[dict[str, Any]],
         *(table3_section(results) if "table3" in tables else []),
         *(others_section(results) if "other" in tables else []),
         *signatures_section(results),
+        *(ELSEWHERE if "table2" in tables else []),
     ]
     return "\n".join(lines).rstrip() + "\n"
 
