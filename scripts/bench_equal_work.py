@@ -300,6 +300,22 @@ def score(args, result: dict) -> dict:
     return scores
 
 
+def partial_result(toolkit: str, out: Path) -> dict | None:
+    """The finished epochs of a run still in progress (no BLEU yet), or None before the first."""
+    if toolkit == "ours":
+        run_dir = out / "ours"
+        if not (run_dir / "metrics.jsonl").is_file():
+            return None
+        ppls = [r["ppl"] for r in metrics_by_step(run_dir, "valid")]
+        losses = ours_epoch_losses(run_dir)[:len(ppls)]  # epochs that ended in a validation
+    else:
+        logs = sorted(out.glob("fairseq_train.*.log"), key=lambda p: int(p.suffixes[0][1:]))
+        losses, ppls = fairseq_epoch_logs(logs)
+    if not losses:
+        return None
+    return {"train_loss_per_epoch": losses, "valid_ppl_per_epoch": ppls, "partial": True}
+
+
 def markdown(results: dict) -> str:
     names = [t for t in ("ours", "fairseq") if t in results]
     lines = ["| toolkit | " + " | ".join(f"sacreBLEU {s}" for s in TEST_SPLITS)
@@ -307,7 +323,9 @@ def markdown(results: dict) -> str:
              "|---" * (len(TEST_SPLITS) + 3) + "|"]
     for t in names:
         r = results[t]
-        lines.append(f"| {t} | " + " | ".join(f"{r['bleu'][s]['bleu']:.2f}" for s in TEST_SPLITS)
+        bleu = [f"{r['bleu'][s]['bleu']:.2f}" if "bleu" in r else "–" for s in TEST_SPLITS]
+        name = f"{t} (epochs 1-{len(r['train_loss_per_epoch'])} so far)" if r.get("partial") else t
+        lines.append(f"| {name} | " + " | ".join(bleu)
                      + f" | {r['valid_ppl_per_epoch'][-1]:.2f} | {r['train_loss_per_epoch'][-1]:.4f} |")
     lines += ["", "| epoch | " + " | ".join(f"{t} train loss | {t} valid ppl" for t in names) + " |",
               "|---" * (1 + 2 * len(names)) + "|"]
@@ -327,7 +345,8 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--toolkits", default="ours,fairseq")
-    p.add_argument("--report", action="store_true", help="only write the table from results")
+    p.add_argument("--report", action="store_true",
+                   help="only write the table: finished results, else the epochs done so far")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--average", type=int, default=5, help="last epoch checkpoints averaged")
@@ -362,8 +381,12 @@ def main(argv: list[str] | None = None) -> None:
             result = {"ours": run_ours, "fairseq": run_fairseq}[toolkit](args, out)
             result["bleu"] = score(args, result)
             bc.write_json(out / toolkit / "result.json", result)
-    results = {t: json.loads((out / t / "result.json").read_text())
-               for t in ("ours", "fairseq") if (out / t / "result.json").is_file()}
+    results = {}
+    for t in ("ours", "fairseq"):
+        if (out / t / "result.json").is_file():
+            results[t] = json.loads((out / t / "result.json").read_text())
+        elif args.report and (partial := partial_result(t, out)):
+            results[t] = partial
     if not results:
         return
     summary = {"machine": bc.machine_info(), "recipe": {**vars(args), "out": str(out),
