@@ -195,6 +195,33 @@ def fairseq_permutation(vocab_size: int) -> torch.Tensor:
     return perm
 
 
+def fairseq_train_cmd(data_bin: Path, size: str, *, dropout: float, peak_lr: float, warmup: int,
+                      max_tokens: int, log_interval: int) -> list[str]:
+    """``fairseq-train`` with our recipe for model ``size`` (EN->DE data in ``data_bin``): the
+    same sizes, shared embeddings, dropout only on residuals and embeddings, label smoothing
+    0.1, Adam(0.9, 0.98, 1e-9), the inverse square root schedule and no clipping; JSON logs.
+    Callers add how long it runs and what it saves."""
+    le, ld, d, f, h = SIZES[size]
+    return [
+        venv_tool("fairseq-train"), str(data_bin), "--task", "translation",
+        "--source-lang", "en", "--target-lang", "de", "--arch", "transformer",
+        "--encoder-embed-dim", str(d), "--encoder-ffn-embed-dim", str(f),
+        "--encoder-layers", str(le), "--encoder-attention-heads", str(h),
+        "--decoder-embed-dim", str(d), "--decoder-ffn-embed-dim", str(f),
+        "--decoder-layers", str(ld), "--decoder-attention-heads", str(h),
+        "--share-all-embeddings", "--dropout", str(dropout),
+        "--attention-dropout", "0.0", "--activation-dropout", "0.0",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-9",
+        "--lr", f"{peak_lr:.8g}", "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", str(warmup),
+        # fairseq's first update runs at warmup_init_lr; this starts it where ours starts.
+        "--warmup-init-lr", f"{peak_lr / warmup:.8g}", "--clip-norm", "0.0",
+        "--max-tokens", str(max_tokens), "--seed", "1", "--num-workers", "0",
+        "--log-format", "json", "--log-interval", str(log_interval), "--no-progress-bar",
+    ]
+
+
 def prepare_fairseq_data(dcfg: Any, out_dir: Path, splits: list[str]) -> Path:
     """fairseq-preprocess the binarized splits into ``out_dir`` (skipped when up to date).
 

@@ -162,29 +162,11 @@ def run_ours(args, out: Path) -> dict:
 
 
 def fairseq_train_cmd(args, data_bin: Path, save_dir: Path) -> list[str]:
-    le, ld, d, f, h = bc.SIZES[SIZE]
-    lr = peak_lr(args)
-    return [
-        bc.venv_tool("fairseq-train"), str(data_bin), "--task", "translation",
-        "--source-lang", "en", "--target-lang", "de", "--arch", "transformer",
-        "--encoder-embed-dim", str(d), "--encoder-ffn-embed-dim", str(f),
-        "--encoder-layers", str(le), "--encoder-attention-heads", str(h),
-        "--decoder-embed-dim", str(d), "--decoder-ffn-embed-dim", str(f),
-        "--decoder-layers", str(ld), "--decoder-attention-heads", str(h),
-        "--share-all-embeddings", "--dropout", str(args.dropout),
-        "--attention-dropout", "0.0", "--activation-dropout", "0.0",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-9",
-        "--lr", f"{lr:.8g}", "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", str(args.warmup),
-        # fairseq's first update runs at warmup_init_lr; this starts it where ours starts.
-        "--warmup-init-lr", f"{lr / args.warmup:.8g}", "--clip-norm", "0.0",
-        "--max-tokens", str(args.max_tokens), "--max-epoch", str(args.epochs),
-        "--seed", "1", "--num-workers", "0", "--cpu",
-        "--save-dir", str(save_dir), "--keep-last-epochs", str(args.average),
-        "--save-interval", "1",
-        "--log-format", "json", "--log-interval", "50", "--no-progress-bar",
-    ]
+    return bc.fairseq_train_cmd(
+        data_bin, SIZE, dropout=args.dropout, peak_lr=peak_lr(args), warmup=args.warmup,
+        max_tokens=args.max_tokens, log_interval=50,
+    ) + ["--max-epoch", str(args.epochs), "--cpu", "--save-dir", str(save_dir),
+         "--keep-last-epochs", str(args.average), "--save-interval", "1"]
 
 
 def average_fairseq(save_dir: Path, epochs: int, n: int) -> Path:

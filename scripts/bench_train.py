@@ -97,27 +97,12 @@ def run_ours(args, out: Path) -> dict:
 
 def run_fairseq(args, out: Path, data_bin: Path, vocab: int) -> dict:
     """``fairseq-train`` with matching sizes; per-step wps/loss from its JSON log."""
-    _, _, d, f, h = bc.SIZES[args.size]
-    le, ld = bc.SIZES[args.size][:2]
+    d = bc.SIZES[args.size][2]
     peak_lr = args.lr_multiplier * d ** -0.5 * args.warmup ** -0.5
-    cmd = [
-        bc.venv_tool("fairseq-train"), str(data_bin), "--task", "translation",
-        "--source-lang", "en", "--target-lang", "de", "--arch", "transformer",
-        "--encoder-embed-dim", str(d), "--encoder-ffn-embed-dim", str(f),
-        "--encoder-layers", str(le), "--encoder-attention-heads", str(h),
-        "--decoder-embed-dim", str(d), "--decoder-ffn-embed-dim", str(f),
-        "--decoder-layers", str(ld), "--decoder-attention-heads", str(h),
-        "--share-all-embeddings", "--dropout", str(bc.DROPOUT[args.size]),
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-9",
-        "--lr", f"{peak_lr:.8g}", "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", str(args.warmup),
-        # fairseq's first update runs at warmup_init_lr; this starts it where ours starts.
-        "--warmup-init-lr", f"{peak_lr / args.warmup:.8g}",
-        "--max-tokens", str(args.max_tokens), "--max-update", str(args.steps),
-        "--seed", "1", "--num-workers", "0", "--no-save", "--disable-validation",
-        "--log-format", "json", "--log-interval", "1", "--no-progress-bar",
-    ]
+    cmd = bc.fairseq_train_cmd(
+        data_bin, args.size, dropout=bc.DROPOUT[args.size], peak_lr=peak_lr, warmup=args.warmup,
+        max_tokens=args.max_tokens, log_interval=1,
+    ) + ["--max-update", str(args.steps), "--no-save", "--disable-validation"]
     if args.device == "cpu":
         cmd.append("--cpu")
     elif args.precision == "bf16":
