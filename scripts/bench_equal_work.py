@@ -4,7 +4,9 @@ then averaged, decoded and scored the same way.
 The recipe (fairseq's tiny Multi30k setting, both toolkits):
 
 * model ``tiny`` (3 + 3 layers, d_model 256, d_ff 1024, 4 heads, all embeddings shared),
-  dropout 0.1 (no attention or activation dropout), label smoothing 0.1;
+  dropout 0.1 (no attention or activation dropout), label smoothing 0.1; ours initialised as
+  fairseq does (``model.init=fairseq``; ``--init xavier`` trains ours with our default into
+  ``<out>/ours_xavier``, a third row);
 * Adam(0.9, 0.98, 1e-9), inverse square root schedule, 1,000 warm-up steps to a peak lr of
   1.976e-3 (lr_multiplier 1.0: 256^-0.5 x 1000^-0.5), no gradient clipping;
 * max_tokens 4,096, one GPU/process, 20 epochs, a checkpoint and a validation at the end of
@@ -51,6 +53,7 @@ import bench_common as bc
 LN2 = math.log(2.0)
 SIZE = "tiny"
 TEST_SPLITS = ("test_2016_flickr", "test_2017_flickr")
+RESULT_NAMES = ("ours", "ours_xavier", "fairseq")  # rows of the report, in order
 
 
 def peak_lr(args) -> float:
@@ -78,10 +81,15 @@ def data_config(args):
 # ------------------------------------------------------------------------------ ours
 
 
+def ours_name(args) -> str:
+    """The result name (and run folder) of ours: ``ours`` with fairseq's initialisation."""
+    return "ours" if args.init == "fairseq" else f"ours_{args.init}"
+
+
 def ours_overrides(args, run_dir: Path) -> list[str]:
     return [
         *data_overrides(args), f"model={SIZE}", "name=equal_work_ours", f"run_dir={run_dir}",
-        f"model.dropout={args.dropout}", "model.attention_dropout=0.0",
+        f"model.init={args.init}", f"model.dropout={args.dropout}", "model.attention_dropout=0.0",
         "model.activation_dropout=0.0",
         f"trainer.max_tokens={args.max_tokens}", "trainer.update_freq=1",
         "trainer.max_steps=null", f"trainer.max_epochs={args.epochs}",
@@ -126,25 +134,27 @@ def ours_epoch_losses(run_dir: Path) -> list[float]:
 
 def run_ours(args, out: Path) -> dict:
     """Train (resuming), average the last ``--average`` epoch checkpoints, evaluate."""
-    run_dir = out / "ours"
+    name = ours_name(args)
+    run_dir = out / name
     env = bc.thread_env(args.threads)
     overrides = ours_overrides(args, run_dir)
     summary_path = run_dir / "train_summary.json"
     done = summary_path.is_file() and json.loads(summary_path.read_text()).get(
         "stopped_by") == "max_epochs"
     if not done:
-        bc.run_child([bc.venv_tool("nmt-train"), *overrides], out / "ours_train.log", env)
+        bc.run_child([bc.venv_tool("nmt-train"), *overrides], out / f"{name}_train.log", env)
     summary = json.loads(summary_path.read_text())
     if summary.get("stopped_by") != "max_epochs":
-        raise RuntimeError(f"ours stopped by {summary.get('stopped_by')}, see {out / 'ours_train.log'}")
+        raise RuntimeError(f"{name} stopped by {summary.get('stopped_by')}, "
+                           f"see {out / f'{name}_train.log'}")
     steps, epochs = summary["steps"], args.epochs
     if steps % epochs:
-        raise RuntimeError(f"ours: {steps} steps is not a whole number of steps per epoch")
+        raise RuntimeError(f"{name}: {steps} steps is not a whole number of steps per epoch")
     ckpts = [str(run_dir / "checkpoints" / f"checkpoint_{steps // epochs * e}.pt")
              for e in range(epochs - args.average + 1, epochs + 1)]
     overrides.append("average.checkpoints=[" + ",".join(f"'{c}'" for c in ckpts) + "]")
-    bc.run_child([bc.venv_tool("nmt-average"), *overrides], out / "ours_average.log", env)
-    bc.run_child([bc.venv_tool("nmt-evaluate"), *overrides], out / "ours_evaluate.log", env)
+    bc.run_child([bc.venv_tool("nmt-average"), *overrides], out / f"{name}_average.log", env)
+    bc.run_child([bc.venv_tool("nmt-evaluate"), *overrides], out / f"{name}_evaluate.log", env)
     dcfg = data_config(args)
     hyps = {split: bc.read_lines(run_dir / "translations" / f"{split}.{dcfg.tgt_lang}")
             for split in TEST_SPLITS}
@@ -284,8 +294,8 @@ def score(args, result: dict) -> dict:
 
 def partial_result(toolkit: str, out: Path) -> dict | None:
     """The finished epochs of a run still in progress (no BLEU yet), or None before the first."""
-    if toolkit == "ours":
-        run_dir = out / "ours"
+    if toolkit.startswith("ours"):
+        run_dir = out / toolkit
         if not (run_dir / "metrics.jsonl").is_file():
             return None
         ppls = [r["ppl"] for r in metrics_by_step(run_dir, "valid")]
@@ -299,7 +309,7 @@ def partial_result(toolkit: str, out: Path) -> dict | None:
 
 
 def markdown(results: dict) -> str:
-    names = [t for t in ("ours", "fairseq") if t in results]
+    names = [t for t in RESULT_NAMES if t in results]
     lines = ["| toolkit | " + " | ".join(f"sacreBLEU {s}" for s in TEST_SPLITS)
              + " | valid ppl (last epoch) | train loss (last epoch, nats) |",
              "|---" * (len(TEST_SPLITS) + 3) + "|"]
@@ -338,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--lenpen", type=float, default=0.6)
+    p.add_argument("--init", choices=["fairseq", "xavier"], default="fairseq",
+                   help="ours' model.init (fairseq: as fairseq initialises)")
     p.add_argument("--max-train-pairs", type=int, default=None,
                    help="a smaller training set (smoke runs), with --vocab-size pieces")
     p.add_argument("--vocab-size", type=int, default=2000)
@@ -362,9 +374,10 @@ def main(argv: list[str] | None = None) -> None:
         for toolkit in args.toolkits.split(","):
             result = {"ours": run_ours, "fairseq": run_fairseq}[toolkit](args, out)
             result["bleu"] = score(args, result)
-            bc.write_json(out / toolkit / "result.json", result)
+            name = ours_name(args) if toolkit == "ours" else toolkit
+            bc.write_json(out / name / "result.json", result)
     results = {}
-    for t in ("ours", "fairseq"):
+    for t in RESULT_NAMES:
         if (out / t / "result.json").is_file():
             results[t] = json.loads((out / t / "result.json").read_text())
         elif args.report and (partial := partial_result(t, out)):

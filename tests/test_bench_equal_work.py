@@ -58,3 +58,18 @@ def test_fairseq_hypotheses_in_id_order_as_text(tmp_path):
     log.write_text("S-1\tx\nH-1\t-0.5\t\u2581zwei\u2581Hunde\nH-0\t-0.2\t\u2581ein\u2581Mann\n"
                    "D-0\t-0.2\tignored\nH-2\t-1.0\t\n")
     assert ew.fairseq_hypotheses(log, Pieces()) == ["ein Mann", "zwei Hunde", ""]
+
+
+def test_ours_is_initialised_as_fairseq_and_xavier_is_its_own_row(tmp_path):
+    args = ew.argparse.Namespace(init="fairseq", dropout=0.1, max_tokens=4096, epochs=20,
+                                 warmup=1000, lr_multiplier=1.0, average=5, beam=4, lenpen=0.6,
+                                 max_train_pairs=None, vocab_size=2000)
+    assert ew.ours_name(args) == "ours"
+    assert "model.init=fairseq" in ew.ours_overrides(args, tmp_path / "ours")
+    args.init = "xavier"
+    assert ew.ours_name(args) == "ours_xavier"
+    assert "model.init=xavier" in ew.ours_overrides(args, tmp_path / "ours_xavier")
+    row = {"train_loss_per_epoch": [5.0, 4.0], "valid_ppl_per_epoch": [20.0, 10.0]}
+    table = ew.markdown({"fairseq": row, "ours_xavier": row, "ours": row})
+    names = [line.split("|")[1].strip() for line in table.splitlines()[2:5]]
+    assert names == ["ours", "ours_xavier", "fairseq"]

@@ -383,6 +383,31 @@ def test_initialisation():
     assert biases and all(b.abs().sum() == 0 for b in biases)
 
 
+def test_initialisation_fairseq():
+    """init=fairseq: W^Q/W^K/W^V Xavier with gain 1/sqrt(2), qkv and feed-forward as nn.Linear's default."""
+    torch.manual_seed(17)
+    d, f = 64, 256
+    model = Transformer(replace(TINY, d_model=d, d_ff=f, init="fairseq"), vocab_size=500)
+    attn = model.encoder_layers[0].self_attn
+    xavier_bound, xavier_std = math.sqrt(6 / (d + d)), math.sqrt(2 / (d + d))
+    for block in attn.in_proj.weight.split(d, dim=0):  # W^Q, W^K, W^V
+        assert block.abs().max().item() <= xavier_bound / math.sqrt(2) + 1e-6
+        assert block.std().item() == pytest.approx(xavier_std / math.sqrt(2), rel=0.1)
+    bias = attn.in_proj.bias
+    assert bias.abs().max().item() <= d**-0.5 and bias.std().item() == pytest.approx(
+        d**-0.5 / math.sqrt(3), rel=0.15)
+    assert attn.out_proj.bias.abs().sum() == 0
+    assert attn.out_proj.weight.std().item() == pytest.approx(xavier_std, rel=0.1)
+    ffn = model.encoder_layers[0].ffn
+    for linear, fan_in in ((ffn.w_1, d), (ffn.w_2, f)):
+        assert linear.weight.abs().max().item() <= fan_in**-0.5
+        assert linear.weight.std().item() == pytest.approx(fan_in**-0.5 / math.sqrt(3), rel=0.1)
+        assert linear.bias.abs().sum() > 0
+    cross = model.decoder_layers[0].cross_attn
+    for block in (cross.q_proj.weight, *cross.kv_proj.weight.split(d, dim=0)):
+        assert block.std().item() == pytest.approx(xavier_std / math.sqrt(2), rel=0.1)
+
+
 # ---- sizes and validation ---------------------------------------------------------------
 
 

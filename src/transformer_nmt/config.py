@@ -109,9 +109,10 @@ class Positions(Choice):
 
 
 class Init(Choice):
-    """model.init: the weight initialisation."""
+    """model.init: the weight initialisation (docs/model.md, "Initialisation")."""
 
     xavier = "xavier"
+    fairseq = "fairseq"
 
 
 class TooLong(Choice):

@@ -27,9 +27,11 @@ Layer order: post-norm ``LayerNorm(x + Dropout(Sublayer(x)))`` (sections 3.1, 5.
 default; ``norm=pre``: ``x + Dropout(Sublayer(LayerNorm(x)))`` plus a final LayerNorm on the
 encoder and decoder outputs.
 
-Initialisation (``init=xavier``; the paper does not say): Xavier-uniform linear weights
-(W^Q, W^K, W^V each as its own (D, H*Dk) block), zero biases, N(0, D^-0.5) embeddings and
-learned positions, zero padding rows (details in docs/model.md).
+Initialisation (the paper does not say; details in docs/model.md): ``init=xavier``:
+Xavier-uniform linear weights (W^Q, W^K, W^V each as its own (D, H*Dk) block), zero biases,
+N(0, D^-0.5) embeddings and learned positions, zero padding rows. ``init=fairseq``: as
+fairseq's transformer: W^Q, W^K, W^V Xavier-uniform with gain 1/sqrt(2), their biases and
+the feed-forward layers as ``nn.Linear``'s default (uniform +-1/sqrt(fan_in)).
 
 The decoder's incremental cache is :class:`transformer_nmt.cache.DecoderCache`.
 """
@@ -225,21 +227,29 @@ class MultiHeadAttention(nn.Module):
             self.kv_proj = nn.Linear(d_model, heads * (d_k + d_v))
         self.out_proj = nn.Linear(heads * d_v, d_model)  # W^O
 
-    def reset_parameters(self) -> None:
-        """Xavier-uniform for W^Q, W^K, W^V (each as its own (D, H*Dk) matrix) and W^O; zero biases."""
+    def reset_parameters(self, init: str = "xavier") -> None:
+        """Initialise W^Q, W^K, W^V (each as its own (D, H*Dk) matrix) and W^O.
+
+        ``init="xavier"``: Xavier-uniform, zero biases. ``init="fairseq"``: W^Q, W^K, W^V
+        Xavier-uniform with gain 1/sqrt(2) and biases uniform +-1/sqrt(D) (``nn.Linear``'s
+        default), as fairseq's ``MultiheadAttention``. W^O: Xavier-uniform, zero bias.
+        """
+        gain = 2 ** -0.5 if init == "fairseq" else 1.0
         h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
+        if self.self_attention:
+            pairs = [(self.in_proj.weight.split([h_k, h_k, h_v], dim=0), self.in_proj.bias)]
+        else:
+            pairs = [((self.q_proj.weight,), self.q_proj.bias),
+                     (self.kv_proj.weight.split([h_k, h_v], dim=0), self.kv_proj.bias)]
         with torch.no_grad():
-            if self.self_attention:
-                w, b = self.in_proj.weight, self.in_proj.bias
-                for block in w.split([h_k, h_k, h_v], dim=0):
-                    nn.init.xavier_uniform_(block)
-                b.zero_()
-            else:
-                nn.init.xavier_uniform_(self.q_proj.weight)
-                self.q_proj.bias.zero_()
-                for block in self.kv_proj.weight.split([h_k, h_v], dim=0):
-                    nn.init.xavier_uniform_(block)
-                self.kv_proj.bias.zero_()
+            for blocks, bias in pairs:
+                for block in blocks:
+                    nn.init.xavier_uniform_(block, gain=gain)
+                if init == "fairseq":
+                    bound = blocks[0].shape[1] ** -0.5
+                    nn.init.uniform_(bias, -bound, bound)
+                else:
+                    bias.zero_()
             nn.init.xavier_uniform_(self.out_proj.weight)
             self.out_proj.bias.zero_()
 
@@ -560,7 +570,8 @@ class Transformer(nn.Module):
     # ---- set-up ----------------------------------------------------------------------
 
     def reset_parameters(self) -> None:
-        """Initialise as described in the module docstring (``init=xavier``)."""
+        """Initialise as ``model.init`` says (module docstring; docs/model.md)."""
+        init = str(getattr(self.cfg.init, "value", self.cfg.init))
         std = self.d_model ** -0.5
         with torch.no_grad():
             embeddings = {id(self.embed_tokens.weight): self.embed_tokens.weight}
@@ -575,11 +586,14 @@ class Transformer(nn.Module):
                     nn.init.normal_(positions.weight, mean=0.0, std=std)
             for module in self.modules():
                 if isinstance(module, MultiHeadAttention):
-                    module.reset_parameters()
+                    module.reset_parameters(init)
                 elif isinstance(module, PositionwiseFeedForward):
                     for linear in (module.w_1, module.w_2):
-                        nn.init.xavier_uniform_(linear.weight)
-                        linear.bias.zero_()
+                        if init == "fairseq":
+                            linear.reset_parameters()  # uniform +-1/sqrt(fan_in)
+                        else:
+                            nn.init.xavier_uniform_(linear.weight)
+                            linear.bias.zero_()
                 elif isinstance(module, nn.LayerNorm):
                     module.reset_parameters()
 
@@ -593,7 +607,8 @@ class Transformer(nn.Module):
         return (
             f"Transformer {c.name}: N={c.encoder_layers}/{c.decoder_layers} D={self.d_model} "
             f"F={c.d_ff} H={c.heads} Dk={self.d_k} Dv={self.d_v} V={self.vocab_size} "
-            f"norm={c.norm} positions={c.positions} share_embeddings={c.share_embeddings}: "
+            f"norm={c.norm} positions={c.positions} share_embeddings={c.share_embeddings} "
+            f"init={c.init}: "
             f"{self.num_parameters():,} parameters"
         )
 
