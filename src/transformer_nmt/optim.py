@@ -43,8 +43,7 @@ def build_optimizer(model: torch.nn.Module, trainer_cfg: TrainerConfig) -> torch
     The base learning rate is 1.0: :func:`build_scheduler` multiplies it by the schedule,
     so the effective rate is exactly :func:`inverse_sqrt_lr`. Uses PyTorch's fused Adam
     kernel (one pass over each parameter per step) when the parameters live on a GPU or the
-    CPU; on the 2-core CPU of docs/benchmarks.md it updates the 7.6 M parameters of ``tiny``
-    several times faster than the default per-tensor loop.
+    CPU (its speed against the per-tensor loop: docs/benchmarks.md).
 
     Args:
         model: the (plain) model whose parameters are optimised.
