@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench_equal_work as ew  # noqa: E402
+import bench_equal_work as ew
 
 
 def _train(step: int, epoch: float, loss: float, ntok: float) -> str:

@@ -410,8 +410,8 @@ ELSEWHERE = [
     "## Measured elsewhere",
     "",
     "- docs/table3.md: Table 3 at CPU scale (Multi30k, the `tiny` model as the base row).",
-    "- docs/equal_work.md: fairseq's tiny Multi30k recipe trained by both toolkits, per-epoch "
-    "loss, valid perplexity and sacreBLEU.",
+    ("- docs/equal_work.md: fairseq's tiny Multi30k recipe trained by both toolkits, per-epoch "
+     "loss, valid perplexity and sacreBLEU."),
     "- docs/benchmarks.md: training and decoding speed against fairseq and Marian.",
     "",
 ]
