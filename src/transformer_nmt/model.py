@@ -571,7 +571,7 @@ class Transformer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Initialise as ``model.init`` says (module docstring; docs/model.md)."""
-        init = str(getattr(self.cfg.init, "value", self.cfg.init))
+        init = str(self.cfg.init)  # an Init member or, read back from a checkpoint, its value
         std = self.d_model ** -0.5
         with torch.no_grad():
             embeddings = {id(self.embed_tokens.weight): self.embed_tokens.weight}
