@@ -40,7 +40,7 @@ def make(folder: Path, n: int) -> int:
     from omegaconf import OmegaConf
 
     from transformer_nmt.checkpoint import checkpoint_dir, save_checkpoint
-    from transformer_nmt.model import Transformer
+    from transformer_nmt.model.transformer import Transformer
 
     config = _config()
     torch.manual_seed(0)

@@ -8,7 +8,7 @@
 * the model-FLOP count used for MFU (formula in :func:`training_flops`);
 * ports of one trained transformer-nmt model into fairseq's ``TransformerModel`` and
   Hugging Face's ``MarianMTModel`` (the latter is the product's exporter,
-  ``transformer_nmt.export``), so that all toolkits decode the same network.
+  ``transformer_nmt.interop``), so that all toolkits decode the same network.
 
 The peers (``fairseq``, ``transformers``) are imported lazily: they are dependencies of the
 benchmark environment (``make bench-install`` -> ``.venv-bench``), never of the package.
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer_nmt.export import layer_state_dict
+from transformer_nmt.interop.marian import layer_state_dict
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_DIR = REPO / "data" / "bench"
@@ -236,7 +236,7 @@ def prepare_fairseq_data(dcfg: Any, out_dir: Path, splits: list[str]) -> Path:
     """
     import sentencepiece as spm
 
-    from transformer_nmt.binarize import TokenDataset
+    from transformer_nmt.data.binarize import TokenDataset
     from transformer_nmt.fileio import bin_prefix, spm_model_path
 
     bin_dir = out_dir / "bin"
@@ -288,12 +288,12 @@ def training_flops(size: str, vocab: int, src_lens: np.ndarray, tgt_lens: np.nda
     """Model FLOPs of one training pass (forward + backward) over the given sentences.
 
     Lengths count real tokens (eos on the source, bos/eos position on the target), padding
-    excluded. The formula is the trainer's, :mod:`transformer_nmt.flops`.
+    excluded. The formula is the trainer's, :mod:`transformer_nmt.model.flops`.
     """
     from types import SimpleNamespace
 
-    from transformer_nmt.flops import TokenCounts
-    from transformer_nmt.flops import training_flops as model_training_flops
+    from transformer_nmt.model.flops import TokenCounts
+    from transformer_nmt.model.flops import training_flops as model_training_flops
 
     le, ld, d, f, h = SIZES[size]
     model_cfg = SimpleNamespace(encoder_layers=le, decoder_layers=ld, d_model=d, d_ff=f,
@@ -383,9 +383,9 @@ def port_to_fairseq(model: Any, fairseq_data: Path, max_positions: int = 1024):
 
 
 def marian_config(size: str, vocab: int, max_positions: int = 1024, dropout: float = 0.1):
-    """MarianConfig of preset ``size`` (transformer_nmt.export.marian_config: post-norm, ReLU,
+    """MarianConfig of preset ``size`` (transformer_nmt.interop.marian.marian_config: post-norm, ReLU,
     sqrt(D) scale, tied embeddings, our special ids, bos as decoder start)."""
-    from transformer_nmt.export import marian_config as product_marian_config
+    from transformer_nmt.interop.marian import marian_config as product_marian_config
 
     le, ld, d, f, h = SIZES[size]
     cfg = {"encoder_layers": le, "decoder_layers": ld, "d_model": d, "d_ff": f, "heads": h,
@@ -415,9 +415,9 @@ def import_transformers():
 
 def port_to_marian(model: Any, size: str | None = None):
     """A ``MarianMTModel`` computing our model's logits: the product's exporter
-    (transformer_nmt.export.port_to_marian), with transformers imported without torchaudio.
+    (transformer_nmt.interop.marian.port_to_marian), with transformers imported without torchaudio.
     ``size`` is unused (the model's own config gives the sizes)."""
     import_transformers()
-    from transformer_nmt.export import port_to_marian as product_port
+    from transformer_nmt.interop.marian import port_to_marian as product_port
 
     return product_port(model)

@@ -6,9 +6,9 @@ One trained transformer-nmt checkpoint is decoded by
 * ``fairseq``: fairseq's ``SequenceGenerator`` (the search engine of ``fairseq-generate``)
   on a ``TransformerModel`` holding the same weights (bench_common.port_to_fairseq);
 * ``marian``: Hugging Face ``MarianMTModel.generate(num_beams=K)`` on the same weights
-  (``transformer_nmt.export.port_to_marian``, the exporter of nmt-export);
+  (``transformer_nmt.interop.marian.port_to_marian``, the exporter of nmt-export);
 * ``ct2_float32`` / ``ct2_int8``: CTranslate2 on the same weights
-  (``transformer_nmt.export.export_ctranslate2``, the exporter of nmt-export and of
+  (``transformer_nmt.interop.ctranslate2.export_ctranslate2``, the exporter of nmt-export and of
   ``decode.engine=ctranslate2``), compute type float32 or int8, through
   ``CTranslate2Engine.translate_lines`` (sentences grouped by source length so that each has
   its own maximum length; CTranslate2 batches of ``--max-tokens`` source tokens).
@@ -69,7 +69,7 @@ def decode_config(args) -> DecodeConfig:
 
 def batches(tokenizer, lines: list[str], max_tokens: int):
     """Our batches: ``(line indices, src_tokens (B, S) right-padded with eos)``."""
-    from transformer_nmt.batching import LengthBucketSampler, collate
+    from transformer_nmt.data.batching import LengthBucketSampler, collate
 
     ids = [np.asarray(tokenizer.encode(line.strip()), dtype=np.int64) for line in lines]
     sizes = np.asarray([len(x) for x in ids], dtype=np.int64)
@@ -93,7 +93,7 @@ def sync(args) -> None:
 
 
 def decode_ours(model, tokenizer, lines, args):
-    from transformer_nmt.translate import translate_lines
+    from transformer_nmt.decode.translate import translate_lines
 
     outputs, stats = translate_lines(model, tokenizer, lines, decode_config(args), args.device)
     return outputs, stats["target_tokens"]
@@ -166,8 +166,8 @@ def decode_marian(mm, tokenizer, lines, args):
 
 def load(args):
     """(our model in eval mode on the device, tokenizer)."""
-    from transformer_nmt.bpe import SentencePieceTokenizer
     from transformer_nmt.checkpoint import load_model
+    from transformer_nmt.data.bpe import SentencePieceTokenizer
     from transformer_nmt.fileio import spm_model_path
 
     model, _ = load_model(args.checkpoint, "cpu")
@@ -234,8 +234,8 @@ def worker(args) -> None:
         def run(x):
             return decode_fairseq(fs, dictionary, tokenizer, x, args)
     elif args.worker.startswith("ct2_"):
-        from transformer_nmt.export import CTranslate2Engine, export_ctranslate2
         from transformer_nmt.fileio import spm_model_path
+        from transformer_nmt.interop.ctranslate2 import CTranslate2Engine, export_ctranslate2
 
         folder = Path(args.worker_out).parent / "ct2_model"
         export_ctranslate2(args.checkpoint, spm_model_path(bc.data_cfg()), folder, "none",

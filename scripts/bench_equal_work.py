@@ -277,7 +277,7 @@ def score(args, result: dict) -> dict:
     """sacreBLEU of each test set against the official reference file."""
     import sacrebleu
 
-    from transformer_nmt.corpora import reference_path
+    from transformer_nmt.data.corpora import reference_path
 
     dcfg = data_config(args)
     scores = {}

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from transformer_nmt.cli import retain_freed_memory
 from transformer_nmt.config import BOS_ID, ModelConfig
-from transformer_nmt.model import DecoderCache, Transformer
+from transformer_nmt.model.transformer import DecoderCache, Transformer
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
 

@@ -24,12 +24,12 @@ import time
 
 import torch
 
-from transformer_nmt.batching import LengthBucketSampler, collate
 from transformer_nmt.cli import compose
-from transformer_nmt.model import Transformer
-from transformer_nmt.optim import build_optimizer
-from transformer_nmt.train_data import load_split
-from transformer_nmt.train_step import forward_backward
+from transformer_nmt.data.batching import LengthBucketSampler, collate
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.train.data import load_split
+from transformer_nmt.train.optim import build_optimizer
+from transformer_nmt.train.step import forward_backward
 
 
 def main(argv: list[str] | None = None) -> None:

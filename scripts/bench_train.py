@@ -137,9 +137,9 @@ def marian_worker(args) -> None:
     bc.import_transformers()
     from transformers import MarianMTModel
 
-    from transformer_nmt.batching import LengthBucketSampler, collate
-    from transformer_nmt.optim import inverse_sqrt_lr
-    from transformer_nmt.train_data import load_split
+    from transformer_nmt.data.batching import LengthBucketSampler, collate
+    from transformer_nmt.train.data import load_split
+    from transformer_nmt.train.optim import inverse_sqrt_lr
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
@@ -229,12 +229,12 @@ def profile_ours(args) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from transformer_nmt.batching import LengthBucketSampler, collate
     from transformer_nmt.cli import compose
-    from transformer_nmt.model import Transformer
-    from transformer_nmt.optim import build_optimizer, build_scheduler
-    from transformer_nmt.train_data import load_split
-    from transformer_nmt.train_step import forward_backward
+    from transformer_nmt.data.batching import LengthBucketSampler, collate
+    from transformer_nmt.model.transformer import Transformer
+    from transformer_nmt.train.data import load_split
+    from transformer_nmt.train.optim import build_optimizer, build_scheduler
+    from transformer_nmt.train.step import forward_backward
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     dcfg = bc.data_cfg()
     vocab = int(dcfg.vocab_size)
     from transformer_nmt.cli import compose
-    from transformer_nmt.train_data import load_split
+    from transformer_nmt.train.data import load_split
 
     train_set = load_split(compose(["experiment=multi30k_en_de"]), "train")
     fpt = bc.flops_per_target_token(args.size, vocab, train_set.src_sizes, train_set.tgt_sizes)

@@ -5,7 +5,7 @@ The proxy: source lengths in BPE pieces drawn from a log-normal with mean ``--me
 standard deviation ``--std`` (WMT14 EN-DE: about 23-27 words per sentence, about 30 pieces
 with a 37k joint BPE, and a long tail), capped at ``--max-len``; target length = source
 length x a log-normal ratio (median 1, spread ``--ratio-sigma``). The real sampler
-(:class:`transformer_nmt.batching.LengthBucketSampler`) batches it and the script prints
+(:class:`transformer_nmt.data.batching.LengthBucketSampler`) batches it and the script prints
 the mean real source and target tokens per batch and per step (``--gpus`` x
 ``--update-freq`` batches) for each budget.
 
@@ -18,7 +18,7 @@ import argparse
 
 import numpy as np
 
-from transformer_nmt.batching import LengthBucketSampler
+from transformer_nmt.data.batching import LengthBucketSampler
 
 
 def synthetic_lengths(n: int, mean: float, std: float, ratio_sigma: float, max_len: int,

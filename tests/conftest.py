@@ -102,10 +102,10 @@ class SyntheticCorpus:
 def synthetic_corpus(tmp_path_factory: pytest.TempPathFactory) -> SyntheticCorpus:
     """The reversal task (:func:`write_reversal_corpus`: 2,000 training pairs, 100 valid, 100
     test) as ``data=custom`` under the name ``reverse``, prepared once per session by
-    :func:`transformer_nmt.prepare.prepare` (what ``nmt-prepare`` runs) with a 200-piece
+    :func:`transformer_nmt.data.prepare.prepare` (what ``nmt-prepare`` runs) with a 200-piece
     vocabulary. The overrides come after any ``experiment=`` and override its data group."""
     from transformer_nmt.cli import compose
-    from transformer_nmt.prepare import prepare
+    from transformer_nmt.data.prepare import prepare
 
     base = tmp_path_factory.mktemp("reverse")
     files = write_reversal_corpus(base / "text")
@@ -123,8 +123,8 @@ def synthetic_corpus(tmp_path_factory: pytest.TempPathFactory) -> SyntheticCorpu
 def workspace(tmp_path_factory):
     """Raw test text, a trained SentencePiece model and the run config (tiny model, beam 2),
     in a temporary folder: ``(root, cfg)``, once per test module."""
-    from transformer_nmt.bpe import train_spm
-    from transformer_nmt.corpora import reference_path
+    from transformer_nmt.data.bpe import train_spm
+    from transformer_nmt.data.corpora import reference_path
     from transformer_nmt.fileio import raw_path, spm_model_path
 
     root = tmp_path_factory.mktemp("ws")
@@ -150,7 +150,7 @@ def workspace(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokenizer(workspace):
     """The workspace's SentencePiece model."""
-    from transformer_nmt.bpe import SentencePieceTokenizer
+    from transformer_nmt.data.bpe import SentencePieceTokenizer
     from transformer_nmt.fileio import spm_model_path
 
     return SentencePieceTokenizer(spm_model_path(workspace[1].data))

@@ -12,7 +12,7 @@ import torch
 from transformer_nmt.checkpoint import save_checkpoint
 from transformer_nmt.cli import compose
 from transformer_nmt.config import to_plain
-from transformer_nmt.model import Transformer
+from transformer_nmt.model.transformer import Transformer
 
 TINY_MODEL = (
     "model.d_model=32", "model.d_ff=64", "model.heads=2", "model.encoder_layers=1",

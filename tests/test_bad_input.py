@@ -22,14 +22,15 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from transformer_nmt import bpe, checkpoint, fileio
-from transformer_nmt.binarize import TokenDataset
+from transformer_nmt import checkpoint, fileio
 from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
 from transformer_nmt.cli import compose
-from transformer_nmt.corpora import DataError, read_lines
+from transformer_nmt.data import bpe
+from transformer_nmt.data.binarize import TokenDataset
+from transformer_nmt.data.corpora import DataError, read_lines
+from transformer_nmt.data.prepare import prepare
 from transformer_nmt.errors import NoSpaceError, UserError
 from transformer_nmt.fileio import bin_prefix, raw_path, spm_model_path
-from transformer_nmt.prepare import prepare
 
 REPO = Path(__file__).resolve().parents[1]
 EN = ["the", "a", "man", "woman", "dog", "cat", "runs", "walks", "park", "street", "red", "blue"]
@@ -177,15 +178,15 @@ def test_04_decoding_with_another_vocabulary_is_one_error(tmp_path, caplog):
     # a checkpoint without the field: a warning naming it, no failure
     old = tmp_path / "old.pt"
     torch.save({"vocab_size": ours.vocab_size}, old)
-    with caplog.at_level(logging.WARNING, logger="transformer_nmt.bpe"):
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.data.bpe"):
         bpe.check_vocab(old, other)
     assert "records no vocabulary identity" in caplog.text and str(old) in caplog.text
 
 
 def test_04_trained_checkpoint_records_its_vocabulary_and_translate_checks_it(tmp_path,
                                                                                tiny_model):
-    from transformer_nmt.train import train
-    from transformer_nmt.translate import translate
+    from transformer_nmt.decode.translate import translate
+    from transformer_nmt.train.loop import train
 
     ours = make_corpus(tmp_path / "ours", seed=1)
     tiny = [*tiny_model, "trainer.max_tokens=512", "trainer.max_steps=2",
@@ -323,7 +324,7 @@ def _files(run_dir: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.parametrize("limit", ["trainer.max_steps=3", "trainer.max_time_minutes=0.0001"])
 def test_06_rerunning_a_finished_run_is_a_no_op(tmp_path, tiny_run, limit):
-    from transformer_nmt.train import train
+    from transformer_nmt.train.loop import train
 
     run_dir = tmp_path / "run"
     cfg = tiny_run(run_dir, "trainer.max_steps=1000", limit)
@@ -347,7 +348,7 @@ def test_06_rerunning_a_finished_run_is_a_no_op(tmp_path, tiny_run, limit):
 @pytest.mark.parametrize("damage", ["empty", "truncated"])
 def test_08_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, tiny_run, damage,
                                                                        caplog):
-    from transformer_nmt.train import train
+    from transformer_nmt.train.loop import train
 
     run_dir = tmp_path / "run"
     train(tiny_run(run_dir, "trainer.max_steps=4", "trainer.save_every_steps=2"))
@@ -378,7 +379,7 @@ def test_08_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, 
 
 
 def test_08_evaluate_on_a_corrupt_averaged_pt_names_the_file(tmp_path, tiny_run):
-    from transformer_nmt.evaluate import evaluate
+    from transformer_nmt.evaluate.evaluate import evaluate
 
     run_dir = tmp_path / "run"
     averaged = checkpoint.checkpoint_dir(run_dir) / checkpoint.AVERAGED_NAME
@@ -397,7 +398,7 @@ def test_08_evaluate_on_a_corrupt_averaged_pt_names_the_file(tmp_path, tiny_run)
 
 
 def test_09_resuming_with_another_model_size_is_one_error(tmp_path, tiny_run):
-    from transformer_nmt.train import train
+    from transformer_nmt.train.loop import train
 
     run_dir = tmp_path / "run"
     train(tiny_run(run_dir, "trainer.max_steps=1"))

@@ -13,14 +13,15 @@ import torch
 from helpers import make_cfg, new_model, write_checkpoint
 
 from transformer_nmt import checkpoint as ck
-from transformer_nmt.batching import LengthBucketSampler
 from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
 from transformer_nmt.cli import compose
-from transformer_nmt.distributed import DistInfo
-from transformer_nmt.model import Transformer
-from transformer_nmt.optim import build_optimizer, build_scheduler
+from transformer_nmt.data.batching import LengthBucketSampler
+from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.runtime import grad_scaler
-from transformer_nmt.train_state import TrainState
+from transformer_nmt.train import resume
+from transformer_nmt.train.distributed import DistInfo
+from transformer_nmt.train.optim import build_optimizer, build_scheduler
+from transformer_nmt.train.state import TrainState
 
 VOCAB = 30
 
@@ -126,7 +127,7 @@ def test_save_training_prunes_and_resume_training_restores(cfg, tmp_path):
     for step in (1, 2, 3):
         _step(model, optimizer, scheduler)
         state = TrainState(step=step, micro_step=step, position=step, tokens_seen=10 * step)
-        ck.save_training(tmp_path, s, state, info, config=cfg, seed=1, keep_last=2,
+        resume.save_training(tmp_path, s, state, info, config=cfg, seed=1, keep_last=2,
                          best=step == 2, regular=True)
     folder = ck.checkpoint_dir(tmp_path)
     assert [p.name for p in ck.step_checkpoints(tmp_path)] == ["checkpoint_2.pt", "checkpoint_3.pt"]
@@ -136,7 +137,7 @@ def test_save_training_prunes_and_resume_training_restores(cfg, tmp_path):
     t = SimpleNamespace(model=fresh[0], optimizer=fresh[1], scheduler=fresh[2], scaler=fresh[3],
                         vocab_size=VOCAB, sampler=s.sampler)
     restored = TrainState()
-    path = ck.resume_training(tmp_path, t, restored, seed=1, info=info)
+    path = resume.resume_training(tmp_path, t, restored, seed=1, info=info)
     assert path == folder / "checkpoint_3.pt"
     assert (restored.step, restored.position, restored.tokens_seen) == (3, 3, 30)
     for (name, a), b in zip(model.state_dict().items(), fresh[0].state_dict().values()):

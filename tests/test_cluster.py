@@ -23,10 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import TINY_MODEL
-from test_distributed import TRAINER, assert_same_training
+from test_train_distributed import TRAINER, assert_same_training
 
-from transformer_nmt.batching import LengthBucketSampler
-from transformer_nmt.binarize import TokenDataset
 from transformer_nmt.checkpoint import (
     checkpoint_dir,
     latest_checkpoint,
@@ -34,8 +32,10 @@ from transformer_nmt.checkpoint import (
     step_checkpoints,
 )
 from transformer_nmt.cli import compose
-from transformer_nmt.distributed import group_namespace
+from transformer_nmt.data.batching import LengthBucketSampler
+from transformer_nmt.data.binarize import TokenDataset
 from transformer_nmt.fileio import bin_prefix
+from transformer_nmt.train.distributed import group_namespace
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def _write_task(prefix: Path, n: int, seed: int) -> None:
 @pytest.fixture(scope="module")
 def data_overrides(tmp_path_factory) -> list[str]:
     """A 400-pair synthetic corpus with a 120-piece vocabulary, prepared once for the module."""
-    from transformer_nmt.prepare import prepare
+    from transformer_nmt.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("cluster")
     for split, n, seed in (("train", 400, 1), ("valid", 20, 2), ("test", 20, 3)):
@@ -193,7 +193,7 @@ RANK_SCRIPT = '''\
 """One rank of a 2-process gloo group set up by init_distributed; prints the all-reduced sum."""
 import sys, time
 import torch
-from transformer_nmt import distributed
+from transformer_nmt.train import distributed
 
 time.sleep(float(sys.argv[1]))
 info = distributed.init_distributed(device="cpu")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from transformer_nmt.cli import CONFIG_DIR, compose
-from transformer_nmt.dryrun import dry_run
+from transformer_nmt.train.dryrun import dry_run
 
 WMT14 = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("wmt14_*.yaml"))
 

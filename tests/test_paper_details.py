@@ -19,10 +19,9 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_nmt.beam_search import beam_search, length_penalty
 from transformer_nmt.config import EOS_ID, PAD_ID, DecodeConfig, ModelConfig, TrainerConfig
-from transformer_nmt.loss import label_smoothed_nll_loss
-from transformer_nmt.model import (
+from transformer_nmt.decode.beam_search import beam_search, length_penalty
+from transformer_nmt.model.transformer import (
     DecoderLayer,
     EncoderLayer,
     MultiHeadAttention,
@@ -30,7 +29,8 @@ from transformer_nmt.model import (
     Transformer,
     sinusoidal_table,
 )
-from transformer_nmt.optim import build_optimizer, build_scheduler, inverse_sqrt_lr
+from transformer_nmt.train.loss import label_smoothed_nll_loss
+from transformer_nmt.train.optim import build_optimizer, build_scheduler, inverse_sqrt_lr
 
 V = 19
 CFG = ModelConfig(name="paper-details", encoder_layers=1, decoder_layers=1, d_model=16,

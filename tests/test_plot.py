@@ -16,15 +16,19 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_nmt import plot
-from transformer_nmt.bleu import sacrebleu_score
-from transformer_nmt.bpe import SentencePieceTokenizer, train_spm
 from transformer_nmt.checkpoint import average_checkpoints, save_checkpoint
 from transformer_nmt.cli import compose
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig, to_plain
+from transformer_nmt.data.bpe import SentencePieceTokenizer, train_spm
+from transformer_nmt.decode.translate import translate_lines
+from transformer_nmt.evaluate.bleu import sacrebleu_score
 from transformer_nmt.fileio import raw_path, spm_model_path
-from transformer_nmt.model import Transformer
-from transformer_nmt.translate import translate_lines
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.plot import attention as pattn
+from transformer_nmt.plot import checkpoint_bleu as pbleu
+from transformer_nmt.plot import common as pcommon
+from transformer_nmt.plot import curves as pcurves
+from transformer_nmt.plot import make as pmake
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ["a", "dog", "cat", "man", "woman", "runs", "sits", "plays", "on", "in", "the", "red",
@@ -89,14 +93,14 @@ def resumed_records(dead_until: int, resumed_until: int) -> list[dict]:
 def test_resumed_run_has_no_gap_and_no_duplicate_steps(tmp_path, dead_until, resumed_until):
     path = write_jsonl(tmp_path / "run" / "metrics.jsonl",
                        resumed_records(dead_until, resumed_until))
-    hist = plot.read_metrics(path)
+    hist = pcurves.read_metrics(path)
     train_steps = [r["step"] for r in hist["train"]]
     assert train_steps == list(range(10, resumed_until + 1, 10))
     assert [r["step"] for r in hist["valid"]] == [50, 100]
     assert all(r["loss"] != DEAD for r in hist["train"])
     assert all(r["ppl"] != DEAD for r in hist["valid"])
 
-    fig = plot.plot_curves({"run": hist}, tmp_path / "curves.png")
+    fig = pcurves.plot_curves({"run": hist}, tmp_path / "curves.png")
     try:
         assert png_size(tmp_path / "curves.png") == expected_pixels(fig) == (1300, 1000)
         loss_ax, ppl_ax = fig.axes[0], fig.axes[1]
@@ -111,17 +115,17 @@ def test_resumed_run_has_no_gap_and_no_duplicate_steps(tmp_path, dead_until, res
         assert list(tok_ax.lines[0].get_xdata()) == [500 * s for s in train_steps]
         assert list(fig.axes[4].lines[0].get_xdata()) == [500 * 50, 500 * 100]
     finally:
-        plot.close(fig)
+        pcommon.close(fig)
 
 
 def test_valid_after_the_last_train_record_maps_to_later_tokens(tmp_path):
     recs = [train_rec(50, 3.0), train_rec(100, 2.0), valid_rec(100, 9.0), valid_rec(118, 8.0)]
-    hist = plot.read_metrics(write_jsonl(tmp_path / "metrics.jsonl", recs))
-    fig = plot.plot_curves({"run": hist}, tmp_path / "curves.png")
+    hist = pcurves.read_metrics(write_jsonl(tmp_path / "metrics.jsonl", recs))
+    fig = pcurves.plot_curves({"run": hist}, tmp_path / "curves.png")
     try:
         assert list(fig.axes[4].lines[0].get_xdata()) == [50_000, 59_000]
     finally:
-        plot.close(fig)
+        pcommon.close(fig)
 
 
 def test_read_metrics_bad_lines(tmp_path, caplog):
@@ -129,24 +133,24 @@ def test_read_metrics_bad_lines(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     path.write_text(good[0] + "\n{not json\n" + good[1] + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not JSON"):
-        plot.read_metrics(path)
+        pcurves.read_metrics(path)
     path.write_text(good[0] + "\n" + json.dumps({"split": "train", "step": "7"}) + "\n")
     with pytest.raises(ValueError, match=r"line 2: 'step' must be an integer, got '7'"):
-        plot.read_metrics(path)
+        pcurves.read_metrics(path)
     # A last line cut short by a kill is dropped with a warning.
     path.write_text(good[0] + "\n" + good[1] + "\n" + good[1][:15], encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger="transformer_nmt.plot"):
-        assert [r["step"] for r in plot.read_metrics(path)["train"]] == [10, 20]
+        assert [r["step"] for r in pcurves.read_metrics(path)["train"]] == [10, 20]
     assert "line 3: incomplete last line" in caplog.text
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
-        plot.read_metrics(tmp_path / "missing.jsonl")
+        pcurves.read_metrics(tmp_path / "missing.jsonl")
 
 
 def test_several_runs_on_one_figure(tmp_path):
-    a = plot.read_metrics(write_jsonl(tmp_path / "a.jsonl", resumed_records(70, 100)))
+    a = pcurves.read_metrics(write_jsonl(tmp_path / "a.jsonl", resumed_records(70, 100)))
     b_recs = [train_rec(s, 4.0 - s / 200) for s in range(10, 210, 10)]
-    b = plot.read_metrics(write_jsonl(tmp_path / "b.jsonl", b_recs))
-    fig = plot.plot_curves({"en_de": a, "en_fr": b}, tmp_path / "both.svg")
+    b = pcurves.read_metrics(write_jsonl(tmp_path / "b.jsonl", b_recs))
+    fig = pcurves.plot_curves({"en_de": a, "en_fr": b}, tmp_path / "both.svg")
     try:
         assert (tmp_path / "both.svg").read_text().lstrip().startswith("<?xml")
         lines = fig.axes[0].lines
@@ -154,9 +158,9 @@ def test_several_runs_on_one_figure(tmp_path):
         assert list(lines[1].get_xdata()) == list(range(10, 210, 10))
         assert lines[0].get_color() != lines[1].get_color()
     finally:
-        plot.close(fig)
+        pcommon.close(fig)
     with pytest.raises(ValueError, match="no train records"):
-        plot.plot_curves({"empty": {}}, tmp_path / "x.png")
+        pcurves.plot_curves({"empty": {}}, tmp_path / "x.png")
 
 
 # ---------------------------------------------------------------- attention weights
@@ -181,7 +185,7 @@ def test_attention_weights_reproduce_the_modules_output(variant):
     src[1, 4] = EOS_ID
     tgt_in = torch.randint(4, V, (3, 6))
     tgt_in[:, 0] = BOS_ID
-    with torch.no_grad(), plot.AttentionCapture(model) as cap:
+    with torch.no_grad(), pattn.AttentionCapture(model) as cap:
         logits = model(src, tgt_in)
     # The hooks only observe: the same forward pass without them gives the same logits.
     with torch.no_grad():
@@ -191,7 +195,7 @@ def test_attention_weights_reproduce_the_modules_output(variant):
                      "decoder_layers.0.self_attn", "decoder_layers.0.cross_attn",
                      "decoder_layers.1.self_attn", "decoder_layers.1.cross_attn"]
     for call in cap.calls:
-        w = plot.attention_weights(call)
+        w = pattn.attention_weights(call)
         decoder_self = call.name.startswith("decoder") and call.name.endswith("self_attn")
         keys = 6 if decoder_self else 7
         assert w.shape == (3, 4, call.x.size(1), keys)
@@ -200,12 +204,12 @@ def test_attention_weights_reproduce_the_modules_output(variant):
             assert torch.all(w[1, :, :, 5:] == 0)  # padded source keys get no weight
         else:
             assert torch.all(w.triu(diagonal=1) == 0)  # causal: nothing from the future
-        torch.testing.assert_close(plot.attention_output(call, w), call.output,
+        torch.testing.assert_close(pattn.attention_output(call, w), call.output,
                                    rtol=1e-5, atol=1e-5)
         # A wrong mask would not reproduce the output: the test can fail.
         if decoder_self:
             uniform = torch.full_like(w, 1.0 / w.size(-1))
-            assert not torch.allclose(plot.attention_output(call, uniform), call.output,
+            assert not torch.allclose(pattn.attention_output(call, uniform), call.output,
                                       atol=1e-3)
 
 
@@ -252,7 +256,7 @@ def test_attention_maps_plot_the_models_weights(run, tmp_path):
 
     model, _ = load_model(Path(cfg.run_dir) / "checkpoints" / "checkpoint_200.pt")
     sentence = "Two people play with a red ball."
-    maps = plot.attention_maps(model, tok, sentence, cfg.decode)
+    maps = pattn.attention_maps(model, tok, sentence, cfg.decode)
     src_ids = tok.encode(sentence)
     assert maps["source"] == [tok.sp.id_to_piece(i) for i in src_ids] + ["</s>"]
     s, t = len(maps["source"]), len(maps["target"])
@@ -264,12 +268,12 @@ def test_attention_maps_plot_the_models_weights(run, tmp_path):
         assert w.shape == (2, t, s)
         torch.testing.assert_close(w.sum(-1), torch.ones(2, t), rtol=0, atol=1e-6)
     for name, call in maps["calls"].items():
-        torch.testing.assert_close(plot.attention_output(call, maps["weights"][name]),
+        torch.testing.assert_close(pattn.attention_output(call, maps["weights"][name]),
                                    call.output, rtol=1e-5, atol=1e-5)
 
     path = tmp_path / "cross.png"
     w = maps["cross"][-1]
-    fig = plot.plot_attention(w, maps["target"], maps["source"], path, "cross")
+    fig = pattn.plot_attention(w, maps["target"], maps["source"], path, "cross")
     try:
         assert png_size(path) == expected_pixels(fig)
         for h in range(2):
@@ -279,15 +283,15 @@ def test_attention_maps_plot_the_models_weights(run, tmp_path):
             assert [lb.get_text() for lb in ax.get_yticklabels()] == maps["target"]
         assert np.allclose(np.asarray(fig.axes[2].images[0].get_array()), w.mean(0).numpy())
     finally:
-        plot.close(fig)
+        pcommon.close(fig)
     with pytest.raises(ValueError, match="do not match"):
-        plot.plot_attention(w, maps["source"], maps["source"][:-1], tmp_path / "x.png", "x")
+        pattn.plot_attention(w, maps["source"], maps["source"][:-1], tmp_path / "x.png", "x")
 
 
 def test_checkpoint_bleu_scores_each_checkpoint_and_caches(run, tmp_path, monkeypatch):
     cfg, tok = run
     run_dir = Path(cfg.run_dir)
-    rows = plot.checkpoint_bleu(run_dir, cfg.decode, "cpu", cache_dir=tmp_path)
+    rows = pbleu.checkpoint_bleu(run_dir, cfg.decode, "cpu", cache_dir=tmp_path)
     assert [(r["label"], r["step"]) for r in rows] == [
         ("checkpoint_100.pt", 100), ("checkpoint_200.pt", 200), ("average of 2", 200)]
     assert rows[2]["averaged_from"] == ["checkpoint_100.pt", "checkpoint_200.pt"]
@@ -304,19 +308,19 @@ def test_checkpoint_bleu_scores_each_checkpoint_and_caches(run, tmp_path, monkey
     def no_decoding(*a, **k):
         raise AssertionError("decoded again despite the cache")
 
-    monkeypatch.setattr("transformer_nmt.translate.translate_lines", no_decoding)
-    assert plot.checkpoint_bleu(run_dir, cfg.decode, "cpu", cache_dir=tmp_path) == rows
-    fig = plot.plot_checkpoint_bleu({"tiny": rows}, tmp_path / "bleu.png")
+    monkeypatch.setattr("transformer_nmt.decode.translate.translate_lines", no_decoding)
+    assert pbleu.checkpoint_bleu(run_dir, cfg.decode, "cpu", cache_dir=tmp_path) == rows
+    fig = pbleu.plot_checkpoint_bleu({"tiny": rows}, tmp_path / "bleu.png")
     try:
         assert png_size(tmp_path / "bleu.png") == expected_pixels(fig) == (800, 500)
         line = fig.axes[0].lines[0]
         assert list(line.get_xdata()) == [100, 200]
         assert list(line.get_ydata()) == [rows[0]["bleu"], rows[1]["bleu"]]
     finally:
-        plot.close(fig)
+        pcommon.close(fig)
     # Another decode setting is another cache entry: it decodes (and so fails here).
     with pytest.raises(AssertionError, match="decoded again"):
-        plot.checkpoint_bleu(run_dir, DecodeConfig(beam_size=1), "cpu", cache_dir=tmp_path)
+        pbleu.checkpoint_bleu(run_dir, DecodeConfig(beam_size=1), "cpu", cache_dir=tmp_path)
 
 
 def plot_cfg(overrides: list[str]):
@@ -346,7 +350,7 @@ def test_nmt_plot_command(run, tmp_path):
                  "attention_cross_layer2.png"):
         w, h = png_size(plots / name)
         assert w > 200 and h > 200
-    assert (plots / plot.BLEU_CACHE_NAME).is_file()
+    assert (plots / pbleu.BLEU_CACHE_NAME).is_file()
     assert "valid BLEU" in done.stdout and "translation:" in done.stdout
     assert not list(plots.glob(".*.tmp"))  # temporary files renamed away
 
@@ -367,7 +371,7 @@ def test_make_plots_several_runs_and_errors(run, tmp_path):
     write_jsonl(other / "metrics.jsonl", [train_rec(s, 3.0) for s in range(10, 110, 10)])
     base = [f"data.root={cfg.data.root}", f"run_dir={run_dir}", "decode.device=cpu",
             f"plot.dir={tmp_path / 'out'}"]
-    written = plot.make_plots(plot_cfg([*base, f"runs=[{run_dir},{other}]",
+    written = pmake.make_plots(plot_cfg([*base, f"runs=[{run_dir},{other}]",
                                         "plot.kinds=[curves]", "plot.format=svg"]))
     assert written == [tmp_path / "out" / "curves_tiny_vs_other.svg"]
     assert written[0].read_text().lstrip().startswith("<?xml")
@@ -380,4 +384,4 @@ def test_make_plots_several_runs_and_errors(run, tmp_path):
          "plot.layer=5 is out of range: the model has 2 layers"),
     ):
         with pytest.raises(error, match=re.escape(message)):
-            plot.make_plots(plot_cfg([*base, *args]))
+            pmake.make_plots(plot_cfg([*base, *args]))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
-from transformer_nmt.model import Transformer
+from transformer_nmt.model.transformer import Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_common as bc

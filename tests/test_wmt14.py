@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from transformer_nmt import corpora
+from transformer_nmt.data import corpora
 
 BIN = Path(sys.executable).parent
 SPLIT_ROWS = {"train": 1200, "validation": 60, "test": 80}

@@ -11,7 +11,7 @@ A training checkpoint is one ``torch.save`` file of plain types and tensors, loa
       "sampler":     {"epoch", "position", "seed"}: the data position, in batches per rank
                      consumed by the training loop this epoch,
       "rng":         a list indexed by rank of {"torch", "cuda", "numpy", "python"} RNG states,
-      "train_state": the loop's counters (transformer_nmt.train_state.TrainState.state_dict():
+      "train_state": the loop's counters (transformer_nmt.train.state.TrainState.state_dict():
                      step, micro_step, tokens_seen, train_seconds, skipped_steps, best
                      validation results, world_size, ...),
       "config":      the resolved run config as a plain dict,
@@ -35,7 +35,7 @@ import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,11 +44,6 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.config import Config, ModelConfig, to_plain
 from transformer_nmt.errors import MissingFileError, UserError
 from transformer_nmt.fileio import atomic_path
-
-if TYPE_CHECKING:
-    from transformer_nmt.distributed import DistInfo
-    from transformer_nmt.train_setup import Setup
-    from transformer_nmt.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +124,7 @@ def training_checkpoint(
         sampler: ``{"epoch", "position", "seed"}`` as counted by the training loop.
         rng: every rank's :func:`rng_state`, indexed by rank.
         config: the run config (DictConfig, structured config or plain dict).
-        vocab: the vocabulary's identity (:func:`transformer_nmt.bpe.vocab_identity`).
+        vocab: the vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`).
     """
     if OmegaConf.is_config(config) or not isinstance(config, dict):
         config = to_plain(config)
@@ -169,79 +164,8 @@ def restore_modules(
         scaler.load_state_dict(ckpt["scaler"])
 
 
-def save_training(
-    run_dir: str | Path, s: Setup, state: TrainState, info: DistInfo, *, config: Config,
-    seed: int, keep_last: int, best: bool = False, regular: bool = True,
-) -> None:
-    """Write ``checkpoint_<step>.pt`` (pruning to the last ``keep_last``) and / or
-    ``checkpoint_best.pt`` from the trainer's parts.
-
-    Every rank calls it (the RNG states are gathered); rank 0 writes.
-
-    Args:
-        s: :class:`transformer_nmt.train_setup.Setup` (model, optimizer, scheduler, scaler,
-            vocab_size, vocab).
-        state: :class:`transformer_nmt.train_state.TrainState`.
-        info: this process's :class:`transformer_nmt.distributed.DistInfo`.
-    """
-    from transformer_nmt import distributed
-
-    rngs = distributed.all_gather_object(rng_state())
-    if not info.is_main:
-        return
-    ckpt = training_checkpoint(
-        model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, scaler=s.scaler,
-        sampler=state.sampler_state(seed), rng=rngs, train_state=state.state_dict(),
-        config=config, vocab_size=s.vocab_size, vocab=s.vocab,
-    )
-    folder = checkpoint_dir(run_dir)
-    if regular:
-        path = save_checkpoint(folder / f"checkpoint_{state.step}.pt", ckpt)
-        prune_checkpoints(run_dir, keep_last)
-        log.info("saved %s", path)
-    if best:
-        save_checkpoint(folder / BEST_NAME, ckpt)
-        log.info("saved %s (step %d)", folder / BEST_NAME, state.step)
-
-
 UNREADABLE_SUFFIX = ".unreadable"
 """Appended to the name of a step checkpoint that cannot be read when a run resumes."""
-
-
-def _load_resumable(run_dir: str | Path, info: Any) -> tuple[Path, dict[str, Any]] | None:
-    """The newest step checkpoint of the run that loads, and its contents; None when the run
-    has no step checkpoint.
-
-    An unreadable newer one (empty, truncated: a job killed while copying or a full disk) is
-    named in a warning and, on rank 0, renamed to ``<name>.unreadable`` so that averaging and
-    later resumes skip it.
-
-    Raises:
-        UnreadableCheckpointError: no step checkpoint of the run can be read (all named).
-    """
-    paths = step_checkpoints(run_dir)
-    bad: list[str] = []
-    for path in reversed(paths):
-        try:
-            return path, load_checkpoint(path, map_location="cpu")
-        except FileNotFoundError:  # renamed by rank 0 meanwhile
-            continue
-        except UnreadableCheckpointError as e:
-            bad.append(str(e))
-            if info.is_main:
-                aside = path.with_name(path.name + UNREADABLE_SUFFIX)
-                try:
-                    path.replace(aside)
-                    moved = f"; moved it to {aside.name}"
-                except OSError:
-                    moved = ""
-                log.warning("%s%s; resuming from the newest checkpoint before it", e, moved)
-    if bad:
-        raise UnreadableCheckpointError(
-            f"no checkpoint of {checkpoint_dir(run_dir)} can be read ({'; '.join(bad)}); "
-            "remove them to start the run again from step 0"
-        )
-    return None
 
 
 def _model_summary(model_cfg: ModelConfig | DictConfig | dict[str, Any]) -> str:
@@ -276,57 +200,6 @@ def check_same_model(saved: dict[str, Any], model: torch.nn.Module, path: str | 
         "to start a new run, give it another run_dir= or name=, or resume this one with "
         "the model and data settings it was started with"
     )
-
-
-def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
-                    info: DistInfo, config: Config | None = None) -> Path | None:
-    """Load the run's newest readable checkpoint into ``s`` and ``state``; returns its path
-    (or None when the run has no checkpoint).
-
-    The same world size restores every rank's RNG states (bit-exact continuation); another
-    world size rescales the data position and reseeds, with a warning. An unreadable newer
-    checkpoint is skipped with a warning (:func:`_load_resumable`).
-
-    Args:
-        config: the run's config (its ``model`` sizes are named if the checkpoint holds
-            another model).
-
-    Raises:
-        ValueError: the checkpoint lacks a part (names the file and the parts).
-        UserError: the run directory holds another model (:func:`check_same_model`);
-            UnreadableCheckpointError: no checkpoint of the run can be read.
-    """
-    from transformer_nmt.runtime import seed_everything
-
-    found = _load_resumable(run_dir, info)
-    if found is None:
-        return None
-    path, saved = found
-    check_training_checkpoint(saved, path)
-    check_same_model(saved, s.model, path, config)
-    restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
-                    scaler=s.scaler)
-    state.load_state_dict(saved["train_state"])
-    state.epoch, state.position = int(saved["sampler"]["epoch"]), int(saved["sampler"]["position"])
-    saved_ws = int(state.world_size)
-    if saved_ws != info.world_size:
-        log.warning(
-            "%s was written with world_size=%d, now %d: the data position is rescaled and "
-            "RNG streams reseeded, so the run will not match an uninterrupted one exactly",
-            path, saved_ws, info.world_size,
-        )
-        state.position = state.position * saved_ws // info.world_size
-        if state.position >= len(s.sampler):
-            state.epoch += 1
-            state.position = 0
-        seed_everything(seed + info.rank + 1000 * int(state.step))
-    else:
-        set_rng_state(saved["rng"][info.rank])
-    state.world_size = info.world_size
-    if info.is_main:
-        log.info("resumed from %s (step %d, epoch %d, batch %d of the epoch)", path,
-                 state.step, state.epoch, state.position)
-    return path
 
 
 def checkpoint_step(ckpt: dict[str, Any]) -> int | None:
@@ -657,10 +530,36 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
     Raises:
         FileNotFoundError / RuntimeError: see :func:`load_checkpoint`.
     """
-    from transformer_nmt.model import Transformer
+    from transformer_nmt.model.transformer import Transformer
 
     ckpt = load_checkpoint(path)
     cfg = config_of(ckpt)
     model = Transformer(cfg.model, vocab_size=int(ckpt["vocab_size"]))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), cfg
+
+
+
+def load_initial_weights(model: Any, path: str | Path) -> None:
+    """``trainer.init_from``: copy a model file's weights into a freshly built model.
+
+    For fine-tuning from an imported (or any) model; optimizer, schedule and counters start
+    from scratch. The run's model config must describe the same architecture.
+
+    Raises:
+        UserError: a different vocabulary size, or parameters missing, extra or of
+            another shape (named).
+    """
+    ckpt = load_checkpoint(path)
+    if int(ckpt["vocab_size"]) != model.vocab_size:
+        raise UserError(f"trainer.init_from={path}: vocabulary of {ckpt['vocab_size']} pieces, "
+                        f"the run's model has {model.vocab_size}")
+    own = model.state_dict()
+    bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in ckpt["model"].items()
+           if k in own and v.shape != own[k].shape]
+    missing = sorted(set(own) - set(ckpt["model"]))
+    extra = sorted(set(ckpt["model"]) - set(own))
+    if bad or missing or extra:
+        raise UserError(f"trainer.init_from={path} does not fit the run's model config: "
+                        f"shapes {bad[:3]}, missing {missing[:3]}, extra {extra[:3]}")
+    model.load_state_dict(ckpt["model"])

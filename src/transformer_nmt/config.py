@@ -359,7 +359,7 @@ class DecodeConfig:
     precision: DecodePrecision = DecodePrecision.fp32
     """fp32, bf16 or fp16."""
     engine: Engine = Engine.native
-    """``native`` (our beam search), ``ctranslate2`` or ``ctranslate2_int8`` (transformer_nmt.export)."""
+    """``native`` (our beam search), ``ctranslate2`` or ``ctranslate2_int8`` (transformer_nmt.interop)."""
     device: str = "auto"
     checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
@@ -390,7 +390,7 @@ class Table3Config:
     """A row of the paper's Table 3 (section 6.2) applied to the experiment's model.
 
     Set by the ``table3`` config group (``configs/table3/<variant>.yaml``); empty (``variant``
-    None) for every other run. :func:`transformer_nmt.table3.apply_row` turns it into the
+    None) for every other run. :func:`transformer_nmt.evaluate.table3.apply_row` turns it into the
     model and trainer values of the row, relative to the experiment's own (base) values, so
     one row file serves ``wmt14_en_de_base`` (the paper's values exactly) and the CPU proxy.
     """

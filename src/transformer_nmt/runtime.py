@@ -1,8 +1,8 @@
 """Where and how tensors run: device, precision, autocast, fp16 loss scaling, seeding, and the
 stop signals of a training process.
 
-Shared by training (:mod:`transformer_nmt.train`) and decoding
-(:mod:`transformer_nmt.translate`, :mod:`transformer_nmt.evaluate`).
+Shared by training (:mod:`transformer_nmt.train.loop`) and decoding
+(:mod:`transformer_nmt.decode.translate`, :mod:`transformer_nmt.evaluate.evaluate`).
 """
 
 from __future__ import annotations

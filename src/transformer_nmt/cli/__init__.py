@@ -55,7 +55,7 @@ def typed_config(cfg: DictConfig) -> Config:
     """The composed config as the typed :class:`~transformer_nmt.config.Config` that every
     stage receives, validated: the one conversion each entry point makes.
 
-    A Table 3 row (``table3=<row>``) is applied here (:func:`transformer_nmt.table3.apply_row`),
+    A Table 3 row (``table3=<row>``) is applied here (:func:`transformer_nmt.evaluate.table3.apply_row`),
     so every stage sees the row's model and trainer values.
 
     ``OmegaConf.to_object`` resolves the interpolations (``run_dir: runs/${name}``) and gives
@@ -68,7 +68,7 @@ def typed_config(cfg: DictConfig) -> Config:
         ConfigError (a UserError): from :func:`transformer_nmt.config.validate` or a Table 3
             row that does not apply to the experiment.
     """
-    from transformer_nmt.table3 import apply_row
+    from transformer_nmt.evaluate.table3 import apply_row
 
     typed = OmegaConf.to_object(cfg)
     apply_row(typed)  # a Table 3 row (``table3=...``) onto the experiment's model and trainer

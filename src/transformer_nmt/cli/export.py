@@ -7,7 +7,7 @@
 The model is ``decode.checkpoint``, else the run's averaged.pt, else its latest checkpoint
 (as nmt-translate); the tokenizer is the run's SentencePiece model; the model card reads
 the run's results.json when present. A model the target cannot compute exactly is refused
-with one ``error:`` line and exit status 2 (see :mod:`transformer_nmt.export`).
+with one ``error:`` line and exit status 2 (see :mod:`transformer_nmt.interop`).
 """
 
 from __future__ import annotations
@@ -81,15 +81,16 @@ def run_export(cfg: InteropConfig) -> Path:
         ExportError, FileNotFoundError, ValueError: bad options, missing files, a model the
             target cannot express.
     """
-    from transformer_nmt import export
+    from transformer_nmt.decode.translate import resolve_checkpoint
     from transformer_nmt.fileio import spm_model_path
-    from transformer_nmt.translate import resolve_checkpoint
+    from transformer_nmt.interop import common, hf
+    from transformer_nmt.interop import ctranslate2 as ct2
 
     e = cfg.export
-    if e.format not in export.FORMATS:
-        raise export.ExportError(f"export.format={e.format!r} is not one of {list(export.FORMATS)}")
+    if e.format not in common.FORMATS:
+        raise common.ExportError(f"export.format={e.format!r} is not one of {list(common.FORMATS)}")
     if e.format == "hf" and e.quantization != "none":
-        raise export.ExportError("export.quantization applies to export.format=ctranslate2 only")
+        raise common.ExportError("export.quantization applies to export.format=ctranslate2 only")
     checkpoint = resolve_checkpoint(cfg)
     out = default_output(cfg)
     if e.format == "hf":
@@ -97,8 +98,8 @@ def run_export(cfg: InteropConfig) -> Path:
         results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else None
         if results is None:
             log.warning("no %s: the model card will carry no BLEU (run nmt-evaluate first)", results_path)
-        return export.export_hf(checkpoint, spm_model_path(cfg.data), out, results, e.overwrite)
-    return export.export_ctranslate2(checkpoint, spm_model_path(cfg.data), out, e.quantization,
+        return hf.export_hf(checkpoint, spm_model_path(cfg.data), out, results, e.overwrite)
+    return ct2.export_ctranslate2(checkpoint, spm_model_path(cfg.data), out, e.quantization,
                                      e.overwrite)
 
 

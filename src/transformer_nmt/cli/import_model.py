@@ -29,8 +29,9 @@ def run_import(cfg: InteropConfig):
             without ``export.overwrite``, a folder that cannot be imported exactly.
     """
     from transformer_nmt.checkpoint import AVERAGED_NAME, checkpoint_dir
-    from transformer_nmt.export import ExportError, import_marian
     from transformer_nmt.fileio import spm_model_path
+    from transformer_nmt.interop.common import ExportError
+    from transformer_nmt.interop.marian_import import import_marian
 
     if not cfg.source:
         raise ExportError("source=<folder> is required (a Marian transformers folder)")

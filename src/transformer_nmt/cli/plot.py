@@ -14,7 +14,6 @@ in :mod:`transformer_nmt.plot`.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
@@ -22,38 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.cli import CONFIG_DIR, typed_config
-from transformer_nmt.config import Config
-
-
-@dataclass
-class PlotConfig:
-    """What ``nmt-plot`` draws and where."""
-
-    kinds: list[str] = field(default_factory=lambda: ["curves", "bleu"])
-    """Figures: ``curves`` (metrics.jsonl), ``bleu`` (validation BLEU of each kept checkpoint
-    and the average; decodes, cached in plots/checkpoint_bleu.json), ``attention``."""
-    format: str = "png"
-    """``png`` or ``svg``."""
-    dpi: int = 100
-    dir: str | None = None
-    """Output folder; None = ``<first run>/plots``."""
-    bleu_sentences: int | None = None
-    """Decode only the first N validation sentences per checkpoint (None = all)."""
-    sentence: str | None = None
-    """Source sentence for the attention maps (adds ``attention`` to the kinds)."""
-    layer: int = 0
-    """Encoder layer whose self-attention heads are drawn, from 1; 0 = the last."""
-    cross_layer: int = 0
-    """Decoder layer whose encoder-decoder attention heads are drawn, from 1; 0 = the last."""
-
-
-@dataclass
-class PlotAppConfig(Config):
-    """The pipeline config plus ``plot`` and ``runs`` (nmt-plot only)."""
-
-    plot: PlotConfig = field(default_factory=PlotConfig)
-    runs: list[str] = field(default_factory=list)
-    """Run names (folders under runs/) or paths to draw together; empty = ``run_dir``."""
+from transformer_nmt.plot.make import PlotAppConfig
 
 
 def _register() -> None:
@@ -77,13 +45,13 @@ _register()
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="nmt_plot")
 def main(cfg: DictConfig) -> None:
     """Type and validate the config (:func:`typed_config`),
-    run :func:`transformer_nmt.plot.make_plots`.
+    run :func:`transformer_nmt.plot.make.make_plots`.
 
     A user's mistake (bad value, missing run folder or file, bad metrics line) prints one
     ``error:`` line and exits with status 2.
     """
     try:
-        from transformer_nmt.plot import make_plots
+        from transformer_nmt.plot.make import make_plots
 
         make_plots(typed_config(cfg))
     except (ValueError, FileNotFoundError) as e:

@@ -10,12 +10,12 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
-from transformer_nmt.prepare import format_summary, prepare
+from transformer_nmt.data.prepare import format_summary, prepare
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Validate the config, run :func:`transformer_nmt.prepare.prepare`, print its summary."""
+    """Validate the config, run :func:`transformer_nmt.data.prepare.prepare`, print its summary."""
     with user_errors():
         cfg = typed_config(cfg)
         print(format_summary(prepare(cfg)))

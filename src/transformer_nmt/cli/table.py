@@ -9,13 +9,13 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
-from transformer_nmt.report import write_report
+from transformer_nmt.evaluate.report import write_report
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
     """Type and validate the config (:func:`typed_config`),
-    then run :func:`transformer_nmt.report.write_report`."""
+    then run :func:`transformer_nmt.evaluate.report.write_report`."""
     with user_errors():
         cfg = typed_config(cfg)
         print(write_report(cfg))

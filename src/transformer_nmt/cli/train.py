@@ -1,4 +1,4 @@
-"""``nmt-train``: train a Transformer (``transformer_nmt.train.train``) from the Hydra config.
+"""``nmt-train``: train a Transformer (``transformer_nmt.train.loop.train``) from the Hydra config.
 
     nmt-prepare experiment=multi30k_en_de && nmt-train experiment=multi30k_en_de
     nmt-train experiment=wmt14_en_de_base trainer.update_freq=8            # one GPU
@@ -9,7 +9,7 @@ Training reads the prepared data (``nmt-prepare`` / ``make data``) and fails wit
 naming the missing file when it is not there. The run directory is ``cfg.run_dir``
 (``runs/<name>``), the same on every rank; a run directory that already holds checkpoints
 is resumed from its latest one. ``trainer.dry_run=true`` runs
-:func:`transformer_nmt.dryrun.dry_run` instead.
+:func:`transformer_nmt.train.dryrun.dry_run` instead.
 
 The paper's Table 3 as one sweep (each row its own run folder, trained then evaluated on the
 development set; rows already done are skipped)::
@@ -42,16 +42,16 @@ def app(cfg: DictConfig) -> None:
         cfg = typed_config(cfg)
         export_submitit_environment()
         if cfg.trainer.dry_run:
-            from transformer_nmt.dryrun import dry_run
+            from transformer_nmt.train.dryrun import dry_run
 
             dry_run(cfg)
             return
-        from transformer_nmt.train import train
+        from transformer_nmt.train.loop import train
 
         train(cfg)
         if cfg.table3.variant and cfg.table3.evaluate and int(os.environ.get("RANK", "0")) == 0:
             from transformer_nmt.cli import retain_freed_memory
-            from transformer_nmt.table3 import evaluate_row
+            from transformer_nmt.evaluate.table3 import evaluate_row
 
             retain_freed_memory()
             evaluate_row(cfg)
@@ -60,7 +60,7 @@ def app(cfg: DictConfig) -> None:
 def export_submitit_environment() -> bool:
     """Under Hydra's submitit SLURM launcher (one task per GPU, no torchrun), set ``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` from the SLURM job
-    with submitit's own helper, so :func:`transformer_nmt.distributed.init_distributed` reads
+    with submitit's own helper, so :func:`transformer_nmt.train.distributed.init_distributed` reads
     them as it reads torchrun's.
 
     Returns:

@@ -14,7 +14,8 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory, run_app, typed_config, user_errors
-from transformer_nmt.translate import translate
+from transformer_nmt.decode.translate import translate
+from transformer_nmt.interop.ctranslate2 import decode_engine
 
 
 def _log_to_stderr() -> None:
@@ -27,12 +28,12 @@ def _log_to_stderr() -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
     """Type and validate the config (:func:`typed_config`),
-    then run :func:`transformer_nmt.translate.translate`."""
+    then run :func:`transformer_nmt.decode.translate.translate`."""
     _log_to_stderr()
     with user_errors():
         cfg = typed_config(cfg)
         retain_freed_memory()  # beam search allocates large tensors at every step
-        translate(cfg)
+        translate(cfg, engine=decode_engine)
 
 
 def main() -> None:

@@ -1,0 +1,255 @@
+"""One shared SentencePiece BPE model for both languages (paper section 5.1: a shared
+source-target vocabulary of about 37,000 pieces for EN-DE, 32,000 for EN-FR).
+
+Special ids are fixed here and nowhere else in SentencePiece's terms:
+pad=0, unk=1, bos=2, eos=3 (:data:`transformer_nmt.config.PAD_ID` ...).
+
+Training reads a bounded random sample: reservoir sampling keeps
+``data.spm_sample_sentences`` lines (source and target lines counted separately) out of
+the cleaned training text in one pass, whatever its size, and writes them to a temporary
+file for SentencePiece. SentencePiece's own normaliser is switched off (``identity``):
+text is normalised by :func:`transformer_nmt.data.clean.normalize` with ``data.unicode_form``,
+which :class:`SentencePieceTokenizer` also applies to new input (the form is kept in
+``spm.json`` beside the model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+from omegaconf import DictConfig
+
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
+from transformer_nmt.data.clean import normalize
+from transformer_nmt.data.corpora import DataError, read_lines
+from transformer_nmt.fileio import atomic_write, spm_model_path
+
+log = logging.getLogger(__name__)
+
+
+def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """SHA-256 (hex, as ``sha256sum`` prints it) of a file's bytes, read in ``chunk``-byte
+    blocks (hardware-accelerated on current x86 and ARM CPUs, docs/reliability.md)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def vocab_identity(model_path: str | os.PathLike) -> dict:
+    """What identifies a vocabulary: ``{"spm_sha256": SHA-256 of the spm.model file,
+    "vocab_size": number of pieces}``. Checkpoints keep it under ``"vocab"``
+    (:func:`check_vocab`)."""
+    proc = spm.SentencePieceProcessor(model_file=str(model_path))
+    return {"spm_sha256": file_digest(model_path), "vocab_size": int(proc.get_piece_size())}
+
+
+def check_vocab(checkpoint_path: str | os.PathLike, tokenizer: SentencePieceTokenizer) -> None:
+    """Fail when ``tokenizer`` is not the vocabulary the checkpoint was trained with.
+
+    Compares the checkpoint's ``"vocab"`` (:func:`vocab_identity`, read through a memory
+    map) with the tokenizer's model file; a checkpoint without it (older runs) is checked
+    on ``vocab_size`` only, with a warning.
+
+    Raises:
+        DataError: the identities differ (names both files and the values).
+    """
+    import torch
+
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", mmap=True, weights_only=True)
+    saved = checkpoint.get("vocab")
+    if saved is None:
+        log.warning("%s records no vocabulary identity (older checkpoint): cannot check that %s "
+                    "is the vocabulary it was trained with", checkpoint_path, tokenizer.model_path)
+        n = checkpoint.get("vocab_size")
+        if n is not None and int(n) < tokenizer.vocab_size:
+            raise DataError(
+                f"{checkpoint_path} was trained with {n} pieces but {tokenizer.model_path} has "
+                f"{tokenizer.vocab_size}: another vocabulary (check the data= option)"
+            )
+        return
+    here = vocab_identity(tokenizer.model_path)
+    if here != {k: saved.get(k) for k in here}:
+        raise DataError(
+            f"{checkpoint_path} was trained with another vocabulary than {tokenizer.model_path} "
+            f"(checkpoint: {saved['vocab_size']} pieces, sha256 {saved['spm_sha256'][:12]}; "
+            f"tokenizer: {here['vocab_size']} pieces, sha256 {here['spm_sha256'][:12]}); "
+            "use the data= settings the model was trained with"
+        )
+
+
+def meta_path(model_path: str | os.PathLike) -> Path:
+    """Sidecar ``spm.json`` beside the model: training parameters and ``unicode_form``."""
+    return Path(model_path).with_suffix(".json")
+
+
+def spm_params(data_cfg: DataConfig) -> dict:
+    """The config values the SentencePiece model depends on (a change means training again)."""
+    keys = ("vocab_size", "spm_model_type", "spm_character_coverage", "spm_sample_sentences",
+            "spm_seed", "unicode_form")
+    return {k: getattr(data_cfg, k) for k in keys}
+
+
+def reservoir_sample(lines: Iterable[str], k: int, seed: int) -> tuple[list[str], int]:
+    """Uniform random sample of ``k`` items from a stream of unknown length (Algorithm R).
+
+    Memory holds ``k`` lines at most. Empty lines are skipped.
+
+    Returns:
+        ``(sample, n_seen)``: the sample (in stream order when the stream has <= k lines)
+        and the number of non-empty lines seen.
+    """
+    rng = random.Random(seed)
+    sample: list[str] = []
+    n = 0
+    for line in lines:
+        if not line:
+            continue
+        if n < k:
+            sample.append(line)
+        else:
+            j = rng.randrange(n + 1)
+            if j < k:
+                sample[j] = line
+        n += 1
+    return sample, n
+
+
+def train_spm(data_cfg: DataConfig, text_files: Sequence[Path], model_path: Path) -> dict:
+    """Train the shared SentencePiece model on a random sample of ``text_files``.
+
+    Args:
+        data_cfg: ``cfg.data`` (``vocab_size``, ``spm_*``, ``unicode_form``, ``num_workers``).
+        text_files: cleaned training text, both languages.
+        model_path: output ``spm.model``; ``spm.vocab`` and ``spm.json`` are written beside it.
+
+    Returns:
+        The metadata written to ``spm.json`` (parameters, sample size, lines seen).
+
+    Raises:
+        DataError: no text to train on, or a vocabulary too large for the sample (with the
+            largest size SentencePiece would accept when it says so).
+    """
+    def all_lines():
+        for path in text_files:
+            yield from read_lines(path, "strict")
+
+    sample, n_seen = reservoir_sample(all_lines(), data_cfg.spm_sample_sentences,
+                                      data_cfg.spm_seed)
+    if not sample:
+        raise DataError(f"no text to train SentencePiece on in {[str(p) for p in text_files]}")
+    model_path = Path(model_path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, sample_file = tempfile.mkstemp(dir=model_path.parent, prefix=".spm_sample.",
+                                       suffix=".txt")
+    model = io.BytesIO()
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for line in sample:
+                f.write(line + "\n")
+        n_sample = len(sample)
+        del sample
+        log.info("SentencePiece: training %s vocab %d on %d of %d lines", data_cfg.spm_model_type,
+                 data_cfg.vocab_size, n_sample, n_seen)
+        try:
+            spm.SentencePieceTrainer.train(
+                input=sample_file,
+                model_writer=model,
+                model_type=data_cfg.spm_model_type,
+                vocab_size=data_cfg.vocab_size,
+                character_coverage=data_cfg.spm_character_coverage,
+                normalization_rule_name="identity",
+                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                input_sentence_size=0,
+                num_threads=max(1, data_cfg.num_workers),
+                minloglevel=2,
+            )
+        except RuntimeError as e:
+            raise DataError(
+                f"SentencePiece could not train data.vocab_size={data_cfg.vocab_size} on "
+                f"{n_sample} lines of {[str(p) for p in text_files]}: {e}"
+                + ("; lower data.vocab_size" if "Vocabulary size" in str(e) else "")
+            ) from e
+    finally:
+        os.unlink(sample_file)
+    meta = {"params": spm_params(data_cfg), "sample_lines": n_sample, "lines_seen": n_seen}
+    proc = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    with atomic_write(model_path.with_suffix(".vocab")) as f:
+        for i in range(proc.get_piece_size()):
+            f.write(f"{proc.id_to_piece(i)}\t{proc.get_score(i):g}\n")
+    with atomic_write(meta_path(model_path)) as f:
+        json.dump(meta, f, indent=2)
+    with atomic_write(model_path, "wb") as f:  # last: its presence means the stage finished
+        f.write(model.getvalue())
+    return meta
+
+
+class SentencePieceTokenizer:
+    """Text <-> piece ids with the shared model (contract of the data stage).
+
+    Args:
+        model_path: ``spm.model`` (``fileio.spm_model_path(cfg.data)``). When ``spm.json``
+            lies beside it, input text is normalised with its ``unicode_form`` first.
+
+    Attributes:
+        vocab_size: number of pieces (ids ``0 .. vocab_size - 1``).
+        pad_id, unk_id, bos_id, eos_id: 0, 1, 2, 3.
+    """
+
+    def __init__(self, model_path: str | os.PathLike) -> None:
+        path = Path(model_path)
+        if not path.is_file():
+            raise DataError(f"SentencePiece model not found: {path} (run nmt-prepare first)")
+        self.model_path = path
+        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        meta = meta_path(path)
+        self.unicode_form = (
+            json.loads(meta.read_text())["params"]["unicode_form"] if meta.is_file() else None
+        )
+        self.vocab_size = self.sp.get_piece_size()
+        self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
+        self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+        if (self.pad_id, self.unk_id, self.bos_id, self.eos_id) != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise DataError(
+                f"{path}: special ids pad/unk/bos/eos are {self.pad_id}/{self.unk_id}/"
+                f"{self.bos_id}/{self.eos_id}, expected {PAD_ID}/{UNK_ID}/{BOS_ID}/{EOS_ID}"
+            )
+        self._special = {PAD_ID, BOS_ID, EOS_ID}
+
+    def _norm(self, text: str) -> str:
+        return normalize(text, self.unicode_form) if self.unicode_form else text
+
+    def encode(self, text: str) -> list[int]:
+        """Piece ids of one line (no bos/eos)."""
+        return self.sp.encode(self._norm(text), out_type=int)
+
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """Piece ids of many lines (no bos/eos), in input order."""
+        return self.sp.encode([self._norm(t) for t in texts], out_type=int,
+                              num_threads=num_threads)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of piece ids; pad, bos and eos ids are ignored (unk decodes as `` ⁇ ``)."""
+        return self.sp.decode([int(i) for i in ids if int(i) not in self._special])
+
+
+def load_tokenizer(data_cfg: DataConfig | DictConfig) -> SentencePieceTokenizer:
+    """The shared SentencePiece model of ``data_cfg`` (``data/spm/<name>/spm.model``).
+
+    Raises:
+        FileNotFoundError: naming the path when the model is missing (run nmt-prepare).
+    """
+    path = spm_model_path(data_cfg)
+    if not path.is_file():
+        raise FileNotFoundError(f"SentencePiece model {path} not found; run nmt-prepare first")
+    return SentencePieceTokenizer(path)

@@ -1,0 +1,334 @@
+"""``nmt-prepare``: download -> clean -> bpe -> binarize for ``cfg.data``, then a summary.
+
+Each stage is skipped only when its completion stamp (``clean.stamp.json``,
+``spm.stamp.json``, ``binarize.stamp.json``) says it was built from the same inputs with the
+same parameters and its outputs are the ones it wrote. A stamp holds the stage's parameters
+and, for every input and output file, its path, size, ``mtime_ns`` and SHA-256 digest; it is
+written last, after every output, and deleted before a stage rebuilds, so outputs become valid
+together (an ``spm.json`` renamed before its ``spm.model`` by a killed run does not match).
+A file whose size and ``mtime_ns`` equal the stamp's is taken as unchanged (the fast path,
+as make and git do); any other file is hashed again and compared by content, so a different
+corpus under the same name rebuilds whatever its file times, and a touched but identical
+file does not. Every file is written through ``fileio.atomic_write``, so a failed or killed
+run leaves no half-written output; the temporary files a killed run leaves behind
+(``.*.tmp``, SentencePiece's ``.spm_sample.*.txt``) are deleted when the same stage next
+starts.
+
+Outputs::
+
+    <root>/raw/<name>/<split>.<lang>, clean_report.json     cleaned text + counts per rule
+    <root>/spm/<name>/spm.model, spm.vocab, spm.json         shared SentencePiece model
+    <root>/bin/<name>/<split>.<lang>.bin/.idx, summary.json  token ids + the summary
+    clean.stamp.json, spm.stamp.json, binarize.stamp.json    completion stamps (beside each)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from transformer_nmt.config import UNK_ID, Config, DataConfig
+from transformer_nmt.data import binarize, bpe, clean, corpora
+from transformer_nmt.fileio import atomic_write, bin_prefix, raw_path, spm_model_path
+
+log = logging.getLogger(__name__)
+
+SUMMARY_MAX_TOKENS = 4096
+"""Token budget (per batch, source and target each) at which padding efficiency is reported."""
+
+
+def summary_path(data_cfg: DataConfig) -> Path:
+    """``<root>/bin/<name>/summary.json``."""
+    return Path(data_cfg.root) / "bin" / data_cfg.name / "summary.json"
+
+
+def _load_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would give it back (tuples become lists, keys strings)."""
+    return json.loads(json.dumps(value))
+
+
+def _fingerprint(path: Path, known: dict | None = None) -> dict:
+    """``{"size", "mtime_ns", "sha256"}`` of a file; the digest of ``known`` is reused when
+    size and ``mtime_ns`` are those of ``known``."""
+    st = path.stat()
+    if known and known.get("size") == st.st_size and known.get("mtime_ns") == st.st_mtime_ns:
+        return dict(known)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": bpe.file_digest(path)}
+
+
+def _fingerprints(paths: list[Path]) -> dict[str, dict]:
+    return {str(p): _fingerprint(p) for p in paths}
+
+
+def _same_files(recorded: dict | None, paths: list[Path]) -> bool:
+    """True when ``paths`` are exactly the recorded files, each with the recorded content."""
+    if not isinstance(recorded, dict) or set(recorded) != {str(p) for p in paths}:
+        return False
+    for p in paths:
+        rec = recorded[str(p)]
+        if not p.is_file():
+            return False
+        now = _fingerprint(p, rec)
+        if (now["size"], now["sha256"]) != (rec.get("size"), rec.get("sha256")):
+            return False
+    return True
+
+
+def stamp_is_current(stamp: Path, params: Any, inputs: list[Path], outputs: list[Path]) -> bool:
+    """True when ``stamp`` records these ``params`` and the current content of ``inputs`` and
+    ``outputs`` (see the module docstring)."""
+    saved = _load_json(stamp)
+    return (saved is not None and saved.get("params") == _plain(params)
+            and _same_files(saved.get("inputs"), inputs)
+            and _same_files(saved.get("outputs"), outputs))
+
+
+def write_stamp(stamp: Path, params: Any, inputs: list[Path], outputs: list[Path]) -> None:
+    """Record a finished stage (written last, atomically)."""
+    with atomic_write(stamp) as f:
+        json.dump({"params": _plain(params), "inputs": _fingerprints(inputs),
+                   "outputs": _fingerprints(outputs)}, f, indent=2)
+
+
+def remove_orphans(folder: Path, patterns: tuple[str, ...] = (".*.tmp",)) -> list[Path]:
+    """Delete temporary files that a killed run of a stage left in ``folder``."""
+    removed = []
+    if folder.is_dir():
+        for pattern in patterns:
+            for p in folder.glob(pattern):
+                if p.is_file():
+                    p.unlink(missing_ok=True)
+                    removed.append(p)
+    if removed:
+        log.info("removed %d temporary files of an earlier run from %s: %s", len(removed), folder,
+                 ", ".join(p.name for p in removed))
+    return removed
+
+
+def token_filter_params(cfg: Config) -> dict:
+    """The training-pair token limit of the binarize stage (part of its stamp, so a change
+    rebuilds the training split): ``max_positions`` (``cfg.model``), ``max_tokens``
+    (``cfg.trainer``) and ``max_len`` (:func:`transformer_nmt.data.binarize.max_train_tokens`);
+    all None when ``cfg`` has no model or trainer section (no filter)."""
+    model, trainer = getattr(cfg, "model", None), getattr(cfg, "trainer", None)
+    max_positions = getattr(model, "max_positions", None) if model is not None else None
+    max_tokens = getattr(trainer, "max_tokens", None) if trainer is not None else None
+    if max_positions is None or max_tokens is None:
+        return {"max_positions": None, "max_tokens": None, "max_len": None}
+    return {"max_positions": int(max_positions), "max_tokens": int(max_tokens),
+            "max_len": binarize.max_train_tokens(max_positions, max_tokens)}
+
+
+def prepare(cfg: Config) -> dict:
+    """Run the data stage for ``cfg.data``.
+
+    Args:
+        cfg: the composed :class:`transformer_nmt.config.Config`: ``cfg.data``, and
+            ``cfg.model.max_positions`` / ``cfg.trainer.max_tokens`` for the token limit of
+            training pairs (:func:`token_filter_params`).
+
+    Returns:
+        The summary (also written to ``<root>/bin/<name>/summary.json``): ``pairs`` (read,
+        kept and dropped per rule, per split), ``vocab_size``, ``sentences`` and ``tokens``
+        per split and language, ``unk_rate``, ``padding_efficiency`` of the training
+        batches at ``max_tokens=4096``, ``token_filter`` (the limit and the training pairs
+        dropped for it) and ``stages`` (``done`` or ``skipped``, seconds).
+
+    Raises:
+        transformer_nmt.data.corpora.DataError: unknown corpus, missing file, misaligned files,
+            invalid UTF-8, a split empty after cleaning, a vocabulary too large for the data.
+    """
+    d = cfg.data
+    langs = (d.src_lang, d.tgt_lang)
+    stages: dict[str, dict] = {}
+
+    t = time.perf_counter()
+    remove_orphans(corpora.orig_dir(d))  # downloads and streamed WMT14 text
+    sources, fetched = corpora.fetch(d)
+    stages["download"] = {"status": "done" if fetched else "skipped",
+                          "seconds": round(time.perf_counter() - t, 2)}
+    split_names = [s.split for s in sources]
+
+    # clean -------------------------------------------------------------------------------------
+    t = time.perf_counter()
+    text = {(s, lang): raw_path(d, s, lang) for s in split_names for lang in langs}
+    report_file = clean.report_path(d)
+    stamp = report_file.with_name("clean.stamp.json")
+    remove_orphans(report_file.parent)
+    inputs = [p for s in sources for p in (s.src, s.tgt)]
+    outputs = [*text.values(), report_file]
+    params = {"clean": clean.clean_params(d),
+              "splits": [[s.split, s.is_train, s.max_pairs] for s in sources]}
+    if stamp_is_current(stamp, params, inputs, outputs):
+        report = _load_json(report_file)
+        stages["clean"] = {"status": "skipped"}
+    else:
+        stamp.unlink(missing_ok=True)
+        report = clean.clean_corpus(d, sources)
+        write_stamp(stamp, params, inputs, outputs)
+        stages["clean"] = {"status": "done"}
+    stages["clean"]["seconds"] = round(time.perf_counter() - t, 2)
+
+    # bpe ---------------------------------------------------------------------------------------
+    t = time.perf_counter()
+    model = spm_model_path(d)
+    stamp = model.with_name("spm.stamp.json")
+    remove_orphans(model.parent, (".*.tmp", ".spm_sample.*.txt"))
+    train_text = [text[(d.train_split, lang)] for lang in langs]
+    outputs = [model, model.with_suffix(".vocab"), bpe.meta_path(model)]
+    if stamp_is_current(stamp, bpe.spm_params(d), train_text, outputs):
+        stages["bpe"] = {"status": "skipped"}
+    else:
+        stamp.unlink(missing_ok=True)
+        bpe.train_spm(d, train_text, model)
+        write_stamp(stamp, bpe.spm_params(d), train_text, outputs)
+        stages["bpe"] = {"status": "done"}
+    tokenizer = bpe.SentencePieceTokenizer(model)
+    stages["bpe"]["seconds"] = round(time.perf_counter() - t, 2)
+
+    # binarize ----------------------------------------------------------------------------------
+    t = time.perf_counter()
+    stamp = summary_path(d).with_name("binarize.stamp.json")
+    remove_orphans(stamp.parent)
+    jobs, job_files = [], {}
+    for (split, lang), path in text.items():
+        prefix = bin_prefix(d, split, lang)
+        job_files[str(prefix)] = ([path, model], [Path(f"{prefix}.bin"), Path(f"{prefix}.idx")])
+    saved = _load_json(stamp) or {}
+    done_before = saved.get("jobs", {}) if isinstance(saved.get("jobs"), dict) else {}
+    filter_params = token_filter_params(cfg)
+    saved_filter = saved.get("token_filter") if isinstance(saved.get("token_filter"), dict) else {}
+    same_filter = saved_filter.get("params") == _plain(filter_params)
+    for (split, lang), path in text.items():
+        prefix = bin_prefix(d, split, lang)
+        ins, outs = job_files[str(prefix)]
+        rec = done_before.get(str(prefix)) or {}
+        if not (rec and _same_files(rec.get("inputs"), ins)
+                and _same_files(rec.get("outputs"), outs)
+                and (split != d.train_split or same_filter)):
+            jobs.append((path, prefix))
+    if jobs:
+        stamp.unlink(missing_ok=True)
+    results = binarize.binarize_files(jobs, model, tokenizer.vocab_size, d.num_workers)
+    for (path, _), r in zip(jobs, results):
+        log.info("binarize %s: %d sentences, %d tokens, %d unk", path.name, r["sentences"],
+                 r["tokens"], r["unk"])
+    token_filter = dict(saved_filter.get("result") or {}) if same_filter else {}
+    rebuilt_train = any(str(p) in {str(bin_prefix(d, d.train_split, lang)) for lang in langs}
+                        for _, p in jobs)
+    if rebuilt_train or not token_filter:
+        token_filter = {"dropped": 0}
+        if filter_params["max_len"] is not None:
+            token_filter = binarize.filter_long_pairs(
+                bin_prefix(d, d.train_split, langs[0]), bin_prefix(d, d.train_split, langs[1]),
+                filter_params["max_len"])
+            log.info("training pairs longer than %d pieces on either side (model.max_positions "
+                     "%s, trainer.max_tokens %s): %d dropped, %d kept", filter_params["max_len"],
+                     filter_params["max_positions"], filter_params["max_tokens"],
+                     token_filter["dropped"], token_filter["kept"])
+    if jobs or set(done_before) != set(job_files) or not same_filter:
+        with atomic_write(stamp) as f:
+            json.dump({"jobs": {k: {"inputs": _fingerprints(ins), "outputs": _fingerprints(outs)}
+                                for k, (ins, outs) in job_files.items()},
+                       "token_filter": {"params": _plain(filter_params), "result": token_filter}},
+                      f, indent=2)
+    done = len(jobs)
+    stages["binarize"] = {"status": "done" if done else "skipped",
+                          "seconds": round(time.perf_counter() - t, 2)}
+
+    summary = _summary(d, report, tokenizer.vocab_size, split_names, langs)
+    summary["token_filter"] = {**filter_params, "split": d.train_split,
+                               "dropped": int(token_filter.get("dropped", 0))}
+    summary["stages"] = stages
+    with atomic_write(summary_path(d)) as f:
+        json.dump(summary, f, indent=2)
+    log.info("summary written to %s", summary_path(d))
+    return summary
+
+
+def _summary(d: Any, report: dict, vocab_size: int, split_names: list[str],
+             langs: tuple[str, str]) -> dict:
+    """Figures of the prepared corpus, read back from the binarized files."""
+    from transformer_nmt.data.batching import LengthBucketSampler
+
+    sentences, tokens, unk = {}, {}, {}
+    data = {}
+    for split in split_names:
+        tokens[split], unk[split] = {}, {}
+        for lang in langs:
+            ds = binarize.TokenDataset(bin_prefix(d, split, lang))
+            data[(split, lang)] = ds
+            sentences[split] = len(ds)
+            tokens[split][lang] = ds.num_tokens
+            n_unk = _count_id(ds, UNK_ID)
+            unk[split][lang] = round(n_unk / max(1, ds.num_tokens), 6)
+    src, tgt = data[(d.train_split, langs[0])], data[(d.train_split, langs[1])]
+    sampler = LengthBucketSampler(src.sizes, tgt.sizes, SUMMARY_MAX_TOKENS, shuffle=True, seed=1,
+                                  skip_too_long=True)
+    efficiency = sampler.padding_efficiency
+    if callable(efficiency):
+        efficiency = efficiency()
+    return {
+        "name": d.name,
+        "corpus": d.corpus,
+        "src_lang": langs[0],
+        "tgt_lang": langs[1],
+        "pairs": report["splits"],
+        "vocab_size": vocab_size,
+        "sentences": sentences,
+        "tokens": tokens,
+        "unk_rate": unk,
+        "padding_efficiency": {"max_tokens": SUMMARY_MAX_TOKENS, "batches": len(sampler),
+                               "value": round(float(efficiency), 4)},
+    }
+
+
+def _count_id(ds: binarize.TokenDataset, token_id: int, block: int = 1 << 22) -> int:
+    """Occurrences of ``token_id`` in a binarized file, read in blocks of ``block`` ids
+    (plain reads, not the memory map, so the file does not stay resident)."""
+    n = 0
+    with open(f"{ds.prefix}.bin", "rb") as f:
+        while True:
+            ids = np.fromfile(f, dtype=ds.dtype, count=block)
+            if not len(ids):
+                return n
+            n += int(np.count_nonzero(ids == token_id))
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as Markdown tables (what ``nmt-prepare`` prints)."""
+    src, tgt = summary["src_lang"], summary["tgt_lang"]
+    rules = list(clean.RULES)
+    lines = [f"## {summary['name']} ({src}-{tgt}), vocabulary {summary['vocab_size']}", "",
+             (f"| split | pairs read | kept | {' | '.join('dropped ' + r for r in rules)} "
+              f"| tokens {src} | tokens {tgt} | unk {src} | unk {tgt} |"),
+             "|---" * (7 + len(rules)) + "|"]
+    for split, p in summary["pairs"].items():
+        dropped = [str(p["dropped"].get(r, "-")) if p["dropped"] else "-" for r in rules]
+        tok, unk = summary["tokens"][split], summary["unk_rate"][split]
+        lines.append(f"| {split} | {p['read']} | {p['kept']} | {' | '.join(dropped)} "
+                     f"| {tok[src]} | {tok[tgt]} | {unk[src]:.2%} | {unk[tgt]:.2%} |")
+    pe = summary["padding_efficiency"]
+    lines += ["", (f"padding efficiency of training batches at max_tokens={pe['max_tokens']}: "
+                   f"{pe['value']:.2%} ({pe['batches']} batches)")]
+    tf = summary.get("token_filter")
+    if tf and tf.get("max_len") is not None:
+        lines.append(f"training pairs longer than {tf['max_len']} pieces (model.max_positions "
+                     f"{tf['max_positions']}, trainer.max_tokens {tf['max_tokens']}): "
+                     f"{tf['dropped']} dropped")
+    if "stages" in summary:
+        lines.append("stages: " + ", ".join(f"{k} {v['status']} ({v['seconds']} s)"
+                                            for k, v in summary["stages"].items()))
+    return "\n".join(lines)

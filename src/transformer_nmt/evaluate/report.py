@@ -1,0 +1,466 @@
+"""``nmt-table``: the paper's tables rebuilt from every run's results.json.
+
+Pipeline position: bleu -> **table**. Reads ``cfg.results_glob`` (``runs/**/results.json``,
+written by :mod:`transformer_nmt.evaluate.evaluate`) and writes ``cfg.table_output``
+(``docs/results.md``) atomically, with the sections ``cfg.tables`` names:
+
+* **Table 2** (paper section 6.1): newstest2014 BLEU, EN-DE and EN-FR, and training cost,
+  for Transformer base and big; the paper's numbers beside ours. Runs qualify when their
+  corpus is ``wmt14``, their model preset ``base`` or ``big`` and they name no Table 3 row.
+* **Table 3** (paper section 6.2): the runs of Table 3 rows (:mod:`transformer_nmt.evaluate.table3`),
+  one table per base experiment, each row beside the paper's line it varies (by
+  ``table3.variant``; a run configured by hand: the line with the same setting), seeds
+  averaged, and each row's BLEU difference to its base row beside the paper's. With
+  ``table3_plot`` the differences are drawn too (:func:`transformer_nmt.plot.table3.plot_table3`).
+* **Other runs** (Multi30k, custom corpora, ...): every test set's scores.
+
+Every BLEU number is in a column or cell that names its kind. The paper's numbers are
+tokenized BLEU; they are compared only with ours computed the same way (``paper_bleu`` in
+results.json: tensor2tensor's ``get_ende_bleu.sh`` for EN-DE, Moses tokenizer + multi-bleu
+for EN-FR, see :mod:`transformer_nmt.evaluate.bleu`); sacreBLEU, our headline, is shown beside it.
+A results.json without ``paper_bleu`` (written before it existed) shows "–" there. Training cost: the paper's FLOPs are GPU time x sustained single-precision
+TFLOPS of the GPUs; ours come from the run's train_summary.json (its ``flops`` field).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformer_nmt.config import Config
+from transformer_nmt.evaluate.paper import (
+    DEV_SET,
+    PAPER_TABLE2,
+    PAPER_TABLE3,
+    SETTING_KEYS,
+    TABLE2_TEST_SET,
+    PaperRow,
+)
+from transformer_nmt.evaluate.table3 import setting
+from transformer_nmt.fileio import atomic_write
+
+log = logging.getLogger(__name__)
+
+TABLE3_TEST_SET = DEV_SET
+
+TOK = "paper BLEU"
+TOK_DE = "paper BLEU (t2t get_ende_bleu.sh)"
+TOK_FR = "paper BLEU (Moses tokenizer, multi-bleu)"
+SACRE = "sacreBLEU"
+PAPER_KIND = "paper_bleu"
+"""results.json key of our BLEU computed the paper's way."""
+
+
+def load_results(pattern: str) -> list[dict[str, Any]]:
+    """All results.json files matching ``pattern``, sorted by experiment name.
+
+    Raises:
+        ValueError: naming a file that is not valid JSON.
+    """
+    out = []
+    for path in sorted(glob.glob(pattern, recursive=True)):
+        try:
+            result = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from e
+        result["_path"] = path
+        out.append(result)
+    return sorted(out, key=lambda r: (str(r.get("experiment")), r["_path"]))
+
+
+def run_setting(result: dict[str, Any]) -> dict[str, Any] | None:
+    """A run's (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, positions), as in Table 3.
+
+    None when the encoder and decoder depths differ or the config is missing.
+    """
+    m = (result.get("model") or {}).get("config")
+    if not m:
+        return None
+    return setting(m, (result.get("trainer") or {}).get("label_smoothing"))
+
+
+def paper_table3_line(result: dict[str, Any]) -> PaperRow | None:
+    """The paper's Table 3 line of a run: the row its ``table3.variant`` names, else the line
+    with the same setting (a run configured by hand), else None."""
+    variant = (result.get("table3") or {}).get("variant")
+    if variant in PAPER_TABLE3:
+        return PAPER_TABLE3[variant]
+    run = run_setting(result)
+    if run is None:
+        return None
+    for line in PAPER_TABLE3.values():
+        if all(_same(run[k], v) for k, v in line.setting().items()):
+            return line
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(float(a) - float(b)) < 1e-9
+    return a == b
+
+
+def _score(result: dict[str, Any], split: str, kind: str) -> float | None:
+    test = (result.get("test_sets") or {}).get(split)
+    if not test:
+        return None
+    entry = test["chrf"] if kind == "chrf" else test["bleu"].get(kind)
+    return None if entry is None else float(entry["score"])
+
+
+LEGACY_MARK = " (†)"
+LEGACY_NOTE = (
+    "(†): a results.json written before nmt-evaluate scored against the official reference "
+    "files: its sacreBLEU used the cleaned test files, and it has no paper BLEU."
+)
+
+
+def is_legacy(result: dict[str, Any]) -> bool:
+    """True for results scored before ``paper_bleu`` and the official references existed."""
+    tests = (result.get("test_sets") or {}).values()
+    return bool(tests) and not any(PAPER_KIND in (t.get("bleu") or {}) for t in tests)
+
+
+def _name(result: dict[str, Any]) -> str:
+    return str(result["experiment"]) + (LEGACY_MARK if is_legacy(result) else "")
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _fmt_e(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1e}"
+
+
+def _cost(result: dict[str, Any]) -> tuple[float | None, float | None]:
+    cost = result.get("training_cost") or {}
+    return cost.get("flops"), cost.get("gpu_hours")
+
+
+def _params(result: dict[str, Any]) -> str:
+    p = (result.get("model") or {}).get("params")
+    return "–" if p is None else f"{p / 1e6:.1f}M"
+
+
+def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def is_table2_run(result: dict[str, Any]) -> bool:
+    """WMT14 runs of the base or big preset that reproduce Table 2 (no Table 3 row)."""
+    return (
+        (result.get("data") or {}).get("corpus") == "wmt14"
+        and (result.get("model") or {}).get("name") in PAPER_TABLE2
+        and not is_table3_run(result)
+    )
+
+
+def table2_section(results: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines of the Table 2 section (paper rows always, ours when present)."""
+    header = [
+        "model", f"EN-DE {TOK_DE}", f"EN-DE {SACRE}", f"EN-FR {TOK_FR}",
+        f"EN-FR {SACRE}", "training cost EN-DE (FLOPs)", "EN-FR (FLOPs)", "GPU-hours",
+    ]
+    rows = []
+    for size in ("base", "big"):
+        p = PAPER_TABLE2[size]
+        rows.append([f"Transformer ({size}), paper", _fmt(p["de"]), "–", _fmt(p["fr"]), "–",
+                     _fmt_e(p["cost_de"]), _fmt_e(p["cost_fr"]), "–"])
+        for r in results:
+            if not is_table2_run(r) or r["model"]["name"] != size:
+                continue
+            tgt = r["data"]["tgt_lang"]
+            flops, hours = _cost(r)
+            tok = _fmt(_score(r, TABLE2_TEST_SET, PAPER_KIND))
+            sacre = _fmt(_score(r, TABLE2_TEST_SET, "sacrebleu"))
+            de = tgt == "de"
+            rows.append([
+                f"Transformer ({size}), ours: {_name(r)}",
+                tok if de else "–", sacre if de else "–",
+                "–" if de else tok, "–" if de else sacre,
+                _fmt_e(flops) if de else "–", "–" if de else _fmt_e(flops), _fmt(hours),
+            ])
+    return [
+        "## Table 2: newstest2014 (full, 3,003 sentences)",
+        "",
+        "The paper's numbers are tokenized BLEU; beside them only ours computed the same way:",
+        f"{TOK_DE} (hypothesis through Moses replace-unicode-punctuation and tokenizer -l de,",
+        "reference with German quotes as &quot;, ##AT## compound split, multi-bleu) and",
+        f"{TOK_FR}. {SACRE} (detokenized, 13a, mixed case, against the official reference)",
+        "is our headline; the paper has no such number.",
+        *([LEGACY_NOTE] if any(is_table2_run(r) and is_legacy(r) for r in results) else []),
+        "Paper cost = training time x GPUs x sustained TFLOPS; ours = the `flops` of the run's",
+        "train_summary.json (6 x parameters x tokens).",
+        "",
+        *_table(header, rows),
+        "",
+    ]
+
+
+def is_table3_run(result: dict[str, Any]) -> bool:
+    """A run of a Table 3 row (``table3`` in results.json, or an older ``table3_row``)."""
+    return bool(result.get("table3") or result.get("table3_row"))
+
+
+def _dev_split(result: dict[str, Any]) -> str | None:
+    splits = list(result.get("test_sets") or {})
+    return TABLE3_TEST_SET if TABLE3_TEST_SET in splits else (splits[0] if splits else None)
+
+
+def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
+    if not xs:
+        return None, None
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, None
+    return mean, (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
+@dataclass
+class Table3Line:
+    """One row of our Table 3: every seed of one variant of one base experiment."""
+
+    experiment: str
+    variant: str
+    paper: PaperRow | None
+    runs: list[dict[str, Any]]
+
+    def values(self, kind: str) -> list[float]:
+        """BLEU (``paper_bleu`` / ``sacrebleu``) or ``ppl`` of every seed that has it."""
+        out = []
+        for r in self.runs:
+            if kind == "ppl":
+                x = ((r.get("train_summary") or {}).get("valid") or {}).get("ppl")
+            else:
+                split = _dev_split(r)
+                x = _score(r, split, kind) if split else None
+            if x is not None:
+                out.append(float(x))
+        return out
+
+
+def table3_lines(results: list[dict[str, Any]]) -> dict[str, list[Table3Line]]:
+    """Table 3 runs grouped by base experiment, then by variant (the paper's order; the
+    seeds of a variant together)."""
+    groups: dict[str, dict[str, Table3Line]] = {}
+    order = {v: i for i, v in enumerate(PAPER_TABLE3)}
+    for r in results:
+        if not is_table3_run(r):
+            continue
+        paper = paper_table3_line(r)
+        variant = (r.get("table3") or {}).get("variant") or (
+            paper.variant if paper else str(r.get("experiment")))
+        group = groups.setdefault(str(r.get("experiment")), {})
+        group.setdefault(variant, Table3Line(str(r.get("experiment")), variant, paper, [])).runs.append(r)
+    return {
+        exp: sorted(lines.values(), key=lambda x: (order.get(x.variant, len(order)), x.variant))
+        for exp, lines in sorted(groups.items())
+    }
+
+
+def base_line(lines: list[Table3Line]) -> Table3Line | None:
+    """The base row of a group, if it was run."""
+    return next((x for x in lines if x.variant == "base"), None)
+
+
+def _fmt_ms(mean: float | None, std: float | None, digits: int) -> str:
+    if mean is None:
+        return "–"
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+
+
+def _fmt_delta(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x:+.{digits}f}"
+
+
+def _setting_text(r: dict[str, Any]) -> str:
+    run = run_setting(r)
+    if run is None:
+        return "–"
+    return ", ".join(f"{run[k]:g}" if isinstance(run[k], float) else str(run[k])
+                     for k in SETTING_KEYS)
+
+
+def table3_section(results: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines of the Table 3 section (empty when no run names a Table 3 row)."""
+    groups = table3_lines(results)
+    if not groups:
+        return []
+    out = [
+        "## Table 3: variations on the base model (EN-DE)",
+        "",
+        f"Paper: newstest2013, beam search without checkpoint averaging, {TOK} and perplexity",
+        "per word-piece on the development set. Ours: the same way on the experiment's",
+        "development set (its last checkpoint, no averaging): the last validation perplexity",
+        f"(per SentencePiece piece), {TOK} and {SACRE}. Δ: the row's BLEU ({TOK}) minus its",
+        "base row's; with several seeds a cell is mean ± standard deviation over the seeds, and",
+        "the base row's deviation is the seed noise each Δ is to be read against. Setting: N,",
+        "d_model, d_ff, h, d_k, d_v, P_drop, ε_ls, positions.",
+        "",
+    ]
+    header = ["row", "change (paper)", "setting (ours)", "seeds", "steps", "params (ours)",
+              "params (paper)", "PPL (ours)", "PPL (paper)", f"{TOK} (ours)", f"{SACRE} (ours)",
+              f"{TOK} (paper)", "Δ (ours)", "Δ (paper)"]
+    base_paper = PAPER_TABLE3["base"]
+    for exp, lines in groups.items():
+        base = base_line(lines)
+        base_bleu, base_std = _mean_std(base.values(PAPER_KIND)) if base else (None, None)
+        splits = sorted({_dev_split(r) or "–" for x in lines for r in x.runs})
+        rows = []
+        for x in lines:
+            p = x.paper
+            bleu, std = _mean_std(x.values(PAPER_KIND))
+            ppl, ppl_std = _mean_std(x.values("ppl"))
+            sacre, sacre_std = _mean_std(x.values("sacrebleu"))
+            r0 = x.runs[0]
+            delta = None if bleu is None or base_bleu is None else bleu - base_bleu
+            rows.append([
+                p.row if p else str(r0.get("table3_row") or "–"), p.change if p else x.variant,
+                _setting_text(r0), str(len(x.runs)), str(r0.get("steps", "–")), _params(r0),
+                f"{p.params:g}M" if p and p.params else "–",
+                _fmt_ms(ppl, ppl_std, 2), _fmt(p.ppl, 2) if p else "–",
+                _fmt_ms(bleu, std, 2), _fmt_ms(sacre, sacre_std, 2), _fmt(p.bleu) if p else "–",
+                "0 (base)" if x is base else _fmt_delta(delta, 2),
+                "0 (base)" if p is base_paper else (_fmt_delta(p.bleu - base_paper.bleu) if p else "–"),
+            ])
+        noise = "" if base_std is None else f"; seed noise of the base row: ± {base_std:.2f} BLEU"
+        out += [f"### {exp} (dev set: {', '.join(splits)}{noise})", "", *_table(header, rows), ""]
+    return out
+
+
+def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        data = r.get("data") or {}
+        flops, hours = _cost(r)
+        n_avg = r.get("num_checkpoints_averaged")
+        for split in r.get("test_sets") or {}:
+            rows.append([
+                _name(r), f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
+                str((r.get("model") or {}).get("name")), _params(r), str(r.get("steps", "–")),
+                str(n_avg) if n_avg else "none", split,
+                _fmt(_score(r, split, PAPER_KIND), 2), _fmt(_score(r, split, "sacrebleu"), 2),
+                _fmt(_score(r, split, "chrf"), 2), _fmt(hours, 2), _fmt_e(flops),
+            ])
+    return rows
+
+
+_PER_TEST_SET_HEADER = [
+    "run", "data", "model", "params", "steps", "checkpoints averaged", "test set",
+    TOK, SACRE, "chrF", "GPU-hours", "FLOPs",
+]
+_PER_TEST_SET_LEGEND = (
+    f"{TOK}: the paper's way (German targets: t2t get_ende_bleu.sh; others: Moses tokenizer, "
+    f"multi-bleu); {SACRE}: detokenized, 13a, mixed case, official reference; chrF: sacreBLEU's chrF."
+)
+
+
+def table2_details_section(results: list[dict[str, Any]]) -> list[str]:
+    """Every test set (newstest2014 full and filtered) of the Table 2 runs, all scores."""
+    runs = [r for r in results if is_table2_run(r)]
+    if not runs:
+        return []
+    return [
+        "### Table 2 runs on every test set",
+        "",
+        _PER_TEST_SET_LEGEND,
+        *([LEGACY_NOTE] if any(is_legacy(r) for r in runs) else []),
+        "",
+        *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(runs)),
+        "",
+    ]
+
+
+def others_section(results: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines for every run outside Tables 2 and 3, one row per test set."""
+    others = [r for r in results if not is_table2_run(r) and not is_table3_run(r)]
+    if not others:
+        return []
+    return [
+        "## Other runs",
+        "",
+        _PER_TEST_SET_LEGEND,
+        *([LEGACY_NOTE] if any(is_legacy(r) for r in others) else []),
+        "",
+        *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(others)),
+        "",
+    ]
+
+
+def signatures_section(results: list[dict[str, Any]]) -> list[str]:
+    """The distinct labels and signatures of every score in the tables."""
+    seen: dict[tuple[str, str], None] = {}
+    for r in results:
+        for test in (r.get("test_sets") or {}).values():
+            for entry in [*test["bleu"].values(), test["chrf"]]:
+                seen[(entry["label"], entry["signature"])] = None
+    if not seen:
+        return []
+    return ["## Score signatures", "", *[f"- {label}: `{sig}`" for label, sig in seen], ""]
+
+
+ELSEWHERE = [
+    "## Measured elsewhere",
+    "",
+    "- docs/table3.md: Table 3 at CPU scale (Multi30k, the `tiny` model as the base row).",
+    ("- docs/equal_work.md: fairseq's tiny Multi30k recipe trained by both toolkits, per-epoch "
+     "loss, valid perplexity and sacreBLEU."),
+    "- docs/benchmarks.md: training and decoding speed against fairseq and Marian.",
+    "",
+]
+"""The closing section of results.md: the measurements that come from other commands."""
+
+
+def build_report(results: list[dict[str, Any]],
+                 tables: Iterable[str] = ("table2", "table3", "other")) -> str:
+    """The whole results.md text, with the sections named in ``tables``."""
+    tables = set(tables)
+    lines = [
+        "# Results",
+        "",
+        "Built by `nmt-table` from "
+        + (", ".join(sorted(r["_path"] for r in results if "_path" in r)) or "no results.json files")
+        + ".",
+        "",
+        *(table2_section(results) if "table2" in tables else []),
+        *(table2_details_section(results) if "table2" in tables else []),
+        *(table3_section(results) if "table3" in tables else []),
+        *(others_section(results) if "other" in tables else []),
+        *signatures_section(results),
+        *(ELSEWHERE if "table2" in tables else []),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(cfg: Config) -> Path:
+    """``nmt-table``: read ``cfg.results_glob``, write ``cfg.table_output`` atomically.
+
+    Returns:
+        The path written.
+    """
+    results = load_results(cfg.results_glob)
+    if not results:
+        log.warning("no results files match %s; writing the paper's numbers only", cfg.results_glob)
+    out = Path(cfg.table_output)
+    with atomic_write(out) as f:
+        f.write(build_report(results, cfg.tables))
+    log.info("wrote %s from %d results files", out, len(results))
+    if cfg.table3_plot:
+        from transformer_nmt.plot.table3 import plot_table3
+
+        groups = table3_lines(results)
+        for exp, lines in groups.items():
+            plot = Path(cfg.table3_plot)
+            if len(groups) > 1:
+                plot = plot.with_name(f"{plot.stem}_{exp}{plot.suffix}")
+            plot_table3(exp, lines, plot)
+            log.info("wrote %s", plot)
+    return out

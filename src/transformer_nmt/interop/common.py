@@ -1,0 +1,250 @@
+"""What the export and import formats share: errors, special pieces, model card, atomic folders.
+
+What a target cannot express exactly is refused with :class:`ExportError` (the CLI prints
+it as one ``error:`` line and exits 2): pre-norm and learned positions for Marian, d_k or
+d_v other than d_model / heads, untied embeddings for Marian.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from transformer_nmt.config import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    DecodeConfig,
+    ModelConfig,
+    to_plain,
+)
+from transformer_nmt.errors import UserError
+
+SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
+"""Pieces of our special ids in the shared SentencePiece model (bpe.py trains it so)."""
+FORMATS = ("hf", "ctranslate2")
+QUANTIZATIONS = ("none", "int8", "int8_float32", "float16")
+ENGINES = ("native", "ctranslate2", "ctranslate2_int8")
+"""``decode.engine`` values: our beam search, CTranslate2 float32 (or the decode precision
+on GPU), CTranslate2 with int8 weights and matrix products."""
+LAYER_NORM_EPS = 1e-5
+"""torch.nn.LayerNorm's default epsilon, which our model and MarianMTModel both use."""
+SIDECAR = "transformer_nmt.json"
+"""File in an exported folder recording what import needs beyond the weights (the text
+normalisation of our tokenizer, the run's model config)."""
+
+
+class ExportError(UserError):
+    """A model or folder that cannot be converted exactly; the message says why."""
+
+
+def require(module: str):
+    """Import an optional dependency of the ``export`` extra, or raise ExportError naming it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ExportError(
+            f"{module} is not installed: install the export extra with "
+            f"pip install -e \".[export]\" ({e})"
+        ) from e
+
+
+# --------------------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------------------
+
+
+def _get(cfg: ModelConfig | DecodeConfig | DictConfig | dict[str, Any], key: str,
+         default: Any = None) -> Any:
+    return cfg.get(key, default) if isinstance(cfg, (dict, DictConfig)) else getattr(cfg, key, default)
+
+
+def check_exportable(model_cfg: ModelConfig | DictConfig, target: str) -> None:
+    """Refuse a model that ``target`` (``hf`` or ``ctranslate2``) cannot compute exactly.
+
+    Raises:
+        ExportError: naming the config field and value.
+    """
+    d, h = int(_get(model_cfg, "d_model")), int(_get(model_cfg, "heads"))
+    d_k, d_v = _get(model_cfg, "d_k"), _get(model_cfg, "d_v")
+    d_k = d // h if d_k is None else int(d_k)
+    d_v = d // h if d_v is None else int(d_v)
+    if d_k != d_v or d_k * h != d:
+        raise ExportError(
+            f"model.d_k={d_k} and model.d_v={d_v} with heads={h}, d_model={d}: {target} needs "
+            "d_k = d_v = d_model / heads"
+        )
+    if target == "hf":
+        if _get(model_cfg, "norm") != "post":
+            raise ExportError(f"model.norm={_get(model_cfg, 'norm')}: MarianMTModel is post-norm only")
+        if _get(model_cfg, "positions") != "sinusoidal":
+            raise ExportError(
+                f"model.positions={_get(model_cfg, 'positions')}: MarianMTModel rebuilds "
+                "sinusoidal positions on load and cannot hold learned ones"
+            )
+        if _get(model_cfg, "share_embeddings") != "all":
+            raise ExportError(
+                f"model.share_embeddings={_get(model_cfg, 'share_embeddings')}: the Marian export "
+                "writes one shared embedding (share_embeddings=all)"
+            )
+    elif target != "ctranslate2":
+        raise ExportError(f"export.format={target!r} is not one of {list(FORMATS)}")
+
+
+def _piece_vocab(spm_path: Path) -> list[str]:
+    """Pieces of the shared SentencePiece model in id order; checks our special ids."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    for i, piece in SPECIAL_PIECES.items():
+        if i >= len(pieces) or pieces[i] != piece:
+            got = pieces[i] if i < len(pieces) else None
+            raise ExportError(f"{spm_path}: id {i} is {got!r}, expected {piece!r}")
+    if len(set(pieces)) != len(pieces):
+        raise ExportError(f"{spm_path}: duplicate pieces; a vocab.json cannot map them")
+    return pieces
+
+
+def _unicode_form(spm_path: Path) -> str | None:
+    from transformer_nmt.data.bpe import meta_path
+
+    meta = meta_path(spm_path)
+    if meta.is_file():
+        return json.loads(meta.read_text(encoding="utf-8"))["params"].get("unicode_form")
+    return None
+
+
+def _plain(node: Any) -> Any:
+    """A config node (DictConfig or dataclass) as plain types; anything else unchanged."""
+    if isinstance(node, DictConfig) or dataclasses.is_dataclass(node):
+        return to_plain(node)
+    return node
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def model_card(run_cfg: DictConfig, ckpt: dict[str, Any], results: dict[str, Any] | None,
+               vocab_size: int) -> str:
+    """README.md of an exported folder: data, recipe, steps, measured BLEU with signatures."""
+    data, model, trainer = run_cfg.data, run_cfg.model, run_cfg.get("trainer", {})
+    decode = run_cfg.get("decode", {})
+    src, tgt = data.src_lang, data.tgt_lang
+    lines = [
+        "---", "library_name: transformers", "pipeline_tag: translation", "tags:",
+        "- translation", "- marian", "- transformer-nmt", f"language:\n- {src}\n- {tgt}", "---",
+        "", f"# {run_cfg.get('name', 'transformer-nmt')} ({src} -> {tgt})", "",
+        ("A Transformer (Vaswani et al., 2017) trained with transformer-nmt and exported to "
+         "`MarianMTModel` with logits equal to the original's (channel order of the residual "
+         "stream permuted to Marian's sinusoid layout; see `transformer_nmt.interop`)."), "",
+        "```python",
+        "from transformers import MarianMTModel, MarianTokenizer",
+        "model = MarianMTModel.from_pretrained(\"path/to/this/folder\")",
+        "tokenizer = MarianTokenizer.from_pretrained(\"path/to/this/folder\")",
+        "batch = tokenizer([\"A dog runs on the beach.\"], return_tensors=\"pt\", padding=True)",
+        "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))",
+        "```", "",
+        ("transformers 4.x also runs `pipeline(\"translation\", model=folder)`; transformers 5 "
+         "removed the translation pipeline."), "",
+        "## Training data", "",
+        (f"- corpus: {data.name} ({data.corpus}), {src} -> {tgt}; shared SentencePiece "
+         f"{data.get('spm_model_type', 'bpe')} vocabulary of {vocab_size} pieces "
+         f"(source.spm = target.spm), text normalised with {data.get('unicode_form')} "
+         "before SentencePiece by transformer-nmt (MarianTokenizer does not normalise)"),
+        "",
+        "## Recipe", "",
+        (f"- model: {model.get('name')}: {model.encoder_layers}+{model.decoder_layers} layers, "
+         f"d_model {model.d_model}, d_ff {model.d_ff}, {model.heads} heads, {model.norm}-norm, "
+         f"{model.positions} positions, embeddings shared ({model.share_embeddings}), "
+         f"dropout {model.dropout}"),
+        (f"- training: max_tokens {_fmt(trainer.get('max_tokens'))} x update_freq "
+         f"{_fmt(trainer.get('update_freq'))}, warmup_steps {_fmt(trainer.get('warmup_steps'))}, "
+         f"lr_multiplier {_fmt(trainer.get('lr_multiplier'))}, label_smoothing "
+         f"{_fmt(trainer.get('label_smoothing'))}, Adam betas "
+         f"{_fmt(_plain(trainer.get('adam_betas')))}"),
+        f"- steps: {_fmt(ckpt.get('step'))}"
+        + (f", parameters averaged over {len(ckpt['averaged_from'])} checkpoints "
+           f"({', '.join(ckpt['averaged_from'])})" if ckpt.get("averaged_from") else ""),
+        (f"- decoding used for the scores below: beam {_fmt(decode.get('beam_size'))}, length "
+         f"penalty {_fmt(decode.get('lenpen'))} ({_fmt(decode.get('lenpen_form'))} form), "
+         f"max length {_fmt(decode.get('max_len_a'))} x source + {_fmt(decode.get('max_len_b'))}"),
+        "",
+        "## Results", "",
+    ]
+    if results and results.get("test_sets"):
+        lines += ["| test set | sentences | sacreBLEU | signature | tokenized BLEU |",
+                  "|---|---:|---:|---|---:|"]
+        for split, r in results["test_sets"].items():
+            sacre = r.get("bleu", {}).get("sacrebleu", {})
+            tok = r.get("bleu", {}).get("tokenized_bleu", {})
+            score = sacre.get("score")
+            tok_score = tok.get("score")
+            lines.append(
+                f"| {split} | {r.get('sentences')} | "
+                f"{'-' if score is None else f'{score:.2f}'} | `{sacre.get('signature', '-')}` | "
+                f"{'-' if tok_score is None else f'{tok_score:.2f}'} |")
+        lines += ["", (f"Measured by `nmt-evaluate` on {results.get('date', '-')} with "
+                       f"{results.get('checkpoint', '-')}.")]
+    else:
+        lines.append("No results.json in the run folder: run `nmt-evaluate` before exporting to "
+                     "record BLEU here.")
+    lines += ["", ("Hugging Face `generate` uses the length penalty |Y|^alpha; the transformer-nmt "
+                   "default is the paper's ((5 + |Y|) / 6)^alpha, so beam outputs can differ "
+                   "slightly from the scores above."), ""]
+    return "\n".join(lines)
+
+
+def _atomic_dir(out_dir: Path, overwrite: bool):
+    """Context: a temporary folder beside ``out_dir``, renamed to it on success."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        if out_dir.exists() and not overwrite:
+            raise ExportError(f"{out_dir} exists; pass export.overwrite=true to replace it")
+        tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+        try:
+            yield tmp
+            if out_dir.exists():
+                old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
+                os.replace(out_dir, old)
+                os.replace(tmp, out_dir)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return ctx()
+
+
+def _load(checkpoint: str | Path):
+    from transformer_nmt.checkpoint import config_of, load_checkpoint, load_model
+
+    ckpt = load_checkpoint(checkpoint)
+    model, _ = load_model(checkpoint, "cpu")
+    return ckpt, config_of(ckpt), model
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

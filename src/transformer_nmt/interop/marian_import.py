@@ -1,0 +1,152 @@
+"""Import a Marian-architecture Hugging Face folder as our checkpoint (nmt-import).
+
+opus-mt models (eos 0, pad last, decoder starting from the pad's zero embedding, no bos,
+two SentencePiece models with a separate vocab.json) cannot be mapped onto a shared
+SentencePiece model with our ids without changing the softmax; import refuses them.
+"""
+
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_nmt.config import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    Config,
+    to_plain,
+)
+
+if TYPE_CHECKING:
+    from transformers import MarianConfig
+from transformer_nmt.interop.common import SIDECAR, ExportError, _piece_vocab, _plain, require
+from transformer_nmt.interop.marian import from_marian_state_dict, model_config_of_marian
+
+log = logging.getLogger(__name__)
+
+
+
+# --------------------------------------------------------------------------------------
+# Import: Marian folder -> our checkpoint
+# --------------------------------------------------------------------------------------
+
+
+def _check_importable(mcfg: MarianConfig, folder: Path) -> None:
+    """Refuse a Marian config that our Transformer cannot compute exactly."""
+    problems = []
+    want = {"pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": BOS_ID,
+            "activation_function": "relu", "scale_embedding": True,
+            "share_encoder_decoder_embeddings": True}
+    for key, value in want.items():
+        got = getattr(mcfg, key, None)
+        if got != value:
+            problems.append(f"{key}={got!r} (needs {value!r})")
+    if getattr(mcfg, "tie_word_embeddings", True) is False:
+        problems.append("tie_word_embeddings=False (needs True)")
+    if getattr(mcfg, "normalize_before", False) or getattr(mcfg, "normalize_embedding", False):
+        problems.append("normalize_before/normalize_embedding set (needs post-norm, no "
+                        "embedding LayerNorm)")
+    if mcfg.encoder_attention_heads != mcfg.decoder_attention_heads or (
+            mcfg.encoder_ffn_dim != mcfg.decoder_ffn_dim):
+        problems.append("encoder and decoder differ in heads or ffn size")
+    if mcfg.d_model % mcfg.encoder_attention_heads:
+        problems.append(f"d_model={mcfg.d_model} not divisible by heads")
+    if problems:
+        hint = (" (an opus-mt model: eos 0, pad last, decoder starting from pad, swish; "
+                "not expressible with our special ids)" if mcfg.pad_token_id != PAD_ID else "")
+        raise ExportError(f"{folder}: cannot import exactly: " + "; ".join(problems) + hint)
+
+
+def _tokenizer_of(folder: Path, vocab_size: int) -> Path:
+    """The shared SentencePiece model of a Marian folder whose vocab.json equals its ids."""
+    src, tgt, vocab = folder / "source.spm", folder / "target.spm", folder / "vocab.json"
+    for f in (src, tgt, vocab):
+        if not f.is_file():
+            raise ExportError(f"{folder}: {f.name} not found (a Marian folder holds source.spm, "
+                              "target.spm and vocab.json)")
+    if src.read_bytes() != tgt.read_bytes():
+        raise ExportError(f"{folder}: source.spm and target.spm differ; our pipeline uses one "
+                          "shared SentencePiece model")
+    pieces = _piece_vocab(src)
+    mapping = json.loads(vocab.read_text(encoding="utf-8"))
+    expected = {p: i for i, p in enumerate(pieces)}
+    if mapping != expected:
+        bad = next((p for p in expected if mapping.get(p) != expected[p]), None)
+        raise ExportError(
+            f"{vocab}: ids differ from source.spm's piece ids (first: {bad!r} is "
+            f"{mapping.get(bad)} in vocab.json, {expected.get(bad)} in source.spm)")
+    if len(pieces) != vocab_size:
+        raise ExportError(f"{folder}: source.spm has {len(pieces)} pieces, the model "
+                          f"vocab_size is {vocab_size}")
+    return src
+
+
+def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_out: str | Path,
+                  spm_out: str | Path) -> dict[str, Any]:
+    """A Marian-architecture transformers folder -> our model file + shared SentencePiece model.
+
+    Args:
+        folder: holds config.json, the weights, source.spm = target.spm and vocab.json.
+        run_cfg: the composed run config stored in the checkpoint (its ``model`` is
+            replaced by the folder's architecture; a folder written by nmt-export restores
+            the exported run's config and text normalisation).
+        checkpoint_out: model file to write (``runs/<name>/checkpoints/averaged.pt``).
+        spm_out: where the data config expects the SentencePiece model
+            (``data/spm/<data.name>/spm.model``); an existing different file is refused.
+
+    Returns:
+        The checkpoint dict written (``model``, ``config``, ``vocab_size``, ``step``,
+        ``imported_from``).
+
+    Raises:
+        ExportError: a folder that cannot be imported exactly (the reason named).
+    """
+    transformers = require("transformers")
+    folder, checkpoint_out, spm_out = Path(folder), Path(checkpoint_out), Path(spm_out)
+    if not (folder / "config.json").is_file():
+        raise ExportError(f"{folder}: no config.json (not a transformers model folder)")
+    mcfg = transformers.AutoConfig.from_pretrained(folder)
+    if mcfg.model_type != "marian":
+        raise ExportError(f"{folder}: model_type={mcfg.model_type!r}, expected 'marian'")
+    _check_importable(mcfg, folder)
+    mm = transformers.MarianMTModel.from_pretrained(folder).eval()
+    bias = mm.final_logits_bias
+    if bool(bias.ne(0).any()):
+        raise ExportError(f"{folder}: final_logits_bias is not zero (our pre-softmax layer has "
+                          "no bias)")
+    spm_src = _tokenizer_of(folder, mcfg.vocab_size)
+    sidecar = json.loads((folder / SIDECAR).read_text(encoding="utf-8")) if (
+        folder / SIDECAR).is_file() else {}
+    cfg = OmegaConf.create(_plain(run_cfg))
+    base = sidecar.get("config", {}).get("model") if sidecar else None
+    cfg.model = model_config_of_marian(mcfg, base if base is not None else cfg.model)
+    if spm_out.is_file() and spm_out.read_bytes() != spm_src.read_bytes():
+        raise ExportError(f"{spm_out} exists and differs from {spm_src}; import under another "
+                          "data.name (the SentencePiece model lives in data/spm/<data.name>/)")
+    from transformer_nmt.checkpoint import save_checkpoint
+    from transformer_nmt.data.bpe import meta_path
+    from transformer_nmt.fileio import atomic_write
+    from transformer_nmt.model.transformer import Transformer
+
+    state = from_marian_state_dict(mm.state_dict(), cfg.model)
+    Transformer(cfg.model, mcfg.vocab_size).load_state_dict(state)  # shapes and names check
+    ckpt = {"model": state, "config": to_plain(cfg),
+            "vocab_size": int(mcfg.vocab_size), "step": sidecar.get("step"),
+            "imported_from": str(folder.resolve())}
+    spm_out.parent.mkdir(parents=True, exist_ok=True)
+    if not spm_out.is_file():
+        with atomic_write(spm_out, "wb") as f:
+            f.write(spm_src.read_bytes())
+    form = sidecar.get("unicode_form")
+    if form is not None and not meta_path(spm_out).is_file():
+        with atomic_write(meta_path(spm_out)) as f:
+            json.dump({"params": {"unicode_form": form}, "imported_from": str(folder)}, f)
+    save_checkpoint(checkpoint_out, ckpt)
+    log.info("imported %s into %s (tokenizer %s)", folder, checkpoint_out, spm_out)
+    return ckpt

@@ -1,0 +1,736 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), sections 3.1-3.5.
+
+One encoder-decoder model whose sizes all come from :class:`transformer_nmt.config.ModelConfig`;
+the ``tiny``, ``base`` and ``big`` presets differ only in config, and so do the paper's
+Table 3 variants (rows A-E: ``heads``, ``d_k``, ``d_v``, layers, ``d_model``, ``d_ff``,
+``dropout``, ``positions=learned``).
+
+Shape legend (used in every shape comment below):
+    B  batch (sentences, or sentences x beam during search)
+    S  source length (tokens, padding included)
+    T  target length (tokens, padding included)
+    t  target positions fed to one decode call (T without a cache, usually 1 with one)
+    L  target positions already held by a decoder cache
+    D  d_model              F  d_ff
+    H  heads                Dk d_k (query/key size per head)   Dv d_v (value size per head)
+    V  vocabulary size
+
+Masks: boolean, True = may attend (the convention of
+``torch.nn.functional.scaled_dot_product_attention``). Every attention mask is built by
+:func:`key_padding_attn_mask` or :func:`causal_attn_mask`, nowhere else. A mask is only
+materialised when it masks something: a batch without padding attends with
+``attn_mask=None``, and full-prefix decoder self-attention uses SDPA's ``is_causal``.
+Target padding needs no mask of its own: targets are right-padded, so the causal mask
+already keeps every real position away from the pads that follow it.
+
+Layer order: post-norm ``LayerNorm(x + Dropout(Sublayer(x)))`` (sections 3.1, 5.4) by
+default; ``norm=pre``: ``x + Dropout(Sublayer(LayerNorm(x)))`` plus a final LayerNorm on the
+encoder and decoder outputs.
+
+Initialisation (the paper does not say; details in docs/model.md): ``init=xavier``:
+Xavier-uniform linear weights (W^Q, W^K, W^V each as its own (D, H*Dk) block), zero biases,
+N(0, D^-0.5) embeddings and learned positions, zero padding rows. ``init=fairseq``: as
+fairseq's transformer: W^Q, W^K, W^V Xavier-uniform with gain 1/sqrt(2), their biases and
+the feed-forward layers as ``nn.Linear``'s default (uniform +-1/sqrt(fan_in)).
+
+The decoder's incremental cache is :class:`transformer_nmt.model.cache.DecoderCache`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import Tensor, nn
+
+from transformer_nmt.config import PAD_ID, ModelConfig, validate_model_config
+from transformer_nmt.model.cache import DecoderCache
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------
+# Masks (the one place they are built; True = may attend)
+# --------------------------------------------------------------------------------------
+
+
+def key_padding_attn_mask(key_mask: Tensor, drop_if_unpadded: bool = True) -> Tensor | None:
+    """SDPA mask that hides padded keys, or None when nothing is padded.
+
+    Args:
+        key_mask: (B, S) bool, True = real token.
+        drop_if_unpadded: return None when every key is real (SDPA then takes its fastest,
+            unmasked kernel). Checking reads the mask on the host (a device synchronisation
+            and a ``torch.compile`` graph break), so training passes False.
+
+    Returns:
+        (B, 1, 1, S) bool (broadcast over heads and queries), True = may attend;
+        None when ``drop_if_unpadded`` and every key is real.
+    """
+    if drop_if_unpadded and bool(key_mask.all()):
+        return None
+    return key_mask[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+
+
+def causal_attn_mask(t: int, offset: int, device: torch.device) -> Tensor:
+    """Decoder self-attention mask for ``t`` new queries after ``offset`` cached positions.
+
+    Query i (absolute position offset + i) may attend keys 0 .. offset + i (section 3.2.3:
+    no leftward information flow). Only needed when a cached decode is fed several positions
+    at once; otherwise SDPA's ``is_causal`` (offset 0) or no mask (t = 1) is used.
+
+    Returns:
+        (t, offset + t) bool, True = may attend.
+    """
+    q_pos = torch.arange(offset, offset + t, device=device)
+    k_pos = torch.arange(offset + t, device=device)
+    return k_pos[None, :] <= q_pos[:, None]  # (t, offset + t)
+
+
+# --------------------------------------------------------------------------------------
+# Positions (section 3.5)
+# --------------------------------------------------------------------------------------
+
+
+def sinusoidal_table(num_positions: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)).
+
+    Positions count from 0; even and odd channels interleave as in the paper's formula.
+
+    Returns:
+        (num_positions, D) float32.
+    """
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(D/2),)
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # (P, ceil(D/2))
+    table = torch.zeros(num_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal positional encodings (section 3.5), a non-persistent buffer.
+
+    The table grows on demand, so sequences longer than ``max_positions`` still work.
+    """
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Encodings of positions offset .. offset + length - 1, shape (length, D)."""
+        end = offset + length
+        if end > self.table.size(0):
+            grown = sinusoidal_table(max(end, 2 * self.table.size(0)), self.d_model)
+            self.table = grown.to(self.table)  # keep device and dtype
+        return self.table[offset:end]
+
+
+class LearnedPositions(nn.Module):
+    """Learned positional embeddings (paper Table 3 row E), one vector per position."""
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_positions, d_model))
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Embeddings of positions offset .. offset + length - 1, shape (length, D).
+
+        Raises:
+            ValueError: when the sequence runs past ``model.max_positions``.
+        """
+        end = offset + length
+        if end > self.weight.size(0):
+            raise ValueError(
+                f"sequence needs position {end - 1} but learned positions cover "
+                f"model.max_positions={self.weight.size(0)}; raise model.max_positions"
+            )
+        return self.weight[offset:end]
+
+
+# --------------------------------------------------------------------------------------
+# Sub-layers (sections 3.2 and 3.3)
+# --------------------------------------------------------------------------------------
+
+
+def attention_probs(
+    q: Tensor, k: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False
+) -> Tensor:
+    """The attention weights softmax(Q K^T / sqrt(d_k)) with the mask applied (section 3.2.1).
+
+    Written out the paper's way (SDPA computes the same product without returning it);
+    multiplied with V it gives Attention(Q, K, V).
+
+    Args:
+        q: (B, H, T, Dk); k: (B, H, S, Dk).
+        attn_mask: bool, broadcastable to (B, H, T, S), True = may attend; or None.
+        is_causal: also apply :func:`causal_attn_mask` (square self-attention, T == S).
+
+    Returns:
+        (B, H, T, S) probabilities over the S keys of each query (a fully masked row is NaN,
+        as in SDPA).
+    """
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5)  # (B, H, T, S)
+    if is_causal:
+        scores = scores.masked_fill(~causal_attn_mask(q.size(2), 0, q.device), float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(d_k)) v for a few queries per row (cached decoding steps on CPU).
+
+    The same function as SDPA (section 3.2.1) as two batched matmuls: on CPU the flash
+    kernel's blocking costs more than it saves for one or a few queries (docs/benchmarks.md).
+
+    Args:
+        q: (B, H, n, Dk); k: (B, H, L, Dk); v: (B, H, L, Dv).
+        attn_mask: bool, broadcastable to (B, H, n, L), True = may attend; or None.
+
+    Returns:
+        (B, H, n, Dv).
+    """
+    return torch.matmul(attention_probs(q, k, attn_mask), v)  # (B, H, n, Dv)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Section 3.2.2. Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (section 3.2.1) runs in
+    ``F.scaled_dot_product_attention`` (or, for cached CPU steps, two matmuls);
+    :meth:`attention_weights` returns the softmax itself. The per-head projections W_i^Q,
+    W_i^K, W_i^V are stored fused: self-attention keeps [W^Q | W^K | W^V] in one Linear
+    (``in_proj``), encoder-decoder attention keeps W^Q in ``q_proj`` and [W^K | W^V] in
+    ``kv_proj``. Columns h*Dk .. (h+1)*Dk of each block belong to head h, exactly as h
+    separate matrices would.
+    """
+
+    def __init__(
+        self, d_model: int, heads: int, d_k: int, d_v: int, attention_dropout: float,
+        self_attention: bool,
+    ) -> None:
+        super().__init__()
+        self.heads, self.d_k, self.d_v = heads, d_k, d_v
+        self.self_attention = self_attention
+        self.attention_dropout = attention_dropout
+        if self_attention:
+            self.in_proj = nn.Linear(d_model, heads * (2 * d_k + d_v))
+        else:
+            self.q_proj = nn.Linear(d_model, heads * d_k)
+            self.kv_proj = nn.Linear(d_model, heads * (d_k + d_v))
+        self.out_proj = nn.Linear(heads * d_v, d_model)  # W^O
+
+    def reset_parameters(self, init: str = "xavier") -> None:
+        """Initialise W^Q, W^K, W^V (each as its own (D, H*Dk) matrix) and W^O.
+
+        ``init="xavier"``: Xavier-uniform, zero biases. ``init="fairseq"``: W^Q, W^K, W^V
+        Xavier-uniform with gain 1/sqrt(2) and biases uniform +-1/sqrt(D) (``nn.Linear``'s
+        default), as fairseq's ``MultiheadAttention``. W^O: Xavier-uniform, zero bias.
+        """
+        gain = 2 ** -0.5 if init == "fairseq" else 1.0
+        h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
+        if self.self_attention:
+            pairs = [(self.in_proj.weight.split([h_k, h_k, h_v], dim=0), self.in_proj.bias)]
+        else:
+            pairs = [((self.q_proj.weight,), self.q_proj.bias),
+                     (self.kv_proj.weight.split([h_k, h_v], dim=0), self.kv_proj.bias)]
+        with torch.no_grad():
+            for blocks, bias in pairs:
+                for block in blocks:
+                    nn.init.xavier_uniform_(block, gain=gain)
+                if init == "fairseq":
+                    bound = blocks[0].shape[1] ** -0.5
+                    nn.init.uniform_(bias, -bound, bound)
+                else:
+                    bias.zero_()
+            nn.init.xavier_uniform_(self.out_proj.weight)
+            self.out_proj.bias.zero_()
+
+    # ---- projections (section 3.2.2) ---------------------------------------------------
+
+    def _heads(self, x: Tensor, size: int) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.heads, size).transpose(1, 2)  # (B, n, H*size) -> (B, H, n, size)
+
+    def _merge_heads(self, out: Tensor) -> Tensor:
+        b, _, n, _ = out.shape
+        return out.transpose(1, 2).reshape(b, n, self.heads * self.d_v)  # (B, H, n, Dv) -> (B, n, H*Dv)
+
+    def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, t, D) -> Q (B, H, t, Dk), K (B, H, t, Dk), V (B, H, t, Dv)."""
+        h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
+        q, k, v = self.in_proj(x).split([h_k, h_k, h_v], dim=-1)  # 3 x (B, t, H*Dk|H*Dv)
+        return self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
+
+    def _memory_projections(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """memory (N, S, D) -> K (N, H, S, Dk), V (N, H, S, Dv)."""
+        h_k, h_v = self.heads * self.d_k, self.heads * self.d_v
+        k, v = self.kv_proj(memory).split([h_k, h_v], dim=-1)  # (N, S, H*Dk|H*Dv)
+        return self._heads(k, self.d_k), self._heads(v, self.d_v)  # (N, H, S, Dk|Dv)
+
+    def _query_key_value(
+        self, x: Tensor, memory: Tensor | None, cache: DecoderCache | None, layer: int
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Q (B, H, t, Dk) and all keys/values this call attends to.
+
+        Self-attention: K/V (B, H, L + t, Dk|Dv), the new ones appended to the cache.
+        Cross-attention: K/V (N, H, S, Dk|Dv), from the cache when it holds them (computed
+        and stored there on the first call); Q is None (see :meth:`forward`).
+        """
+        if self.self_attention:
+            q, k, v = self._self_projections(x)  # (B, H, t, Dk|Dv)
+            if cache is not None:
+                k, v = cache.append_self(layer, k, v)  # (B, H, L + t, Dk|Dv)
+            return q, k, v
+        if cache is not None and cache.cross_k[layer] is not None:
+            return None, cache.cross_k[layer], cache.cross_v[layer]  # (N, H, S, Dk|Dv)
+        k, v = self._memory_projections(memory)  # (N, H, S, Dk|Dv)
+        if cache is not None:
+            cache.cross_k[layer], cache.cross_v[layer] = k, v
+        return None, k, v
+
+    # ---- attention paths -----------------------------------------------------------------
+
+    def _cpu_step(self, x: Tensor) -> bool:
+        return not self.training and x.device.type == "cpu"
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        """SDPA with attention dropout in training: (B, H, t, Dk), (B, H, S, Dk|Dv) -> (B, H, t, Dv)."""
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+            dropout_p=self.attention_dropout if self.training else 0.0,
+        )  # (B, H, t, Dv)
+
+    def _grouped_cross_attention(
+        self, x: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, cached: bool
+    ) -> Tensor:
+        """Cross-attention where B / N consecutive target rows share one source row.
+
+        The g = B / N rows of a source row become g * t queries of that row, so the
+        cross K/V (N, H, S, Dk|Dv) are never repeated per beam.
+
+        Args:
+            x: (B, t, D); k, v: (N, H, S, Dk|Dv); attn_mask: (N, 1, 1, S) or None.
+
+        Returns:
+            (B, t, H*Dv), before W^O.
+
+        Raises:
+            ValueError: without a cache, or when N does not divide B.
+        """
+        b, t, _ = x.shape
+        n_src = k.size(0)
+        if not cached or b % n_src:
+            raise ValueError(
+                f"encoder-decoder attention: {b} target rows cannot share {n_src} "
+                f"source rows (a cached decode needs a multiple, B / N rows each)"
+            )
+        g = b // n_src
+        q = self.q_proj(x).view(n_src, g, t, self.heads, self.d_k)  # (N, g, t, H, Dk)
+        q = q.permute(0, 3, 1, 2, 4).reshape(n_src, self.heads, g * t, self.d_k)  # (N, H, g*t, Dk)
+        if self._cpu_step(x):
+            out = _matmul_attention(q, k, v, attn_mask)  # (N, H, g*t, Dv)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (N, H, g*t, Dv)
+        out = out.view(n_src, self.heads, g, t, self.d_v).permute(0, 2, 3, 1, 4)  # (N, g, t, H, Dv)
+        return out.reshape(b, t, self.heads * self.d_v)  # (B, t, H*Dv)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        cache: DecoderCache | None = None,
+        layer: int = 0,
+    ) -> Tensor:
+        """Attend from ``x`` to itself (self-attention) or to ``memory`` (encoder-decoder).
+
+        Args:
+            x: (B, t, D) queries (and keys/values for self-attention).
+            memory: (N, S, D) encoder output; cross-attention only (unused when the cache
+                already holds this layer's cross K/V). Without a cache N = B; with one, B
+                may be a multiple of N (B / N consecutive rows share a source row, see
+                :class:`~transformer_nmt.model.cache.DecoderCache`).
+            attn_mask: bool mask broadcastable to (B, H, t, keys), True = may attend, or
+                None; for grouped cross-attention (N, 1, 1, S).
+            is_causal: let SDPA apply the causal mask itself (square self-attention only).
+            cache: decoder cache; self-attention appends to it, cross-attention reads it.
+            layer: index of this decoder layer in the cache.
+
+        Returns:
+            (B, t, D).
+
+        Raises:
+            ValueError: B is not a multiple of the cached source rows N.
+        """
+        b, t, _ = x.shape
+        q, k, v = self._query_key_value(x, memory, cache, layer)
+        if q is None:  # cross-attention
+            if k.size(0) != b:
+                return self.out_proj(self._grouped_cross_attention(x, k, v, attn_mask, cache is not None))
+            q = self._heads(self.q_proj(x), self.d_k)  # (B, H, t, Dk)
+        if t == 1 and self._cpu_step(x):
+            out = _matmul_attention(q, k, v, attn_mask)  # (B, H, 1, Dv): cached step
+        else:
+            out = self._sdpa(q, k, v, attn_mask, is_causal)  # (B, H, t, Dv)
+        return self.out_proj(self._merge_heads(out))  # (B, t, H*Dv) -> (B, t, D)
+
+    def attention_weights(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        """The attention probabilities of every head, without a cache (for inspection, plots).
+
+        Args:
+            x: (B, T, D) queries; memory: (B, S, D) for cross-attention (self-attention: S = T).
+            attn_mask, is_causal: as in :meth:`forward`.
+
+        Returns:
+            (B, H, T, S): softmax(Q K^T / sqrt(d_k)) per head (section 3.2.1), see
+            :func:`attention_probs`; multiplied with V it gives what :meth:`forward` attends.
+        """
+        q, k, _ = self._query_key_value(x, memory, None, 0)
+        if q is None:
+            q = self._heads(self.q_proj(x), self.d_k)  # (B, H, T, Dk)
+        return attention_probs(q, k, attn_mask, is_causal)  # (B, H, T, S)
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3), with optional dropout after the ReLU."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float) -> None:
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, n, D) -> (B, n, D)."""
+        return self.w_2(self.activation_dropout(F.relu(self.w_1(x))))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each wrapped in residual dropout and LayerNorm (3.1)."""
+
+    def __init__(self, cfg: ModelConfig | DictConfig, d_k: int, d_v: int) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(
+            cfg.d_model, cfg.heads, d_k, d_v, cfg.attention_dropout, self_attention=True
+        )
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model)
+        self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+        """x (B, S, D), attn_mask (B, 1, 1, S) or None -> (B, S, D)."""
+        if self.pre_norm:
+            x = x + self.dropout(self.self_attn(self.self_attn_norm(x), attn_mask=attn_mask))
+            return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        x = self.self_attn_norm(x + self.dropout(self.self_attn(x, attn_mask=attn_mask)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, feed-forward (section 3.1)."""
+
+    def __init__(self, cfg: ModelConfig | DictConfig, d_k: int, d_v: int) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(
+            cfg.d_model, cfg.heads, d_k, d_v, cfg.attention_dropout, self_attention=True
+        )
+        self.self_attn_norm = nn.LayerNorm(cfg.d_model)
+        self.cross_attn = MultiHeadAttention(
+            cfg.d_model, cfg.heads, d_k, d_v, cfg.attention_dropout, self_attention=False
+        )
+        self.cross_attn_norm = nn.LayerNorm(cfg.d_model)
+        self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        self_mask: Tensor | None,
+        self_causal: bool,
+        cross_mask: Tensor | None,
+        cache: DecoderCache | None,
+        layer: int,
+    ) -> Tensor:
+        """x (B, t, D), memory (B, S, D) -> (B, t, D).
+
+        ``self_mask``/``self_causal`` carry the causal mask (see :func:`causal_attn_mask`),
+        ``cross_mask`` (B, 1, 1, S) or None the source padding.
+        """
+        def self_attn(y: Tensor) -> Tensor:
+            return self.self_attn(
+                y, attn_mask=self_mask, is_causal=self_causal, cache=cache, layer=layer
+            )
+
+        def cross_attn(y: Tensor) -> Tensor:
+            return self.cross_attn(y, memory, attn_mask=cross_mask, cache=cache, layer=layer)
+
+        if self.pre_norm:
+            x = x + self.dropout(self_attn(self.self_attn_norm(x)))
+            x = x + self.dropout(cross_attn(self.cross_attn_norm(x)))
+            return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        x = self.self_attn_norm(x + self.dropout(self_attn(x)))
+        x = self.cross_attn_norm(x + self.dropout(cross_attn(x)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+
+# --------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (section 3, Figure 1).
+
+    Args:
+        cfg: :class:`~transformer_nmt.config.ModelConfig` (or a DictConfig with its fields).
+        vocab_size: size V of the shared source/target vocabulary.
+        pad_id: padding id; its embedding row is zero and padded source keys are masked.
+
+    Attributes (state-dict names are stable):
+        embed_tokens: source token embedding (V, D); also the target embedding and the
+            pre-softmax matrix when ``share_embeddings=all`` (section 3.4).
+        tgt_embed_tokens: target token embedding; the same module as ``embed_tokens`` when
+            ``share_embeddings=all``.
+        output_projection: pre-softmax linear map D -> V without bias; its weight is the
+            target embedding's Parameter unless ``share_embeddings=none``.
+        src_positions / tgt_positions: positional encodings (one shared sinusoidal table,
+            or separate learned tables).
+        encoder_layers / decoder_layers: N layers each; encoder_norm / decoder_norm: final
+            LayerNorms (pre-norm only, else None).
+
+    Raises:
+        ValueError: from :func:`validate_model_config`, naming every bad key and value.
+    """
+
+    def __init__(self, cfg: ModelConfig | DictConfig, vocab_size: int,
+                 pad_id: int = PAD_ID) -> None:
+        super().__init__()
+        validate_model_config(cfg, vocab_size, pad_id)
+        self.cfg = cfg
+        self.vocab_size, self.pad_id = vocab_size, pad_id
+        d_model = cfg.d_model
+        d_k = cfg.d_k if cfg.d_k is not None else d_model // cfg.heads
+        d_v = cfg.d_v if cfg.d_v is not None else d_model // cfg.heads
+        self.d_model, self.d_k, self.d_v = d_model, d_k, d_v
+        self.embed_scale = math.sqrt(d_model)
+
+        # Section 3.4: embeddings and softmax, with weight sharing.
+        self.embed_tokens = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        if cfg.share_embeddings == "all":
+            self.tgt_embed_tokens = self.embed_tokens
+        else:
+            self.tgt_embed_tokens = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.output_projection = nn.Linear(d_model, vocab_size, bias=False)
+        if cfg.share_embeddings != "none":
+            self.output_projection.weight = self.tgt_embed_tokens.weight
+
+        # Section 3.5: positional encoding.
+        if cfg.positions == "sinusoidal":
+            self.src_positions = SinusoidalPositions(cfg.max_positions, d_model)
+            self.tgt_positions = self.src_positions
+        else:
+            self.src_positions = LearnedPositions(cfg.max_positions, d_model)
+            self.tgt_positions = LearnedPositions(cfg.max_positions, d_model)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+
+        # Section 3.1: encoder and decoder stacks.
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(cfg, d_k, d_v) for _ in range(cfg.encoder_layers)
+        )
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(cfg, d_k, d_v) for _ in range(cfg.decoder_layers)
+        )
+        pre = cfg.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(d_model) if pre else None
+        self.decoder_norm = nn.LayerNorm(d_model) if pre else None
+
+        self.reset_parameters()
+        logger.info("%s", self.summary())
+
+    # ---- set-up ----------------------------------------------------------------------
+
+    def reset_parameters(self) -> None:
+        """Initialise as ``model.init`` says (module docstring; docs/model.md)."""
+        init = str(self.cfg.init)  # an Init member or, read back from a checkpoint, its value
+        std = self.d_model ** -0.5
+        with torch.no_grad():
+            embeddings = {id(self.embed_tokens.weight): self.embed_tokens.weight}
+            embeddings[id(self.tgt_embed_tokens.weight)] = self.tgt_embed_tokens.weight
+            embeddings[id(self.output_projection.weight)] = self.output_projection.weight
+            for w in embeddings.values():
+                nn.init.normal_(w, mean=0.0, std=std)
+            for emb in (self.embed_tokens, self.tgt_embed_tokens):
+                emb.weight[self.pad_id].zero_()
+            for positions in (self.src_positions, self.tgt_positions):
+                if isinstance(positions, LearnedPositions):
+                    nn.init.normal_(positions.weight, mean=0.0, std=std)
+            for module in self.modules():
+                if isinstance(module, MultiHeadAttention):
+                    module.reset_parameters(init)
+                elif isinstance(module, PositionwiseFeedForward):
+                    for linear in (module.w_1, module.w_2):
+                        if init == "fairseq":
+                            linear.reset_parameters()  # uniform +-1/sqrt(fan_in)
+                        else:
+                            nn.init.xavier_uniform_(linear.weight)
+                            linear.bias.zero_()
+                elif isinstance(module, nn.LayerNorm):
+                    module.reset_parameters()
+
+    def num_parameters(self) -> int:
+        """Number of distinct trainable parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def summary(self) -> str:
+        """One line: preset name, sizes, options and the parameter count."""
+        c = self.cfg
+        return (
+            f"Transformer {c.name}: N={c.encoder_layers}/{c.decoder_layers} D={self.d_model} "
+            f"F={c.d_ff} H={c.heads} Dk={self.d_k} Dv={self.d_v} V={self.vocab_size} "
+            f"norm={c.norm} positions={c.positions} share_embeddings={c.share_embeddings} "
+            f"init={c.init}: "
+            f"{self.num_parameters():,} parameters"
+        )
+
+    def new_cache(self) -> DecoderCache:
+        """An empty :class:`DecoderCache` for incremental decoding of one batch."""
+        return DecoderCache(len(self.decoder_layers))
+
+    # ---- embedding -------------------------------------------------------------------
+
+    def _embed(self, tokens: Tensor, embed: nn.Embedding, positions: nn.Module, offset: int) -> Tensor:
+        """Dropout(Embedding(tokens) * sqrt(D) + PE), (B, n) -> (B, n, D) (sections 3.4, 3.5, 5.4)."""
+        x = embed(tokens) * self.embed_scale  # (B, n, D)
+        x = x + positions(tokens.size(1), offset)  # (n, D) broadcast over B
+        return self.embed_dropout(x)
+
+    # ---- encoder / decoder ------------------------------------------------------------
+
+    def encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Run the encoder stack.
+
+        Args:
+            src_tokens: (B, S) long, right-padded with ``pad_id``; every row needs at least
+                one real token (the batcher always appends eos).
+
+        Returns:
+            ``(memory, src_mask)``: memory (B, S, D); src_mask (B, S) bool, True = real token.
+        """
+        memory, src_mask, _ = self._encode(src_tokens)
+        return memory, src_mask
+
+    def _encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        src_mask = src_tokens.ne(self.pad_id)  # (B, S)
+        # training: no host read of the mask (no sync, no graph break); decoding: drop it if unpadded
+        attn_mask = key_padding_attn_mask(src_mask, not self.training)  # (B, 1, 1, S) or None
+        x = self._embed(src_tokens, self.embed_tokens, self.src_positions, 0)
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return x, src_mask, attn_mask
+
+    def decode(
+        self,
+        tgt_tokens: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        """Run the decoder stack and the pre-softmax projection.
+
+        Args:
+            tgt_tokens: (B, t) long. Without a cache, the whole target prefix (positions
+                0 .. t-1, causal mask). With a cache, only the new position(s); their
+                positions continue from ``cache.length``, and the cache grows by t.
+            memory: (N, S, D) from :meth:`encode` (read only on the cache's first call).
+                N = B, or, with a cache, any N dividing B: then rows
+                r * B/N .. (r+1) * B/N - 1 of ``tgt_tokens`` all translate source row r
+                (the beams of one sentence) and share its cross-attention K/V.
+            src_mask: (N, S) bool, True = real source token.
+            cache: from :meth:`new_cache`, or None.
+
+        Returns:
+            logits (B, t, V) (unnormalised; apply log_softmax for scores).
+
+        Raises:
+            ValueError: B is not a multiple of the source rows N (cached), or N != B
+                (without a cache).
+        """
+        if cache is None:
+            return self._decode(tgt_tokens, memory, key_padding_attn_mask(src_mask), None)
+        if not cache.has_memory:
+            cache.cross_attn_mask = key_padding_attn_mask(src_mask)
+            cache.has_memory = True
+        return self._decode(tgt_tokens, memory, cache.cross_attn_mask, cache)
+
+    def _decode(
+        self,
+        tgt_tokens: Tensor,
+        memory: Tensor,
+        cross_mask: Tensor | None,
+        cache: DecoderCache | None,
+        output_mask: Tensor | None = None,
+    ) -> Tensor:
+        t = tgt_tokens.size(1)
+        offset = cache.length if cache is not None else 0
+        if offset == 0:
+            self_mask, self_causal = None, t > 1
+        elif t == 1:
+            self_mask, self_causal = None, False  # one new query sees every cached key
+        else:
+            self_mask, self_causal = causal_attn_mask(t, offset, tgt_tokens.device), False
+        x = self._embed(tgt_tokens, self.tgt_embed_tokens, self.tgt_positions, offset)
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, memory, self_mask, self_causal, cross_mask, cache, i)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        if cache is not None:
+            cache.length += t
+        if output_mask is not None:
+            if output_mask.dtype == torch.bool:
+                x = x[output_mask]  # (N, D): only the positions whose logits are wanted
+            else:  # (N,) flat indices: no host read of a mask, no graph break
+                x = x.flatten(0, 1).index_select(0, output_mask)  # (B*t, D) -> (N, D)
+        return self.output_projection(x)  # (B, t, V), or (N, V) with output_mask
+
+    def forward(
+        self, src_tokens: Tensor, tgt_in: Tensor, output_mask: Tensor | None = None
+    ) -> Tensor:
+        """Teacher-forced logits.
+
+        Args:
+            src_tokens: (B, S) long, source + eos, right-padded.
+            tgt_in: (B, T) long, bos + target, right-padded.
+            output_mask: optional (B, T) bool, or (N,) long indices into the flattened
+                (B * T) positions; when given, the pre-softmax projection runs only on those
+                positions (training passes the non-padding targets, which saves the (V x D)
+                product for every padding position). Indices, computed on the host, avoid
+                the device synchronisation and ``torch.compile`` graph break of a bool mask.
+
+        Returns:
+            logits (B, T, V), or (N, V) for the N True positions of ``output_mask`` in
+            row-major order (for indices: in their order).
+        """
+        memory, _, attn_mask = self._encode(src_tokens)
+        return self._decode(tgt_in, memory, attn_mask, None, output_mask)

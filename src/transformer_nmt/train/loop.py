@@ -1,0 +1,216 @@
+"""``train(cfg)``: the paper's training recipe (section 5) as setup, a :class:`TrainState` and one loop.
+
+The same loop runs for every world size (one CPU process, one GPU, ``torchrun`` on many
+GPUs or nodes); with world size 1 every collective of :mod:`transformer_nmt.train.distributed` is
+a no-op. One optimizer ``step`` = ``update_freq`` micro-batches (``micro_step``) per rank; a
+rank without a batch for a micro-step runs a zero-weight dummy batch so it joins every
+all-reduce. The parts: :mod:`~transformer_nmt.train.setup` builds the run,
+:mod:`~transformer_nmt.train.step` computes each step's gradient and update (skipping
+non-finite steps), :mod:`~transformer_nmt.train.state` holds the counters and limits, and
+:mod:`~transformer_nmt.train.summary` writes ``train_summary.json``.
+
+Checkpoints (rank 0 writes; parts in :mod:`transformer_nmt.checkpoint`) restore a run
+bit-for-bit on the same world size; an unreadable newest checkpoint is skipped for the one
+before it. SIGTERM / SIGUSR1 / SIGINT (Ctrl-C) stop the run at the next step boundary with a
+checkpoint; a run resumed after it finished does nothing. The prepared data is read, never
+made (``nmt-prepare``).
+See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_nmt.config import Config
+from transformer_nmt.runtime import StopFlag, device_name
+from transformer_nmt.train import distributed, resume
+from transformer_nmt.train.metrics import MetricsLog, Window, log_train_line
+from transformer_nmt.train.setup import setup
+from transformer_nmt.train.state import TrainState, finished_by, reached_limit
+from transformer_nmt.train.step import apply_update, forward_backward
+from transformer_nmt.train.summary import write_summary
+from transformer_nmt.train.validation import run_validation, valid_references
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: Config, *, model_vocab_size: int | None = None,
+          valid_max_batches: int | None = None) -> dict[str, Any]:
+    """Train ``cfg.model`` on ``cfg.data`` with ``cfg.trainer``; resume when the run has checkpoints.
+
+    A resumed run that has already finished (:func:`finished_by`) takes no step, validates
+    and saves nothing, and rewrites ``train_summary.json`` with ``"already_finished": true``.
+
+    Args:
+        cfg: the composed, validated config (``config.validate`` already called); the
+            prepared data must exist (``nmt-prepare``).
+        model_vocab_size: build the model with at least this vocabulary (dry runs).
+        valid_max_batches: validate on at most this many batches per rank (dry runs).
+
+    Returns:
+        The run summary, also written to ``<run_dir>/train_summary.json`` (rank 0): steps,
+        tokens_seen, train_seconds, world_size, device, gpu_hours, flops, stopped_by, ...
+
+    Raises:
+        MissingDataError: the prepared data is missing (one line naming the file).
+        RuntimeError: ``max_bad_steps`` consecutive non-finite steps.
+        ValueError: ``trainer.dry_run`` set (dry runs go through
+            :func:`transformer_nmt.train.dryrun.dry_run`), bad precision for the device, empty
+            training set, or a checkpoint of another layout in the run directory.
+        UserError: the run directory holds another model, or none of its checkpoints can be
+            read (:func:`transformer_nmt.train.resume.resume_training`).
+    """
+    if cfg.trainer.dry_run:
+        raise ValueError("trainer.dry_run=true: run it with nmt-train or "
+                         "transformer_nmt.train.dryrun.dry_run(cfg), not train(cfg)")
+    info = distributed.init_distributed()
+    try:
+        return _train(cfg, info, model_vocab_size, valid_max_batches)
+    finally:
+        distributed.cleanup()
+
+
+def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None,
+           valid_max_batches: int | None) -> dict[str, Any]:
+    t_cfg = cfg.trainer
+    run_dir = Path(cfg.run_dir)
+    if not info.is_main:
+        log.setLevel(logging.WARNING)
+    s = setup(cfg, info, model_vocab_size)
+    seed, update_freq, epsilon = int(t_cfg.seed), int(t_cfg.update_freq), float(t_cfg.label_smoothing)
+    state = TrainState(world_size=info.world_size)
+    resumed_from = resume.resume_training(run_dir, s, state, seed, info, config=cfg)
+    done = finished_by(t_cfg, state) if resumed_from is not None else None
+    if done is not None:  # a requeued or repeated finished run: no step, validation or save
+        log.info("the run in %s has already finished (%s reached at step %d): nothing to do; "
+                 "raise that limit to train on", run_dir, done, state.step)
+        return write_summary(cfg, s, state, info, done, {}, resumed_from, already_finished=True)
+
+    metrics = MetricsLog(run_dir, info.is_main)
+    bleu_refs: list[str] = []
+    if t_cfg.valid_bleu and info.is_main:
+        bleu_refs = valid_references(cfg, s.valid_set, s.tokenizer, int(t_cfg.valid_bleu_sentences))
+    last_valid: dict[str, float] = {}
+    stop_flag = StopFlag()
+    stop_flag.install()
+    total_steps = (int(t_cfg.max_steps) if t_cfg.max_steps is not None
+                   else int(t_cfg.max_epochs) * s.steps_per_epoch if t_cfg.max_epochs is not None
+                   else None)
+    show_bar = info.is_main and sys.stderr.isatty()
+    from tqdm import tqdm
+
+    bar = tqdm(total=total_steps, initial=state.step, disable=not show_bar, unit="step",
+               dynamic_ncols=True)
+    log_every = max(int(t_cfg.log_every_steps), 1)
+    save_every_s = float(t_cfg.save_every_minutes) * 60 if t_cfg.save_every_minutes else None
+    max_time_s = float(t_cfg.max_time_minutes) * 60 if t_cfg.max_time_minutes else None
+    last_saved_step = last_valid_step = state.step if resumed_from is not None else -1
+    last_save_time = time.monotonic()
+    window = Window()
+    loop_start = time.perf_counter()
+    seconds_before = float(state.train_seconds)
+    loader_iter = None
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("training on %s x %d (%s), update_freq %d, max_tokens %d: step %d of %s",
+             device_name(s.device), info.world_size, s.precision, update_freq,
+             int(t_cfg.max_tokens), state.step, total_steps)
+
+    stopped_by = reached_limit(t_cfg, state)
+    try:
+        while stopped_by is None:
+            # -- draw this step's micro-batches (the same count on every rank) --------------
+            if loader_iter is None:
+                s.sampler.set_epoch(state.epoch)
+                s.sampler.load_state_dict(state.sampler_state(seed))
+                loader_iter = iter(s.train_loader)
+            k = min(update_freq, len(s.sampler) - state.position)
+            micro_batches = [next(loader_iter) for _ in range(k)]
+            state.position += k
+            state.micro_step += k
+            epoch_ended = state.position >= len(s.sampler)
+            if epoch_ended:
+                state.epoch, state.position, loader_iter = state.epoch + 1, 0, None
+
+            # -- forward / backward over the micro-batches, then the update ----------------
+            t0 = time.perf_counter()
+            out = forward_backward(s.train_model, micro_batches, epsilon=epsilon, device=s.device,
+                                   world_size=info.world_size, autocast=s.autocast, scaler=s.scaler)
+            loss_sum, lr, stepped = apply_update(s, state, window, out, t_cfg, run_dir)
+            if stepped:
+                bar.update(1)
+            window.steps += 1
+            step_seconds = time.perf_counter() - t0
+            state.train_seconds = seconds_before + time.perf_counter() - loop_start
+            bar.set_postfix(loss=f"{loss_sum / max(out['ntokens'], 1):.3f}", lr=f"{lr:.2e}",
+                            tok_s=f"{out['ntokens'] / max(step_seconds, 1e-9):,.0f}",
+                            refresh=False)
+            if state.step % log_every == 0 and window.steps and state.bad_steps_in_row == 0:
+                record = window.record(
+                    lr=lr, skipped_steps=state.skipped_steps, tokens_seen=state.tokens_seen,
+                    epoch=state.epoch_progress(s.sampler.num_batches, info.world_size),
+                    device=s.device)
+                metrics.write("train", state.step, record)
+                if not show_bar:
+                    log_train_line(state.step, total_steps, record)
+                window = Window(grad_norm=window.grad_norm)
+
+            # -- decisions every rank must agree on (time is read on rank 0) --------------------
+            flags = [stop_flag.requested,
+                     int(info.is_main and save_every_s is not None
+                         and time.monotonic() - last_save_time >= save_every_s),
+                     int(info.is_main and max_time_s is not None
+                         and state.train_seconds >= max_time_s)]
+            if info.distributed:  # one process decides alone: no device round trip
+                flags = distributed.all_reduce_max(
+                    torch.tensor(flags, dtype=torch.int64, device=s.device)).tolist()
+            signal_num, save_for_time, out_of_time = flags
+            stopped_by = reached_limit(t_cfg, state)
+            if stopped_by is None and out_of_time:
+                stopped_by = "max_time"
+            if stopped_by is None and signal_num:
+                stopped_by = f"signal {signal.Signals(signal_num).name}"
+
+            # -- validation, checkpoints ------------------------------------------------------------
+            stepped = state.bad_steps_in_row == 0
+            best = False
+            vfreq, vepochs = t_cfg.validate_every_steps, t_cfg.validate_every_epochs
+            if stepped and state.step != last_valid_step and (
+                (vfreq and state.step % int(vfreq) == 0)
+                or (vepochs and epoch_ended and state.epoch % int(vepochs) == 0)
+                or stopped_by in ("max_steps", "max_epochs", "max_time")
+            ):
+                last_valid, best = run_validation(
+                    cfg, s.model, s.valid_loader, s.valid_set, s.tokenizer, state,
+                    device=s.device, autocast=s.autocast, is_main=info.is_main,
+                    references=bleu_refs, max_batches=valid_max_batches)
+                metrics.write("valid", state.step, last_valid)
+                last_valid_step = state.step
+                if (t_cfg.patience is not None and stopped_by is None
+                        and state.validations_without_improvement >= int(t_cfg.patience)):
+                    stopped_by = "patience"
+            sfreq, sepochs = t_cfg.save_every_steps, t_cfg.save_every_epochs
+            regular = state.step != last_saved_step and (
+                (stepped and sfreq and state.step % int(sfreq) == 0)
+                or (stepped and sepochs and epoch_ended and state.epoch % int(sepochs) == 0)
+                or save_for_time or stopped_by is not None
+            )
+            if (regular or best) and not t_cfg.no_save:
+                resume.save_training(run_dir, s, state, info, config=cfg, seed=seed,
+                                       keep_last=int(t_cfg.keep_last), best=best, regular=regular)
+                if regular:
+                    last_saved_step, last_save_time = state.step, time.monotonic()
+    finally:
+        bar.close()
+        stop_flag.restore()
+        metrics.close()
+
+    state.train_seconds = seconds_before + time.perf_counter() - loop_start
+    return write_summary(cfg, s, state, info, stopped_by, last_valid, resumed_from)

@@ -1,0 +1,159 @@
+"""Save and resume a training run: the trainer's named parts to a checkpoint and back.
+
+The parts are :class:`transformer_nmt.train.setup.Setup`'s (model, optimizer, scheduler,
+grad scaler), the loop's :class:`transformer_nmt.train.state.TrainState` (counters and the
+sampler position) and the RNG states, stored by :func:`transformer_nmt.checkpoint.training_checkpoint`
+(format described there). Resume restores them exactly: an interrupted run continues as an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from transformer_nmt.checkpoint import (
+    BEST_NAME,
+    UNREADABLE_SUFFIX,
+    UnreadableCheckpointError,
+    check_same_model,
+    check_training_checkpoint,
+    checkpoint_dir,
+    load_checkpoint,
+    prune_checkpoints,
+    restore_modules,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    step_checkpoints,
+    training_checkpoint,
+)
+from transformer_nmt.config import Config
+from transformer_nmt.train.distributed import DistInfo
+from transformer_nmt.train.setup import Setup
+from transformer_nmt.train.state import TrainState
+
+log = logging.getLogger(__name__)
+
+
+def save_training(
+    run_dir: str | Path, s: Setup, state: TrainState, info: DistInfo, *, config: Config,
+    seed: int, keep_last: int, best: bool = False, regular: bool = True,
+) -> None:
+    """Write ``checkpoint_<step>.pt`` (pruning to the last ``keep_last``) and / or
+    ``checkpoint_best.pt`` from the trainer's parts.
+
+    Every rank calls it (the RNG states are gathered); rank 0 writes.
+
+    Args:
+        s: :class:`transformer_nmt.train.setup.Setup` (model, optimizer, scheduler, scaler,
+            vocab_size, vocab).
+        state: :class:`transformer_nmt.train.state.TrainState`.
+        info: this process's :class:`transformer_nmt.train.distributed.DistInfo`.
+    """
+    from transformer_nmt.train import distributed
+
+    rngs = distributed.all_gather_object(rng_state())
+    if not info.is_main:
+        return
+    ckpt = training_checkpoint(
+        model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, scaler=s.scaler,
+        sampler=state.sampler_state(seed), rng=rngs, train_state=state.state_dict(),
+        config=config, vocab_size=s.vocab_size, vocab=s.vocab,
+    )
+    folder = checkpoint_dir(run_dir)
+    if regular:
+        path = save_checkpoint(folder / f"checkpoint_{state.step}.pt", ckpt)
+        prune_checkpoints(run_dir, keep_last)
+        log.info("saved %s", path)
+    if best:
+        save_checkpoint(folder / BEST_NAME, ckpt)
+        log.info("saved %s (step %d)", folder / BEST_NAME, state.step)
+
+
+def _load_resumable(run_dir: str | Path, info: Any) -> tuple[Path, dict[str, Any]] | None:
+    """The newest step checkpoint of the run that loads, and its contents; None when the run
+    has no step checkpoint.
+
+    An unreadable newer one (empty, truncated: a job killed while copying or a full disk) is
+    named in a warning and, on rank 0, renamed to ``<name>.unreadable`` so that averaging and
+    later resumes skip it.
+
+    Raises:
+        UnreadableCheckpointError: no step checkpoint of the run can be read (all named).
+    """
+    paths = step_checkpoints(run_dir)
+    bad: list[str] = []
+    for path in reversed(paths):
+        try:
+            return path, load_checkpoint(path, map_location="cpu")
+        except FileNotFoundError:  # renamed by rank 0 meanwhile
+            continue
+        except UnreadableCheckpointError as e:
+            bad.append(str(e))
+            if info.is_main:
+                aside = path.with_name(path.name + UNREADABLE_SUFFIX)
+                try:
+                    path.replace(aside)
+                    moved = f"; moved it to {aside.name}"
+                except OSError:
+                    moved = ""
+                log.warning("%s%s; resuming from the newest checkpoint before it", e, moved)
+    if bad:
+        raise UnreadableCheckpointError(
+            f"no checkpoint of {checkpoint_dir(run_dir)} can be read ({'; '.join(bad)}); "
+            "remove them to start the run again from step 0"
+        )
+    return None
+
+
+def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
+                    info: DistInfo, config: Config | None = None) -> Path | None:
+    """Load the run's newest readable checkpoint into ``s`` and ``state``; returns its path
+    (or None when the run has no checkpoint).
+
+    The same world size restores every rank's RNG states (bit-exact continuation); another
+    world size rescales the data position and reseeds, with a warning. An unreadable newer
+    checkpoint is skipped with a warning (:func:`_load_resumable`).
+
+    Args:
+        config: the run's config (its ``model`` sizes are named if the checkpoint holds
+            another model).
+
+    Raises:
+        ValueError: the checkpoint lacks a part (names the file and the parts).
+        UserError: the run directory holds another model (:func:`check_same_model`);
+            UnreadableCheckpointError: no checkpoint of the run can be read.
+    """
+    from transformer_nmt.runtime import seed_everything
+
+    found = _load_resumable(run_dir, info)
+    if found is None:
+        return None
+    path, saved = found
+    check_training_checkpoint(saved, path)
+    check_same_model(saved, s.model, path, config)
+    restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
+                    scaler=s.scaler)
+    state.load_state_dict(saved["train_state"])
+    state.epoch, state.position = int(saved["sampler"]["epoch"]), int(saved["sampler"]["position"])
+    saved_ws = int(state.world_size)
+    if saved_ws != info.world_size:
+        log.warning(
+            "%s was written with world_size=%d, now %d: the data position is rescaled and "
+            "RNG streams reseeded, so the run will not match an uninterrupted one exactly",
+            path, saved_ws, info.world_size,
+        )
+        state.position = state.position * saved_ws // info.world_size
+        if state.position >= len(s.sampler):
+            state.epoch += 1
+            state.position = 0
+        seed_everything(seed + info.rank + 1000 * int(state.step))
+    else:
+        set_rng_state(saved["rng"][info.rank])
+    state.world_size = info.world_size
+    if info.is_main:
+        log.info("resumed from %s (step %d, epoch %d, batch %d of the epoch)", path,
+                 state.step, state.epoch, state.position)
+    return path

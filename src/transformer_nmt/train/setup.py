@@ -1,0 +1,164 @@
+"""Everything a training run builds before its first step (:func:`setup`): data loaders,
+model (DDP-wrapped and / or compiled for the loop, :func:`wrap_model`), optimizer, learning-rate
+schedule and grad scaler, as one :class:`Setup`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from transformer_nmt import checkpoint as ckpt_lib
+from transformer_nmt.config import Config
+from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset, build_dataloader
+from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
+from transformer_nmt.fileio import spm_model_path
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.runtime import (
+    autocast_context,
+    grad_scaler,
+    resolve_precision,
+    seed_everything,
+)
+from transformer_nmt.train import distributed
+from transformer_nmt.train.data import check_data, load_split, log_data_report
+from transformer_nmt.train.optim import build_optimizer, build_scheduler
+
+log = logging.getLogger("transformer_nmt.train.loop")
+
+
+@dataclass
+class Setup:
+    """Everything :func:`setup` builds for a run."""
+
+    device: torch.device
+    precision: str
+    model: Transformer
+    """The plain model (what checkpoints hold)."""
+    train_model: torch.nn.Module
+    """The model the loop calls: ``model``, compiled and / or wrapped in DDP."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: Any
+    sampler: LengthBucketSampler
+    train_loader: DataLoader
+    valid_set: ParallelDataset
+    valid_loader: DataLoader
+    tokenizer: SentencePieceTokenizer
+    vocab_size: int
+    vocab: dict[str, Any]
+    """The vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`), saved in checkpoints."""
+    steps_per_epoch: int
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The autocast context of the run's precision."""
+        return autocast_context(self.precision, self.device)
+
+
+def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None = None) -> Setup:
+    """Data loaders, model, optimizer, schedule and grad scaler of ``cfg`` on this rank.
+
+    Args:
+        model_vocab_size: build the model with at least this vocabulary (a dry run on a
+            smaller SentencePiece model keeps the experiment's size).
+
+    Raises:
+        MissingDataError: the prepared data is missing.
+        ValueError: bad precision for the device, empty training set.
+    """
+    t_cfg = cfg.trainer
+    device = info.device
+    if device.type == "cuda" and t_cfg.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    precision = resolve_precision(t_cfg.precision, device)
+    check_data(cfg)
+    tokenizer = SentencePieceTokenizer(spm_model_path(cfg.data))
+    vocab_size = max(tokenizer.vocab_size, model_vocab_size or 0)
+    train_set = load_split(cfg, cfg.data.train_split)
+    valid_set = load_split(cfg, cfg.data.valid_split)
+    seed = int(t_cfg.seed)
+    sampler = LengthBucketSampler(
+        train_set.src_sizes, train_set.tgt_sizes, int(t_cfg.max_tokens), shuffle=True,
+        seed=seed, rank=info.rank, world_size=info.world_size,
+        skip_too_long=t_cfg.too_long == "skip",
+    )
+    if len(sampler) == 0:
+        raise ValueError(f"training split {cfg.data.train_split!r} of {cfg.data.name} is empty")
+    valid_sampler = LengthBucketSampler(
+        valid_set.src_sizes, valid_set.tgt_sizes, int(t_cfg.max_tokens), shuffle=False,
+        rank=info.rank, world_size=info.world_size, skip_too_long=True,
+    )
+    pin = device.type == "cuda"
+    # Private generators: creating a loader iterator must not draw from the global torch RNG.
+    train_loader = build_dataloader(train_set, sampler, int(t_cfg.num_workers), pin,
+                                    generator=torch.Generator().manual_seed(seed))
+    valid_loader = build_dataloader(valid_set, valid_sampler, 0, pin,
+                                    generator=torch.Generator().manual_seed(seed))
+    steps_per_epoch = math.ceil(len(sampler) / int(t_cfg.update_freq))
+    log_data_report(cfg, sampler, train_set, valid_set, tokenizer.vocab_size, steps_per_epoch,
+                    info.world_size)
+    seed_everything(seed)
+    model = Transformer(cfg.model, vocab_size=vocab_size)
+    if t_cfg.init_from and ckpt_lib.latest_checkpoint(cfg.run_dir) is None:
+        from transformer_nmt.checkpoint import load_initial_weights
+
+        load_initial_weights(model, t_cfg.init_from)
+        log.info("weights from %s (trainer.init_from)", t_cfg.init_from)
+    model = model.to(device)
+    log.info("model %s: %s parameters", cfg.model.name, f"{model.num_parameters():,}")
+    optimizer = build_optimizer(model, t_cfg)
+    scheduler = build_scheduler(optimizer, int(cfg.model.d_model), t_cfg)
+    scaler = grad_scaler(precision == "fp16")
+    train_model = wrap_model(model, info, compile=bool(t_cfg.compile))
+    seed_everything(seed + info.rank)
+    return Setup(
+        device=device, precision=precision, model=model, train_model=train_model,
+        optimizer=optimizer, scheduler=scheduler, scaler=scaler, sampler=sampler,
+        train_loader=train_loader, valid_set=valid_set, valid_loader=valid_loader,
+        tokenizer=tokenizer, vocab_size=vocab_size, vocab=vocab_identity(tokenizer.model_path),
+        steps_per_epoch=steps_per_epoch,
+        params=[p for p in model.parameters() if p.requires_grad],
+    )
+
+
+def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: bool) -> torch.nn.Module:
+    """The module the training loop calls: ``model`` wrapped in DDP (several ranks), then
+    compiled (``compile``).
+
+    DDP comes first so that the compiled graph is split at DDP's gradient buckets
+    (``torch._dynamo.config.optimize_ddp``) and the all-reduce of each bucket overlaps the
+    rest of the backward; compiling first and wrapping after leaves DDP one opaque backward
+    to wait for. ``broadcast_buffers=False``: the model's only buffers are the sinusoidal
+    position tables, deterministic on every rank (and of a size that depends on the longest
+    sentence a rank has seen), so broadcasting them each forward is wasted at best and, with
+    tables of different sizes, a collective of mismatched shapes at worst.
+    """
+    wrapped = model
+    if info.distributed:
+        import inspect
+
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # torch >= 2.13 names the per-forward buffer broadcast ``forward_sync_buffers``
+        no_buffer_sync = ({"forward_sync_buffers": False}
+                          if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+                          else {"broadcast_buffers": False})
+        wrapped = DDP(
+            model,
+            device_ids=[info.local_rank] if model_device(model).type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            **no_buffer_sync,
+        )
+    return torch.compile(wrapped) if compile else wrapped
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))

@@ -1,0 +1,96 @@
+"""The training loop's counters (:class:`TrainState`, the checkpoint's ``train_state`` and
+``sampler`` parts) and the limits that end a run (``max_steps``, ``max_epochs``,
+``max_time_minutes``, ``patience``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from transformer_nmt.config import TrainerConfig
+from transformer_nmt.model.flops import TokenCounts
+
+
+@dataclass
+class TrainState:
+    """The training loop's counters: what a checkpoint's ``train_state`` and ``sampler`` hold.
+
+    Token counts are non-pad tokens (eos included) over all ranks, skipped steps included.
+    """
+
+    step: int = 0  # successful optimizer updates (the learning-rate schedule follows it)
+    micro_step: int = 0  # micro-batches consumed per rank
+    tokens_seen: int = 0  # target tokens processed
+    src_tokens_seen: int = 0  # source tokens processed
+    src_sq_seen: int = 0  # sum over sentences of source length^2 (attention FLOPs)
+    tgt_sq_seen: int = 0  # sum over sentences of target length^2
+    src_tgt_seen: int = 0  # sum over sentences of source length x target length
+    epoch: int = 0  # completed passes over the training set
+    position: int = 0  # batches per rank consumed in the current epoch
+    train_seconds: float = 0.0  # wall-clock seconds in the loop, all resumed segments
+    skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm
+    overflow_steps: int = 0  # of which fp16 loss-scaler overflows (finite loss, inf gradient)
+    bad_steps_in_row: int = 0  # consecutive skipped steps (stop at trainer.max_bad_steps)
+    best_valid_loss: float | None = None
+    best_valid_bleu: float | None = None
+    validations_without_improvement: int = 0
+    world_size: int = 1  # ranks of the run that wrote the state
+
+    DATA_POSITION = ("epoch", "position")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every field except the data position (``epoch``, ``position``: the sampler part)."""
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if k not in self.DATA_POSITION}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s fields; absent ones keep their value.
+
+        Raises:
+            ValueError: naming keys that are not fields.
+        """
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"train_state has unknown keys {unknown}")
+        for k, v in d.items():
+            setattr(self, k, v)
+
+    def sampler_state(self, seed: int) -> dict[str, int]:
+        """The data position as ``LengthBucketSampler.state_dict()`` writes it."""
+        return {"epoch": self.epoch, "position": self.position, "seed": seed}
+
+    def epoch_progress(self, num_batches: int, world_size: int) -> float:
+        """Epochs done as a fraction (global batches consumed / ``num_batches``, the sampler's
+        batches per epoch over all ranks)."""
+        done = min(self.position * world_size, num_batches)
+        return self.epoch + done / num_batches
+
+    def token_counts(self) -> TokenCounts:
+        """The processed tokens in the form :func:`transformer_nmt.model.flops.training_flops` reads."""
+        return TokenCounts(self.src_tokens_seen, self.tokens_seen, self.src_sq_seen,
+                           self.tgt_sq_seen, self.src_tgt_seen)
+
+
+def reached_limit(t_cfg: TrainerConfig, state: TrainState) -> str | None:
+    """``"max_steps"`` or ``"max_epochs"`` when ``state`` has reached that limit, else None."""
+    if t_cfg.max_steps is not None and state.step >= int(t_cfg.max_steps):
+        return "max_steps"
+    if t_cfg.max_epochs is not None and state.epoch >= int(t_cfg.max_epochs):
+        return "max_epochs"
+    return None
+
+
+def finished_by(t_cfg: TrainerConfig, state: TrainState) -> str | None:
+    """Why a resumed run has nothing left to do, or None: ``max_steps`` / ``max_epochs``
+    reached, the ``max_time_minutes`` budget spent (``train_seconds`` over all segments), or
+    ``patience`` validations without improvement. With a raised limit the run goes on."""
+    reached = reached_limit(t_cfg, state)
+    if reached is not None:
+        return reached
+    if t_cfg.max_time_minutes and state.train_seconds >= float(t_cfg.max_time_minutes) * 60:
+        return "max_time"
+    if t_cfg.patience is not None and state.validations_without_improvement >= int(t_cfg.patience):
+        return "patience"
+    return None

@@ -1,0 +1,242 @@
+"""One optimizer step's arithmetic: the gradient over its micro-batches and ranks
+(:func:`forward_backward`, section 5.4's label-smoothed loss normalised by the step's global
+target tokens), then the update (:func:`apply_update`: unscale, clip, the step's one host read,
+the optimizer step or a skipped step, and the counters it adds to the train state).
+
+``update_freq`` micro-batches per rank make a step: their non-pad target tokens are
+all-reduced once (``ntokens_global``), each micro-batch's summed loss is scaled by
+``world_size / ntokens_global`` (undoing DDP's mean) and back-propagated, so the gradient is
+that of ``sum(token losses) / ntokens_global`` whatever the world size and ``update_freq``.
+A step with a non-finite loss or gradient norm is skipped; ``max_bad_steps`` in a row stop
+training with a RuntimeError, and so does an fp16 loss scale below :data:`MIN_LOSS_SCALE`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from transformer_nmt import checkpoint as ckpt_lib
+from transformer_nmt.config import PAD_ID, TrainerConfig
+from transformer_nmt.data.batching import Batch, collate
+from transformer_nmt.train import distributed
+from transformer_nmt.train.loss import label_smoothed_nll_loss
+from transformer_nmt.train.metrics import Window
+from transformer_nmt.train.setup import Setup
+from transformer_nmt.train.state import TrainState
+
+log = logging.getLogger("transformer_nmt.train.loop")
+
+
+def _dummy_batch() -> Batch:
+    """A one-sentence batch with an empty source and target (1 source, 1 target token)."""
+    empty = np.zeros(0, dtype=np.int64)
+    batch = collate([(0, empty, empty)])
+    assert batch is not None
+    return batch
+
+
+def forward_backward(
+    model: torch.nn.Module,
+    micro_batches: list[Batch | None],
+    *,
+    epsilon: float,
+    device: torch.device,
+    world_size: int,
+    autocast: Any = contextlib.nullcontext,
+    scaler: Any = None,
+) -> dict[str, Any]:
+    """Accumulate the gradient of one optimizer step over its micro-batches.
+
+    After DDP's averaging over ranks the gradient is that of
+    ``sum(token losses over all micro-batches and ranks) / ntokens_global``.
+
+    Args:
+        model: the training model (plain, compiled, or DDP, whose ``no_sync`` is used).
+        micro_batches: this rank's batches of the step; None = no data on this rank for
+            that micro-step (a zero-weight dummy batch joins DDP's all-reduce).
+        epsilon: label smoothing.
+        world_size: data-parallel ranks (the loss factor that cancels DDP's mean).
+        autocast: a callable returning the autocast context.
+        scaler: an fp16 GradScaler (or None / a disabled one).
+
+    Returns:
+        ``counts``: (5,) float64 on ``device``, global sums over all ranks in the order of
+        :data:`COUNT_NAMES`: non-pad target tokens, source tokens (incl. eos), and the
+        sums over sentences of source length², target length², source × target length;
+        this rank's ``loss_sum``, ``nll_sum`` (float32 0-dim on ``device``, detached) and
+        ``nsentences`` (int). Nothing is read back to the host: the step makes no device
+        synchronisation (:func:`apply_update` reads everything once).
+    """
+    real = [b for b in micro_batches if b is not None]
+    # Host-side counts (the batches are still on the CPU): no device synchronisation.
+    if real:
+        src_lens = torch.cat([b.src_lengths for b in real]).to(torch.float64)  # (sum B,)
+        tgt_lens = torch.cat([b.tgt_out.ne(PAD_ID).sum(1) for b in real]).to(torch.float64)
+        counts = torch.stack([tgt_lens.sum(), src_lens.sum(), (src_lens * src_lens).sum(),
+                              (tgt_lens * tgt_lens).sum(), (src_lens * tgt_lens).sum()])
+    else:
+        counts = torch.zeros(5, dtype=torch.float64)
+    counts = counts.to(device)
+    distributed.all_reduce_sum(counts)  # once per step: the global normaliser
+    # The factor stays on the device: reading ntokens_global here would stall every step.
+    factor = (world_size / counts[0].clamp(min=1.0)).to(torch.float32)  # 0-dim
+    pin = device.type == "cuda"
+    loss_total = torch.zeros((), dtype=torch.float32, device=device)
+    nll_total = torch.zeros((), dtype=torch.float32, device=device)
+    no_sync = getattr(model, "no_sync", None)
+    for i, batch in enumerate(micro_batches):
+        dummy = batch is None
+        if dummy:
+            batch = _dummy_batch()
+        # real target positions as flat indices, found on the host (a bool mask on the
+        # device would be read back to size the selection)
+        keep = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
+        target = batch.tgt_out.reshape(-1).index_select(0, keep)  # (N,)
+        if pin:
+            keep, target = keep.pin_memory(), target.pin_memory()
+        keep = keep.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        batch = batch.to(device)
+        last = i == len(micro_batches) - 1
+        sync_ctx = contextlib.nullcontext() if (last or no_sync is None) else no_sync()
+        with sync_ctx:
+            with autocast():
+                logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V), N real
+            loss, nll = label_smoothed_nll_loss(logits, target, epsilon, ignore_index=None)
+            scaled = loss * (0.0 if dummy else factor)
+            if scaler is not None:
+                scaled = scaler.scale(scaled)
+            scaled.backward()
+        if not dummy:
+            loss_total += loss.detach()
+            nll_total += nll.detach()
+    return {
+        "counts": counts,
+        "loss_sum": loss_total,
+        "nll_sum": nll_total,
+        "nsentences": sum(b.nsentences for b in real),
+    }
+
+
+COUNT_NAMES = ("ntokens", "src_tokens", "src_sq", "tgt_sq", "src_tgt")
+"""The global sums in ``forward_backward(...)["counts"]``, in order."""
+
+
+def grad_norm_(params: list[torch.nn.Parameter], clip_norm: float) -> torch.Tensor:
+    """Global L2 norm of the gradients (clipped to ``clip_norm`` when > 0), a float32 0-dim
+    tensor on the parameters' device (not read back: no synchronisation); inf/nan if any is."""
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
+        device = params[0].device if params else torch.device("cpu")
+        return torch.zeros((), dtype=torch.float32, device=device)
+    max_norm = clip_norm if clip_norm > 0 else float("inf")
+    return torch.nn.utils.clip_grad_norm_(with_grad, max_norm).float()
+
+
+def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any],
+                 t_cfg: TrainerConfig, run_dir: Path) -> tuple[float, float, bool]:
+    """After one step's backward: unscale and clip, read the step's figures (its one host
+    synchronisation: counts, losses and gradient norm together), then apply the optimizer
+    update, or skip the step (an fp16 overflow while the loss scale calibrates, or a
+    non-finite loss or gradient, counted towards ``max_bad_steps``).
+
+    Returns:
+        ``(loss_sum, lr, stepped)``: the step's summed label-smoothed loss over all ranks,
+        the learning rate it used, and whether the parameters were updated.
+
+    Raises:
+        RuntimeError: ``max_bad_steps`` non-finite steps in a row, or the fp16 loss scale
+            below :data:`MIN_LOSS_SCALE`.
+    """
+    s.scaler.unscale_(s.optimizer)
+    grad_norm_t = grad_norm_(s.params, float(t_cfg.clip_norm))
+    losses = distributed.all_reduce_sum(torch.stack([out["loss_sum"], out["nll_sum"]]))
+    # The step's one host-device synchronisation: counts, losses and norm together.
+    read = torch.cat([out["counts"], losses.to(torch.float64),
+                      grad_norm_t.to(torch.float64).reshape(1)]).tolist()
+    counts = dict(zip(COUNT_NAMES, (int(x) for x in read[:5])))
+    loss_sum, nll_sum, grad_norm = read[5], read[6], read[7]
+    lr = s.scheduler.get_last_lr()[0]
+    state.tokens_seen += counts["ntokens"]
+    state.src_tokens_seen += counts["src_tokens"]
+    state.src_sq_seen += counts["src_sq"]
+    state.tgt_sq_seen += counts["tgt_sq"]
+    state.src_tgt_seen += counts["src_tgt"]
+    out["ntokens"] = counts["ntokens"]
+    if math.isfinite(loss_sum) and math.isfinite(grad_norm):
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+        s.scheduler.step()
+        s.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.bad_steps_in_row = 0
+        window.loss += loss_sum
+        window.nll += nll_sum
+        window.ntokens += out["ntokens"]
+        window.grad_norm = grad_norm
+        return loss_sum, lr, True
+    if loss_overflow(s.scaler, loss_sum, grad_norm):
+        # fp16: the dynamic loss scaler calibrating (scale halved by update()); not a
+        # bad step unless the scale collapses
+        s.optimizer.zero_grad(set_to_none=True)
+        s.scaler.update()
+        state.skipped_steps += 1
+        state.overflow_steps += 1
+        scale = float(s.scaler.get_scale())
+        log.info("step %d skipped: fp16 gradient overflow, loss scale lowered to %g",
+                 state.step + 1, scale)
+        if scale < MIN_LOSS_SCALE:
+            raise _loss_scale_error(state, scale, run_dir)
+        return loss_sum, lr, False
+    s.optimizer.zero_grad(set_to_none=True)
+    s.scaler.update()
+    state.skipped_steps += 1
+    state.bad_steps_in_row += 1
+    log.warning("step %d skipped: loss %s, gradient norm %s (%d in a row, %d in total)",
+                state.step + 1, loss_sum, grad_norm, state.bad_steps_in_row, state.skipped_steps)
+    if state.bad_steps_in_row >= int(t_cfg.max_bad_steps):
+        raise _bad_steps_error(state, t_cfg, loss_sum, grad_norm, lr, run_dir)
+    return loss_sum, lr, False
+
+
+def _bad_steps_error(state: TrainState, t_cfg: TrainerConfig, loss: float, gnorm: float,
+                     lr: float, run_dir: Path) -> RuntimeError:
+    return RuntimeError(
+        f"training stopped at step {state.step}: {state.bad_steps_in_row} "
+        f"consecutive steps had a non-finite loss or gradient "
+        f"(trainer.max_bad_steps={t_cfg.max_bad_steps}; last loss={loss}, "
+        f"gradient norm={gnorm}, lr={lr:.3g}). Lower the learning rate "
+        "(trainer.lr_multiplier), set trainer.clip_norm, or use bf16/fp32; "
+        f"the last good checkpoint is {ckpt_lib.latest_checkpoint(run_dir)}"
+    )
+
+
+MIN_LOSS_SCALE = 1e-4
+"""fp16: training stops when gradient overflows push the dynamic loss scale below this
+(fairseq's ``--min-loss-scale`` default)."""
+
+
+def loss_overflow(scaler: Any, loss_sum: float, grad_norm: float) -> bool:
+    """True for an fp16 loss-scaler overflow: the loss is finite, the (scaled) gradient is not.
+
+    Such a step is skipped and the scale lowered; it is normal while the scale calibrates,
+    so it does not count towards ``trainer.max_bad_steps`` (a non-finite loss does).
+    """
+    enabled = getattr(scaler, "is_enabled", lambda: False)()
+    return bool(enabled) and math.isfinite(loss_sum) and not math.isfinite(grad_norm)
+
+
+def _loss_scale_error(state: TrainState, scale: float, run_dir: Path) -> RuntimeError:
+    return RuntimeError(
+        f"training stopped at step {state.step}: fp16 gradient overflows lowered the loss "
+        f"scale to {scale:g} (< {MIN_LOSS_SCALE:g}; {state.overflow_steps} overflow steps). "
+        "Lower the learning rate (trainer.lr_multiplier), set trainer.clip_norm, or use "
+        f"bf16/fp32; the last good checkpoint is {ckpt_lib.latest_checkpoint(run_dir)}"
+    )
