@@ -191,7 +191,7 @@ def translate_lines(
         ``empty``, ``truncated``, ``target_tokens``, ``seconds``, ``sentences_per_second``,
         ``target_tokens_per_second``, ``batches``, ``device``, ``precision``, ``beam_size``.
     """
-    if getattr(model, "is_ctranslate2", False):  # decode.engine=ctranslate2 (export.py)
+    if getattr(model, "is_ctranslate2", False):  # decode.engine=ctranslate2 (interop/ctranslate2.py)
         return model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     start = time.perf_counter()
