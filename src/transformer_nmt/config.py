@@ -325,7 +325,9 @@ class TrainerConfig:
     """Also save at the end of every n-th epoch (fairseq's ``--save-interval``)."""
     save_every_minutes: float | None = 10.0
     keep_last: int = 20
-    """Checkpoints kept (the paper averages the last 5 base / 20 big)."""
+    """Periodic checkpoints kept (the paper averages the last 5 base / 20 big); the newest
+    one, written when training stopped, is kept besides them
+    (:func:`transformer_nmt.checkpoint.prune_checkpoints`)."""
     no_save: bool = False
     """Write no checkpoint at all (fairseq's ``--no-save``); the dry run sets it."""
     init_from: str | None = None
