@@ -144,3 +144,25 @@ def test_table2_admits_only_comparable_runs(tmp_path):
     assert "averaged 4 checkpoints, not the paper's 5" in others
     assert "trained on the first 100,000 pairs (data.max_train_pairs), not the full data" in others
     assert "- ok (" not in others
+
+
+def test_default_table_goes_under_runs_and_docs_results_md_is_nmt_table_output():
+    """`make all` / `make table` write runs/results.md, never the committed docs/results.md,
+    and docs/results.md holds only what nmt-table writes (no hand-written text)."""
+    from pathlib import Path
+
+    from transformer_nmt.evaluate.report import build_report
+
+    assert compose([]).table_output == "runs/results.md"
+    repo = Path(__file__).resolve().parents[1]
+    make_table = (repo / "Makefile").read_text().split("\ntable:")[1].split("\n\n")[0]
+    assert "docs/" not in make_table
+    doc = (repo / "docs" / "results.md").read_text(encoding="utf-8").split("\n")
+    assert doc[2].startswith("Built by `nmt-table` from ") and doc[3] == ""
+    assert "wmt14" not in doc[2]  # no WMT14 run: its Table 2 section is the paper's rows only
+
+    def table2(lines):
+        i = lines.index("## Table 2: newstest2014 (full, 3,003 sentences)")
+        return lines[i:next(k for k in range(i + 1, len(lines)) if lines[k].startswith("## "))]
+
+    assert table2(doc) == table2(build_report([]).split("\n"))

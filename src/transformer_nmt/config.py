@@ -446,7 +446,9 @@ class Config:
     table3: Table3Config = field(default_factory=Table3Config)
     results_glob: str = "runs/**/results.json"
     """nmt-table: results files to tabulate (``**`` matches any depth)."""
-    table_output: str = "docs/results.md"
+    table_output: str = "runs/results.md"
+    """nmt-table: the file written. Under runs/ by default, so that a run never rewrites the
+    committed docs/results.md; rebuild that with ``table_output=docs/results.md``."""
     tables: list[str] = field(default_factory=lambda: ["table2", "table3", "other"])
     """nmt-table: the sections to write (``table2``, ``table3``, ``other``)."""
     table3_plot: str | None = None
