@@ -3,6 +3,8 @@
 #   make test               the whole test suite (the cluster simulations of tests/test_cluster.py included)
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make all                the whole default job: train (data first), average, evaluate, table
+#                           (runs/results.md; the committed docs/results.md is rebuilt only when
+#                           asked: make table ARGS=table_output=docs/results.md)
 # test, data, train, average, eval and table run `make install` first when the environment is
 # missing or older than pyproject.toml (stamp file $(VENV)/.installed).
 #   make table3 EXP=wmt14_en_de_base [ARGS="hydra/launcher=slurm_torchrun ..."]   the paper's Table 3 sweep
@@ -75,7 +77,7 @@ table: $(STAMP)
 
 # The paper's Table 3 (section 6.2): every row of configs/table3/ trained and evaluated on the
 # development set (one Hydra multirun; rows already done are skipped), then written to
-# docs/results.md. On a cluster: ARGS="hydra/launcher=slurm_torchrun hydra.launcher.partition=..."
+# runs/results.md. On a cluster: ARGS="hydra/launcher=slurm_torchrun hydra.launcher.partition=..."
 table3: data
 	$(BIN)/nmt-train -m experiment=$(EXP) 'table3=glob(*)' $(ARGS)
 	$(BIN)/nmt-table

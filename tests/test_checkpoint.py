@@ -116,7 +116,7 @@ def test_sampler_part_resumes_the_same_batches():
     assert list(resumed) == batches[3:]
 
 
-def test_save_training_prunes_and_resume_training_restores(cfg, tmp_path):
+def test_save_training_prunes_and_resume_training_restores(cfg, tmp_path, tiny_model):
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     model, optimizer, scheduler, scaler = _parts(cfg, seed=1)
     sizes = np.full(20, 3)
@@ -124,6 +124,8 @@ def test_save_training_prunes_and_resume_training_restores(cfg, tmp_path):
     s = SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                         vocab_size=VOCAB, vocab=vocab,
                         sampler=LengthBucketSampler(sizes, sizes, 16, seed=1))
+    cfg = compose([*tiny_model, "model.dropout=0.0", "trainer.warmup_steps=4",
+                   "trainer.save_every_steps=1"])
     for step in (1, 2, 3):
         _step(model, optimizer, scheduler)
         state = TrainState(step=step, micro_step=step, position=step, tokens_seen=10 * step)
@@ -198,3 +200,33 @@ def test_average_mismatch_names_keys_and_shapes(workspace, tokenizer, tmp_path):
     cfg.average.checkpoints = []
     with pytest.raises(FileNotFoundError, match="no checkpoint_<step>.pt"):
         average_run(cfg)
+
+
+@pytest.mark.parametrize(("preset", "every", "last", "max_steps"),
+                         [("wmt14_en_de_base", 1400, 5, 100_000), ("wmt14_en_de_big", 600, 20, 300_000)])
+def test_the_average_is_exactly_the_last_n_periodic_checkpoints(tmp_path, preset, every, last,
+                                                                max_steps):
+    """The WMT14 schedule's saves without training: a checkpoint every ``save_every_steps``, each
+    followed by the loop's prune, then the one written when training stops (base: at 100,000,
+    off the 1,400-step interval). The stop checkpoint takes no keep_last slot, and the average
+    is exactly the last ``average.last`` periodic checkpoints."""
+    cfg = compose([f"experiment={preset}", f"run_dir={tmp_path}"])
+    assert (cfg.trainer.save_every_steps, cfg.trainer.keep_last, cfg.average.last) == (
+        every, last, last)
+    assert cfg.trainer.save_every_minutes is None and cfg.trainer.max_steps == max_steps
+    folder = ck.checkpoint_dir(tmp_path)
+    plain = {"trainer": {"save_every_steps": every}, "name": preset}
+    saves = [*range(every, max_steps + 1, every)]
+    if saves[-1] != max_steps:
+        saves.append(max_steps)  # the stop checkpoint
+    for step in saves:
+        save_checkpoint(folder / f"checkpoint_{step}.pt",
+                        {"model": {"w": torch.tensor([float(step)])}, "step": step,
+                         "config": plain, "vocab_size": 8})
+        ck.prune_checkpoints(tmp_path, cfg.trainer.keep_last, cfg.trainer.save_every_steps)
+    periodic = [s for s in saves if s % every == 0][-last:]
+    kept = [ck.checkpoint_step(load_checkpoint(p)) for p in ck.step_checkpoints(tmp_path)]
+    assert kept == sorted(set(periodic) | {max_steps})
+    avg = load_checkpoint(average_run(cfg))
+    assert avg["averaged_steps"] == periodic and len(periodic) == last
+    assert avg["model"]["w"].item() == pytest.approx(sum(periodic) / last)

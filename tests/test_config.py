@@ -31,6 +31,15 @@ def test_paper_presets():
     assert big.model.dropout == 0.3 and big.average.last == 20
     assert compose(["experiment=wmt14_en_fr_big"]).model.dropout == 0.1
     assert compose(["experiment=wmt14_en_fr_base"]).data.vocab_size == 32000
+    # The batch is a target (section 5.1), checkpoints spaced in steps (10 min at the paper's pace).
+    assert (base.trainer.tokens_per_step, base.trainer.save_every_steps) == (25_000, 1400)
+    assert (big.trainer.tokens_per_step, big.trainer.save_every_steps) == (25_000, 600)
+    assert base.trainer.save_every_minutes is None and big.trainer.save_every_minutes is None
+    # Ott et al. 2018: ~400k tokens per step at a peak learning rate of 1e-3 (warm-up 4000).
+    ott = compose(["experiment=wmt14_en_de_big_ott2018"]).trainer
+    assert ott.tokens_per_step == 400_000
+    peak = 1024 ** -0.5 * ott.warmup_steps ** -0.5 * ott.lr_multiplier
+    assert peak == pytest.approx(1e-3, rel=1e-3)
 
 
 def test_misspelt_key_names_the_key():

@@ -439,3 +439,32 @@ def test_prepare_real_multi30k_slice_end_to_end(tmp_path, multi30k_mirror):
     )
     assert out.returncode == 0, out.stderr
     assert "padding efficiency" in out.stdout and "binarize skipped" in out.stdout
+
+
+def test_prepare_summary_names_every_filter_with_its_values_and_count():
+    """nmt-prepare's printed summary says what each training-pair filter tested (the ratio:
+    on words, not pieces) and how many pairs it dropped."""
+    from transformer_nmt.data.prepare import format_summary
+
+    params = {"max_len": 250, "max_ratio": 1.5, "ratio_min_len": 10, "dedup": True,
+              "max_train_pairs": None}
+    dropped = {"empty": 3, "too_long": 4, "ratio": 5, "duplicate": 6}
+    summary = {
+        "name": "wmt14_en_de", "src_lang": "en", "tgt_lang": "de", "vocab_size": 100,
+        "pairs": {"train": {"read": 100, "kept": 82, "dropped": dropped},
+                  "newstest2013": {"read": 10, "kept": 10, "dropped": {}}},
+        "tokens": {s: {"en": 1, "de": 1} for s in ("train", "newstest2013")},
+        "unk_rate": {s: {"en": 0.0, "de": 0.0} for s in ("train", "newstest2013")},
+        "padding_efficiency": {"max_tokens": 4096, "batches": 1, "value": 0.9},
+        "token_filter": {"max_len": 255, "max_positions": 256, "max_tokens": 3600,
+                         "split": "train", "dropped": 7},
+        "clean_params": params,
+    }
+    text = format_summary(summary)
+    assert "- empty: either side empty after normalisation: 3 dropped" in text
+    assert "- too_long: more than 250 words on either side (data.max_len): 4 dropped" in text
+    assert ("- ratio: longer / shorter side > 1.5 counted in whitespace words, not pieces, where "
+            "the longer side has >= 10 words") in text and "not in the paper): 5 dropped" in text
+    assert "- duplicate: the same pair again (data.dedup=True): 6" in text
+    assert "training pairs longer than 255 pieces" in text and "7 dropped" in text
+    assert "- data.max_train_pairs: all pairs read" in text

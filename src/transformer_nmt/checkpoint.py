@@ -22,8 +22,8 @@ A model file (``averaged.pt``, written by :func:`average_run`) holds only ``"mod
 ``"config"``, ``"vocab_size"``, ``"step"`` (of the newest input) and ``"averaged_from"``
 (the input file names). :func:`checkpoint_step` reads the step of either kind.
 
-Files live in ``runs/<experiment>/checkpoints/``: ``checkpoint_<step>.pt`` (kept: last
-``trainer.keep_last``), ``checkpoint_best.pt`` and ``averaged.pt``. Every write goes
+Files live in ``runs/<experiment>/checkpoints/``: ``checkpoint_<step>.pt`` (kept: the last
+``trainer.keep_last`` periodic ones and the newest, :func:`prune_checkpoints`), ``checkpoint_best.pt`` and ``averaged.pt``. Every write goes
 through a temporary file and a rename.
 """
 
@@ -288,10 +288,29 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return paths[-1] if paths else None
 
 
-def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
-    """Delete all but the ``keep_last`` most recent step checkpoints; returns the deleted paths."""
+def _step_of(path: Path) -> int:
+    m = _STEP_RE.match(path.name)
+    return int(m.group(1)) if m else -1
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int,
+                      save_every_steps: int | None = None) -> list[Path]:
+    """Delete old step checkpoints so that the last ``keep_last`` periodic ones remain (what
+    :func:`average_run` averages); returns the deleted paths.
+
+    With ``save_every_steps``, a checkpoint is periodic when its step is a multiple of it; the
+    newest checkpoint is always kept too (the one written when training stopped, off the
+    interval, which a resumed run starts from), so it never takes a periodic one's slot, and
+    older off-interval ones are deleted. Without it (time- or epoch-based saves) the steps do
+    not say which one was written at a stop, so ``keep_last + 1`` are kept.
+    """
     paths = step_checkpoints(run_dir)
-    doomed = paths[: max(0, len(paths) - keep_last)]
+    if save_every_steps:
+        periodic = [p for p in paths if _step_of(p) % int(save_every_steps) == 0]
+        kept = set(periodic[max(0, len(periodic) - keep_last):]) | set(paths[-1:])
+        doomed = [p for p in paths if p not in kept]
+    else:
+        doomed = paths[: max(0, len(paths) - keep_last - 1)]
     for p in doomed:
         p.unlink(missing_ok=True)
     return doomed

@@ -271,7 +271,21 @@ class TrainerConfig:
     max_tokens: int = 4096
     """Tokens per GPU per micro-batch, counted with padding, for source and target each."""
     update_freq: int = 1
-    """Micro-batches accumulated per optimizer step (gradient accumulation)."""
+    """Micro-batches accumulated per optimizer step (gradient accumulation). Derived at
+    start-up, and this value ignored, when ``tokens_per_step`` is set."""
+    tokens_per_step: int | None = None
+    """Target real (non-pad, eos included) tokens per optimizer step, source and target each
+    (the paper, section 5.1: about 25,000). When set, ``update_freq`` is derived at start-up
+    from the sampler's batches and the world size, and training refuses to start (one
+    ``error:`` line) when the source or target tokens per step would fall outside
+    ``tokens_per_step_tolerance`` of it. None: ``update_freq`` as given, no check."""
+    tokens_per_step_tolerance: float = 0.1
+    """Allowed relative distance from ``tokens_per_step`` (0.1 = ±10 %)."""
+    auto_max_tokens: bool = False
+    """On a GPU, choose ``max_tokens`` from the device's memory
+    (:data:`transformer_nmt.train.batch_size.ESTIMATED_TOKENS_PER_GIB`, an estimate, not a
+    measurement) and, with ``tokens_per_step``, as few micro-batches per step as fit; on CPU
+    ``max_tokens`` is used as given. ``max_tokens`` also stays nmt-prepare's length limit."""
     max_steps: int | None = 100_000
     """Stop after this many optimizer steps (None = no limit)."""
     max_epochs: int | None = None
@@ -311,7 +325,9 @@ class TrainerConfig:
     """Also save at the end of every n-th epoch (fairseq's ``--save-interval``)."""
     save_every_minutes: float | None = 10.0
     keep_last: int = 20
-    """Checkpoints kept (the paper averages the last 5 base / 20 big)."""
+    """Periodic checkpoints kept (the paper averages the last 5 base / 20 big); the newest
+    one, written when training stopped, is kept besides them
+    (:func:`transformer_nmt.checkpoint.prune_checkpoints`)."""
     no_save: bool = False
     """Write no checkpoint at all (fairseq's ``--no-save``); the dry run sets it."""
     init_from: str | None = None
@@ -430,7 +446,9 @@ class Config:
     table3: Table3Config = field(default_factory=Table3Config)
     results_glob: str = "runs/**/results.json"
     """nmt-table: results files to tabulate (``**`` matches any depth)."""
-    table_output: str = "docs/results.md"
+    table_output: str = "runs/results.md"
+    """nmt-table: the file written. Under runs/ by default, so that a run never rewrites the
+    committed docs/results.md; rebuild that with ``table_output=docs/results.md``."""
     tables: list[str] = field(default_factory=lambda: ["table2", "table3", "other"])
     """nmt-table: the sections to write (``table2``, ``table3``, ``other``)."""
     table3_plot: str | None = None
@@ -528,6 +546,11 @@ def validate(cfg: Config) -> None:
                 "validate_every_steps", "validate_every_epochs"):
         if getattr(t, key) is not None and getattr(t, key) <= 0:
             errors.append(f"trainer.{key}={getattr(t, key)} must be positive (or null)")
+    if t.tokens_per_step is not None and t.tokens_per_step <= 0:
+        errors.append(f"trainer.tokens_per_step={t.tokens_per_step} must be positive (or null)")
+    if not 0.0 < t.tokens_per_step_tolerance < 1.0:
+        errors.append(f"trainer.tokens_per_step_tolerance={t.tokens_per_step_tolerance} "
+                      "must be in (0, 1)")
     if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):
         errors.append(f"trainer.adam_betas={list(t.adam_betas)} must be two values in [0, 1)")
     d = cfg.decode

@@ -249,6 +249,7 @@ def prepare(cfg: Config) -> dict:
                           "seconds": round(time.perf_counter() - t, 2)}
 
     summary = _summary(d, report, tokenizer.vocab_size, split_names, langs)
+    summary["clean_params"] = dict(report.get("params") or {})
     summary["token_filter"] = {**filter_params, "split": d.train_split,
                                "dropped": int(token_filter.get("dropped", 0))}
     summary["stages"] = stages
@@ -307,6 +308,29 @@ def _count_id(ds: binarize.TokenDataset, token_id: int, block: int = 1 << 22) ->
             n += int(np.count_nonzero(ids == token_id))
 
 
+def filter_lines(summary: dict) -> list[str]:
+    """What each training-pair filter of the table tests, with the values it ran with
+    (``summary["clean_params"]``; [] for a summary written before it was recorded)."""
+    p = summary.get("clean_params")
+    if not p:
+        return []
+    train = next((v for k, v in summary["pairs"].items() if v.get("dropped")), {})
+    dropped = train.get("dropped") or {}
+    limit = p.get("max_train_pairs")
+    return [
+        "training-pair filters (training split only; test and valid sets are never filtered):",
+        f"- empty: either side empty after normalisation: {dropped.get('empty', 0)} dropped",
+        (f"- too_long: more than {p['max_len']} words on either side (data.max_len): "
+        f"{dropped.get('too_long', 0)} dropped"),
+        (f"- ratio: longer / shorter side > {p['max_ratio']} counted in whitespace words, not "
+        f"pieces, where the longer side has >= {p['ratio_min_len']} words (data.max_ratio, "
+        f"data.ratio_min_len; not in the paper): {dropped.get('ratio', 0)} dropped"),
+        (f"- duplicate: the same pair again (data.dedup={p['dedup']}): "
+        f"{dropped.get('duplicate', 0) if p['dedup'] else 'off'}"),
+        f"- data.max_train_pairs: {'all pairs read' if limit is None else f'reading stops after {limit} pairs'}",
+    ]
+
+
 def format_summary(summary: dict) -> str:
     """The summary as Markdown tables (what ``nmt-prepare`` prints)."""
     src, tgt = summary["src_lang"], summary["tgt_lang"]
@@ -328,6 +352,7 @@ def format_summary(summary: dict) -> str:
         lines.append(f"training pairs longer than {tf['max_len']} pieces (model.max_positions "
                      f"{tf['max_positions']}, trainer.max_tokens {tf['max_tokens']}): "
                      f"{tf['dropped']} dropped")
+    lines += filter_lines(summary)
     if "stages" in summary:
         lines.append("stages: " + ", ".join(f"{k} {v['status']} ({v['seconds']} s)"
                                             for k, v in summary["stages"].items()))

@@ -192,12 +192,15 @@ def evaluate(cfg: Config) -> dict[str, Any]:
             "corpus": data.corpus,
             "src_lang": data.src_lang,
             "tgt_lang": data.tgt_lang,
+            "max_train_pairs": (model_cfg.get("data", {}).get("max_train_pairs")
+                                if hasattr(model_cfg, "get") else None),
         },
         "model": {"name": model_cfg.model.name, "params": params,
                   "config": _plain(model_cfg.model)},
         "trainer": {
             "label_smoothing": trainer_cfg.get("label_smoothing"),
             "max_steps": trainer_cfg.get("max_steps"),
+            "tokens_per_step": trainer_cfg.get("tokens_per_step"),
         },
         "checkpoint": str(ckpt_path),
         "steps": meta["step"],

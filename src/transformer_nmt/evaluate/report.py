@@ -6,7 +6,9 @@ written by :mod:`transformer_nmt.evaluate.evaluate`) and writes ``cfg.table_outp
 
 * **Table 2** (paper section 6.1): newstest2014 BLEU, EN-DE and EN-FR, and training cost,
   for Transformer base and big; the paper's numbers beside ours. Runs qualify when their
-  corpus is ``wmt14``, their model preset ``base`` or ``big`` and they name no Table 3 row.
+  corpus is ``wmt14``, their model preset ``base`` or ``big``, they name no Table 3 row, and
+  they followed the paper's recipe (:func:`table2_exclusions`: steps, real tokens per step,
+  checkpoints averaged, full data); the others are listed under Other runs with the reason.
 * **Table 3** (paper section 6.2): the runs of Table 3 rows (:mod:`transformer_nmt.evaluate.table3`),
   one table per base experiment, each row beside the paper's line it varies (by
   ``table3.variant``; a run configured by hand: the line with the same setting), seeds
@@ -18,8 +20,10 @@ Every BLEU number is in a column or cell that names its kind. The paper's number
 tokenized BLEU; they are compared only with ours computed the same way (``paper_bleu`` in
 results.json: tensor2tensor's ``get_ende_bleu.sh`` for EN-DE, Moses tokenizer + multi-bleu
 for EN-FR, see :mod:`transformer_nmt.evaluate.bleu`); sacreBLEU, our headline, is shown beside it.
-A results.json without ``paper_bleu`` (written before it existed) shows "–" there. Training cost: the paper's FLOPs are GPU time x sustained single-precision
-TFLOPS of the GPUs; ours come from the run's train_summary.json (its ``flops`` field).
+A results.json without ``paper_bleu`` (written before it existed) shows "–" there. Training
+cost, in two columns named by their definitions: the paper's FLOPs are GPU time x sustained
+single-precision TFLOPS of the GPUs; ours come from the run's train_summary.json (its
+``flops`` field, model FLOPs of the tokens trained on).
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ from typing import Any
 from transformer_nmt.config import Config
 from transformer_nmt.evaluate.paper import (
     DEV_SET,
+    PAPER_RECIPE,
     PAPER_TABLE2,
     PAPER_TABLE3,
+    PAPER_TOKENS_PER_STEP,
     SETTING_KEYS,
     TABLE2_TEST_SET,
     PaperRow,
@@ -154,8 +160,9 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines
 
 
-def is_table2_run(result: dict[str, Any]) -> bool:
-    """WMT14 runs of the base or big preset that reproduce Table 2 (no Table 3 row)."""
+def is_table2_candidate(result: dict[str, Any]) -> bool:
+    """WMT14 runs of the base or big preset (no Table 3 row): the runs that may enter
+    Table 2 (:func:`table2_exclusions` says whether they do)."""
     return (
         (result.get("data") or {}).get("corpus") == "wmt14"
         and (result.get("model") or {}).get("name") in PAPER_TABLE2
@@ -163,17 +170,71 @@ def is_table2_run(result: dict[str, Any]) -> bool:
     )
 
 
+TOKENS_PER_STEP_TOLERANCE = 0.1
+
+
+def table2_exclusions(result: dict[str, Any]) -> list[str]:
+    """Why a Table 2 candidate is not comparable with the paper's row ([] = it is): it must
+    have finished the paper's steps (100k base, 300k big), held the paper's 25,000 real
+    source and target tokens per step within ±10 % (measured: ``real_tokens_per_step`` of
+    its train_summary.json), averaged the paper's checkpoints (5 base, 20 big) and trained
+    on the full data (no ``data.max_train_pairs``)."""
+    size = str((result.get("model") or {}).get("name"))
+    recipe = PAPER_RECIPE[size]
+    summary = result.get("train_summary") or {}
+    why = []
+    steps = summary.get("steps", result.get("steps"))
+    if steps is None or int(steps) < recipe["steps"]:
+        why.append(f"trained {'an unrecorded number of' if steps is None else f'{int(steps):,}'} "
+                   f"of the paper's {recipe['steps']:,} steps")
+    per_step = summary.get("real_tokens_per_step") or {}
+    if not per_step:
+        why.append("real tokens per step not recorded (no train_summary.json)")
+    for side, name in (("src", "source"), ("tgt", "target")):
+        value = per_step.get(side)
+        if value is not None and abs(value / PAPER_TOKENS_PER_STEP - 1) > TOKENS_PER_STEP_TOLERANCE:
+            why.append(f"{value:,.0f} real {name} tokens per step, not the paper's "
+                       f"{PAPER_TOKENS_PER_STEP:,} ± {TOKENS_PER_STEP_TOLERANCE:.0%}")
+    n_avg = result.get("num_checkpoints_averaged")
+    if n_avg != recipe["averaged"]:
+        why.append(f"averaged {n_avg or 'no'} checkpoints, not the paper's {recipe['averaged']}")
+    data = result.get("data") or {}
+    if "max_train_pairs" not in data:
+        why.append("training data size not recorded (results.json before data.max_train_pairs)")
+    elif data["max_train_pairs"] is not None:
+        why.append(f"trained on the first {int(data['max_train_pairs']):,} pairs "
+                   "(data.max_train_pairs), not the full data")
+    return why
+
+
+def is_table2_run(result: dict[str, Any]) -> bool:
+    """A run that enters Table 2: a candidate (:func:`is_table2_candidate`) with no
+    exclusion (:func:`table2_exclusions`)."""
+    return is_table2_candidate(result) and not table2_exclusions(result)
+
+
+COST_PAPER = "training cost: GPU time x sustained TFLOPS (FLOPs, the paper's)"
+COST_OURS = "training cost: 6 x weights x tokens + attention (FLOPs, ours)"
+
+
+def _paper_cost(p: dict[str, Any]) -> str:
+    if p["cost_de"] == p["cost_fr"]:
+        return _fmt_e(p["cost_de"])
+    return f"EN-DE {_fmt_e(p['cost_de'])}, EN-FR {_fmt_e(p['cost_fr'])}"
+
+
 def table2_section(results: list[dict[str, Any]]) -> list[str]:
-    """Markdown lines of the Table 2 section (paper rows always, ours when present)."""
+    """Markdown lines of the Table 2 section (paper rows always, ours when comparable:
+    :func:`is_table2_run`)."""
     header = [
         "model", f"EN-DE {TOK_DE}", f"EN-DE {SACRE}", f"EN-FR {TOK_FR}",
-        f"EN-FR {SACRE}", "training cost EN-DE (FLOPs)", "EN-FR (FLOPs)", "GPU-hours",
+        f"EN-FR {SACRE}", COST_PAPER, COST_OURS, "GPU-hours",
     ]
     rows = []
     for size in ("base", "big"):
         p = PAPER_TABLE2[size]
         rows.append([f"Transformer ({size}), paper", _fmt(p["de"]), "–", _fmt(p["fr"]), "–",
-                     _fmt_e(p["cost_de"]), _fmt_e(p["cost_fr"]), "–"])
+                     _paper_cost(p), "–", "–"])
         for r in results:
             if not is_table2_run(r) or r["model"]["name"] != size:
                 continue
@@ -186,7 +247,7 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
                 f"Transformer ({size}), ours: {_name(r)}",
                 tok if de else "–", sacre if de else "–",
                 "–" if de else tok, "–" if de else sacre,
-                _fmt_e(flops) if de else "–", "–" if de else _fmt_e(flops), _fmt(hours),
+                "–", _fmt_e(flops), _fmt(hours),
             ])
     return [
         "## Table 2: newstest2014 (full, 3,003 sentences)",
@@ -197,8 +258,14 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
         f"{TOK_FR}. {SACRE} (detokenized, 13a, mixed case, against the official reference)",
         "is our headline; the paper has no such number.",
         *([LEGACY_NOTE] if any(is_table2_run(r) and is_legacy(r) for r in results) else []),
-        "Paper cost = training time x GPUs x sustained TFLOPS; ours = the `flops` of the run's",
-        "train_summary.json (6 x parameters x tokens).",
+        "A run of ours enters the table only when it finished the paper's steps (100k base,",
+        (f"300k big), held {PAPER_TOKENS_PER_STEP:,} real source and target tokens per step "
+        f"± {TOKENS_PER_STEP_TOLERANCE:.0%} (measured),"),
+        "averaged the paper's checkpoints (5 base, 20 big) and trained on the full data;",
+        "the others are under Other runs with the reason. The two cost columns are two",
+        "definitions: the paper's is training time x GPUs x the GPUs' sustained single-precision",
+        "TFLOPS; ours is the `flops` of the run's train_summary.json (model FLOPs counted from",
+        "the tokens it trained on, transformer_nmt.model.flops), not comparable with the paper's.",
         "",
         *_table(header, rows),
         "",
@@ -384,6 +451,8 @@ def others_section(results: list[dict[str, Any]]) -> list[str]:
     others = [r for r in results if not is_table2_run(r) and not is_table3_run(r)]
     if not others:
         return []
+    excluded = [f"- {_name(r)} ({r.get('_path', '–')}): " + "; ".join(table2_exclusions(r))
+                for r in others if is_table2_candidate(r)]
     return [
         "## Other runs",
         "",
@@ -392,6 +461,7 @@ def others_section(results: list[dict[str, Any]]) -> list[str]:
         "",
         *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(others)),
         "",
+        *(["WMT14 runs not in Table 2, and why:", "", *excluded, ""] if excluded else []),
     ]
 
 

@@ -49,6 +49,7 @@ def dry_run_config(cfg: Config) -> Config:
     t.keep_last = 1
     t.no_save = True  # a big model's checkpoint is 2.5 GB; the dry run is about the steps
     t.patience = None
+    t.tokens_per_step = None  # a few steps of one micro-batch each: the step's size is not checked
     t.valid_bleu_sentences = min(int(t.valid_bleu_sentences), 16)
     cfg.run_dir = str(Path(cfg.run_dir) / "dry_run")
     if not data_ready(cfg):

@@ -41,7 +41,8 @@ def save_training(
     run_dir: str | Path, s: Setup, state: TrainState, info: DistInfo, *, config: Config,
     seed: int, keep_last: int, best: bool = False, regular: bool = True,
 ) -> None:
-    """Write ``checkpoint_<step>.pt`` (pruning to the last ``keep_last``) and / or
+    """Write ``checkpoint_<step>.pt`` (pruning to the last ``keep_last`` periodic ones and the
+    newest, :func:`transformer_nmt.checkpoint.prune_checkpoints`) and / or
     ``checkpoint_best.pt`` from the trainer's parts.
 
     Every rank calls it (the RNG states are gathered); rank 0 writes.
@@ -65,7 +66,7 @@ def save_training(
     folder = checkpoint_dir(run_dir)
     if regular:
         path = save_checkpoint(folder / f"checkpoint_{state.step}.pt", ckpt)
-        prune_checkpoints(run_dir, keep_last)
+        prune_checkpoints(run_dir, keep_last, config.trainer.save_every_steps)
         log.info("saved %s", path)
     if best:
         save_checkpoint(folder / BEST_NAME, ckpt)

@@ -17,6 +17,7 @@ from transformer_nmt import checkpoint as ckpt_lib
 from transformer_nmt.config import Config
 from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset, build_dataloader
 from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
+from transformer_nmt.errors import UserError
 from transformer_nmt.fileio import spm_model_path
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.runtime import (
@@ -26,6 +27,7 @@ from transformer_nmt.runtime import (
     seed_everything,
 )
 from transformer_nmt.train import distributed
+from transformer_nmt.train.batch_size import cuda_max_tokens, plan_batch
 from transformer_nmt.train.data import check_data, load_split, log_data_report
 from transformer_nmt.train.optim import build_optimizer, build_scheduler
 
@@ -84,11 +86,23 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     train_set = load_split(cfg, cfg.data.train_split)
     valid_set = load_split(cfg, cfg.data.valid_split)
     seed = int(t_cfg.seed)
-    sampler = LengthBucketSampler(
-        train_set.src_sizes, train_set.tgt_sizes, int(t_cfg.max_tokens), shuffle=True,
-        seed=seed, rank=info.rank, world_size=info.world_size,
-        skip_too_long=t_cfg.too_long == "skip",
-    )
+
+    def make_sampler(max_tokens: int) -> LengthBucketSampler:
+        return LengthBucketSampler(
+            train_set.src_sizes, train_set.tgt_sizes, max_tokens, shuffle=True,
+            seed=seed, rank=info.rank, world_size=info.world_size,
+            skip_too_long=t_cfg.too_long == "skip",
+        )
+
+    plan = plan_batch(t_cfg, cfg.model, make_sampler, info.world_size,
+                      **_device_cap(cfg, info, train_set))
+    # The loop, the summary and the checkpoints read the chosen values from the config.
+    t_cfg.max_tokens, t_cfg.update_freq, sampler = plan.max_tokens, plan.update_freq, plan.sampler
+    if t_cfg.tokens_per_step is not None:
+        log.info("trainer.tokens_per_step=%d: update_freq %d x %d rank(s) x max_tokens %d "
+                 "(%s real source and %s real target tokens per step on average)",
+                 int(t_cfg.tokens_per_step), plan.update_freq, info.world_size,
+                 plan.max_tokens, f"{plan.src_per_step:,.0f}", f"{plan.tgt_per_step:,.0f}")
     if len(sampler) == 0:
         raise ValueError(f"training split {cfg.data.train_split!r} of {cfg.data.name} is empty")
     valid_sampler = LengthBucketSampler(
@@ -126,6 +140,30 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         steps_per_epoch=steps_per_epoch,
         params=[p for p in model.parameters() if p.requires_grad],
     )
+
+
+def _device_cap(cfg: Config, info: distributed.DistInfo,
+                train_set: ParallelDataset) -> dict[str, int]:
+    """``trainer.auto_max_tokens`` on a GPU: the estimated micro-batch budget of the smallest
+    GPU of the run (:func:`transformer_nmt.train.batch_size.cuda_max_tokens`, a minimum over
+    ranks) and the longest pair's length as the floor; ``{}`` otherwise (CPU: ``max_tokens``
+    as given)."""
+    if not cfg.trainer.auto_max_tokens or info.device.type != "cuda":
+        if cfg.trainer.auto_max_tokens:
+            log.info("trainer.auto_max_tokens: no GPU; max_tokens %d as given",
+                     int(cfg.trainer.max_tokens))
+        return {}
+    cap, line = cuda_max_tokens(cfg.model, info.device)
+    log.info("trainer.auto_max_tokens: %s", line)
+    smallest = -int(distributed.all_reduce_max(
+        torch.tensor([-cap], dtype=torch.int64, device=info.device)).item())
+    longest = max(int(train_set.src_sizes.max(initial=0)), int(train_set.tgt_sizes.max(initial=0))) + 1
+    if smallest < longest:
+        raise UserError(f"trainer.auto_max_tokens: the smallest GPU of the run holds an "
+                        f"estimated {smallest} tokens per micro-batch, less than the longest "
+                        f"training pair ({longest} with eos); set trainer.max_tokens and "
+                        "trainer.auto_max_tokens=false")
+    return {"device_cap": smallest, "min_tokens": longest}
 
 
 def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: bool) -> torch.nn.Module:
