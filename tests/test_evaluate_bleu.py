@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import math
 import subprocess
@@ -15,14 +17,18 @@ from transformer_nmt.evaluate.bleu import (
     CHRF_LABEL,
     PAPER_DE_LABEL,
     PAPER_LABEL,
+    PAPER_LABELS,
     SACREBLEU_LABEL,
     TOKENIZED_LABEL,
     TOKENIZED_SPLIT_LABEL,
     format_score,
     moses_tokenize,
     multi_bleu,
+    multi_bleu_line,
     normalize_german_quotes,
     paper_bleu,
+    paper_forms,
+    paper_tokenize,
     read_text_lines,
     replace_unicode_punctuation,
     sacrebleu_score,
@@ -30,6 +36,12 @@ from transformer_nmt.evaluate.bleu import (
     split_compounds,
     tokenized_bleu,
 )
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from paper_bleu_goldens import synthetic_hypothesis
+
+GOLDEN = REPO / "tests" / "data" / "paper_bleu"
 
 # Detokenized fixture; the Moses tokenizer only detaches the final full stops.
 HYPS = ["the cat sat on the mat.", "a dog runs.", "the the the."]
@@ -97,15 +109,24 @@ def test_compound_splitting():
 
 def test_every_score_is_labelled_with_signature():
     results = score_all(HYPS, REFS, lang="de")
+    assert list(results) == ["sacrebleu", "paper_bleu", "paper_bleu:t2t-2018", "chrf"]
     assert results["sacrebleu"]["label"] == SACREBLEU_LABEL
     assert results["chrf"]["label"] == CHRF_LABEL
-    assert results["paper_bleu"]["label"] == PAPER_DE_LABEL
+    assert results["paper_bleu"]["label"] == PAPER_DE_LABEL == PAPER_LABELS["t2t-2017"]
+    assert results["paper_bleu"]["form"] == "t2t-2017"
+    assert results["paper_bleu:t2t-2018"]["label"] == PAPER_LABELS["t2t-2018"]
     assert "tok:13a" in results["sacrebleu"]["signature"]
     assert "case:mixed" in results["sacrebleu"]["signature"]
     assert "tok:none" in results["paper_bleu"]["signature"]
     assert "smooth:none" in results["paper_bleu"]["signature"]
-    assert "recipe:t2t-get_ende_bleu" in results["paper_bleu"]["signature"]
-    assert score_all(HYPS, REFS, lang="fr")["paper_bleu"]["label"] == PAPER_LABEL
+    assert "recipe:t2t-get_ende_bleu|form:t2t-2017|hyp:tok-de+atat|" in (
+        results["paper_bleu"]["signature"])
+    assert "|form:t2t-2018|hyp:replace-unicode-punctuation+tok-de+atat|" in (
+        results["paper_bleu:t2t-2018"]["signature"])
+    fr = score_all(HYPS, REFS, lang="fr")
+    assert list(fr) == ["sacrebleu", "paper_bleu", "paper_bleu:moses-a", "chrf"]
+    assert fr["paper_bleu"]["label"] == PAPER_LABEL == PAPER_LABELS["moses"]
+    assert "|form:moses-a|hyp:tok-fr-a|ref:tok-fr-a|" in fr["paper_bleu:moses-a"]["signature"]
     for r in results.values():
         line = format_score(r)
         assert line.startswith(r["label"]) and r["signature"] in line
@@ -131,7 +152,7 @@ def test_replace_unicode_punctuation_as_the_perl_script():
     assert replace_unicode_punctuation("„Das ist gut“, sagte er…") == '„Das ist gut", sagte er...'
     assert replace_unicode_punctuation("Er’s ist «so» ‘ja’") == "Er's ist «so» ‘ja'"
     assert replace_unicode_punctuation("２０ ％ （ｘ） ？！") == '20 % (ｘ) ?!'
-    # The script maps the full-width one to a quote (sacremoses maps it to 1).
+    # The script maps the full-width one to a quote.
     assert replace_unicode_punctuation("１０") == '"0'
     # 。 and ． take the spaces after them, not a tab.
     assert replace_unicode_punctuation("a。  b．c。\td") == "a. b. c. \td"
@@ -165,28 +186,55 @@ def test_moses_tokenizer_escaping_ellipsis_and_hyphens():
 def test_paper_bleu_german_by_hand():
     """get_ende_bleu.sh on one sentence, n-grams counted by hand.
 
-    hypothesis „Das 3-stöckige Haus“ … sagte er.  -> punct -> tok -> atat:
-        „ Das 3 ##AT##-##AT## stöckige Haus &quot; ... sagte er .        (11 tokens)
+    hypothesis „Das 3-stöckige Haus“ … sagte er.
+      2017 form: tok -> atat:      „ Das 3 ##AT##-##AT## stöckige Haus “ … sagte er .
+      2018 form: punct -> tok -> atat:
+                                   „ Das 3 ##AT##-##AT## stöckige Haus &quot; ... sagte er .
     reference (same text) -> quotes -> tok -> atat:
-        &quot; Das 3 ##AT##-##AT## stöckige Haus &quot; … sagte er .   (11 tokens)
-    matches: 1-grams 9/11 (all but „ and ...), 2-grams 7/10, 3-grams 5/9, 4-grams 3/8; BP 1.
+                                   &quot; Das 3 ##AT##-##AT## stöckige Haus &quot; … sagte er .
+    11 tokens each. 2017: all but „ and “ match, 2018: all but „ and ...; either way
+    1-grams 9/11, 2-grams 7/10, 3-grams 5/9, 4-grams 3/8; BP 1.
     """
     text = "„Das 3-stöckige Haus“ … sagte er."
-    result = paper_bleu([text], [text], "de")
     expected = 100 * math.exp((math.log(9 / 11) + math.log(7 / 10) + math.log(5 / 9)
                                + math.log(3 / 8)) / 4)
-    assert result["score"] == pytest.approx(expected, abs=1e-9)
-    assert (result["sys_len"], result["ref_len"]) == (11, 11)
-    assert result["label"] == PAPER_DE_LABEL == "paper BLEU (t2t get_ende_bleu.sh)"
-    # ASCII quotes or “ ” in the hypothesis match the reference's &quot;; „ never does.
+    for form in ("t2t-2017", "t2t-2018"):
+        result = paper_bleu([text], [text], "de", form=form)
+        assert result["score"] == pytest.approx(expected, abs=1e-9)
+        assert (result["sys_len"], result["ref_len"]) == (11, 11)
+        assert result["label"] == PAPER_LABELS[form] and result["form"] == form
+    assert paper_bleu([text], [text], "de") == paper_bleu([text], [text], "de", form="t2t-2017")
+    # ASCII quotes match the reference's &quot; in both forms, “ ” only in the 2018 form
+    # (which maps them to "), „ never.
     ref = "„Das 3-stöckige Haus“, sagte er."
-    for hyp in ('"Das 3-stöckige Haus", sagte er.', "“Das 3-stöckige Haus”, sagte er."):
-        assert paper_bleu([hyp], [ref], "de")["score"] == pytest.approx(100.0)
-    assert paper_bleu([ref], [ref], "de")["precisions"][0] == pytest.approx(100 * 10 / 11)
-    # French: tokenizer and multi-bleu only; the ellipsis and « » stay as they are.
+    ascii_hyp, curly_hyp = '"Das 3-stöckige Haus", sagte er.', "“Das 3-stöckige Haus”, sagte er."
+    for form in ("t2t-2017", "t2t-2018"):
+        assert paper_bleu([ascii_hyp], [ref], "de", form)["score"] == pytest.approx(100.0)
+    assert paper_bleu([curly_hyp], [ref], "de", "t2t-2018")["score"] == pytest.approx(100.0)
+    assert paper_bleu([curly_hyp], [ref], "de", "t2t-2017")["precisions"][0] == pytest.approx(
+        100 * 9 / 11)
+    assert paper_bleu([ref], [ref], "de")["precisions"][0] == pytest.approx(100 * 9 / 11)
+    assert paper_bleu([ref], [ref], "de", "t2t-2018")["precisions"][0] == pytest.approx(
+        100 * 10 / 11)
+    # French: tokenizer and multi-bleu only; the ellipsis and « » stay as they are; -a splits
+    # the compound.
     fr = paper_bleu(["« Oui »… dit-il."], ["« Oui »… dit-il."], "fr")
     assert fr["score"] == pytest.approx(100.0) and fr["label"] == PAPER_LABEL
     assert fr["sys_len"] == 6  # « Oui » … dit-il .
+    assert paper_tokenize(["« Oui »… dit-il."], ["x"], "fr", "moses-a")[0] == [
+        "« Oui » … dit @-@ il ."]
+
+
+def test_paper_bleu_forms_are_checked():
+    assert paper_forms("de") == ("t2t-2017", "t2t-2018")
+    assert paper_forms("fr") == paper_forms("en") == ("moses", "moses-a")
+    with pytest.raises(ValueError, match="unknown paper BLEU form 't2t'"):
+        paper_bleu(HYPS, REFS, "de", form="t2t")
+    with pytest.raises(ValueError, match="German targets only"):
+        paper_bleu(HYPS, REFS, "fr", form="t2t-2018")
+    german_moses = paper_bleu(HYPS, REFS, "de", form="moses-a")
+    assert german_moses["label"] == PAPER_LABELS["moses-a"]
+    assert "|hyp:tok-de-a|" in german_moses["signature"]
 
 
 OFFICIAL_REF = [
@@ -218,3 +266,84 @@ def test_sacrebleu_equals_the_command_line_on_the_official_bytes(tmp_path):
     assert ours["signature"] == printed["signature"]
     nfkc = [unicodedata.normalize("NFKC", r).replace("\u00ad", "") for r in OFFICIAL_REF]
     assert sacrebleu_score(HYP, nfkc)["score"] > ours["score"] + 5  # what cleaning would hide
+
+
+# ------------------------------------------- the Perl scripts' own outputs (tests/data/paper_bleu)
+
+
+def _handmade_cases():
+    data = json.loads((GOLDEN / "handmade.json").read_text(encoding="utf-8"))
+    return [pytest.param(data["inputs"][lang], lang, form, golden, id=f"{lang}-{form}")
+            for lang, forms in data["forms"].items() for form, golden in forms.items()]
+
+
+@pytest.mark.parametrize(("inputs", "lang", "form", "golden"), _handmade_cases())
+def test_paper_bleu_equals_perl_on_handmade_lines(inputs, lang, form, golden):
+    """Every quote, dash, apostrophe, ellipsis, compound, escaped and full-width character,
+    number format and URL of the hand-made lines: ours tokenizes each line as the Perl
+    pipeline of the form did and prints the same multi-bleu.perl line."""
+    hyp_tok, ref_tok = paper_tokenize(inputs["hyp"], inputs["ref"], lang, form)
+    for side, ours, perl in (("hyp", hyp_tok, golden["hyp_tok"]),
+                             ("ref", ref_tok, golden["ref_tok"])):
+        diff = [(i, o, p) for i, (o, p) in enumerate(zip(ours, perl)) if o != p]
+        assert len(ours) == len(perl) and not diff, f"{side} lines differ (ours, perl): {diff}"
+    result = paper_bleu(inputs["hyp"], inputs["ref"], lang, form)
+    assert multi_bleu_line(result) == golden["bleu"]
+    assert multi_bleu_line(multi_bleu(hyp_tok, ref_tok)) == golden["bleu"]
+
+
+def test_the_goldens_tell_the_two_t2t_forms_apart():
+    """The unicode step changes the hand-made German hypotheses and the BLEU by about 11
+    points, so a t2t-2018 without it (or a t2t-2017 with it) fails the test above."""
+    forms = json.loads((GOLDEN / "handmade.json").read_text(encoding="utf-8"))["forms"]["de"]
+    old, new = forms["t2t-2017"], forms["t2t-2018"]
+    assert old["ref_tok"] == new["ref_tok"]
+    assert sum(a != b for a, b in zip(old["hyp_tok"], new["hyp_tok"])) == 9
+    assert old["bleu"].startswith("BLEU = 46.78,") and new["bleu"].startswith("BLEU = 58.06,")
+
+
+def test_synthetic_hypothesis_is_the_documented_edit():
+    ref = 'Ein Mann mit einem "roten" Hut und ein Kind, das ein Eis-Hörnchen isst.'
+    assert synthetic_hypothesis(ref, 1, "de") == (
+        "Ein „Mann“ mit einem „roten“ und ein Kind, das ein Eis-Hörnchen isst.")
+    assert synthetic_hypothesis("L'homme court vite dans la rue.", 0, "fr") == (
+        "L\u2019homme court vite dans la rue.")
+    assert synthetic_hypothesis("a b-c d e f g h i j.", 15, "en") == (
+        'a "b\u2013c" d e f h i j\u2026')
+
+
+def _sha256(lines: list[str]) -> str:
+    return hashlib.sha256("".join(f"{line}\n" for line in lines).encode("utf-8")).hexdigest()
+
+
+def _multi30k_cases():
+    data = json.loads((GOLDEN / "multi30k.json").read_text(encoding="utf-8"))
+    return [pytest.param(name, lang, entry, data["keep"], id=f"{name}.{lang}")
+            for name, langs in data["sets"].items() for lang, entry in langs.items()]
+
+
+@pytest.mark.parametrize(("name", "lang", "entry", "keep"), _multi30k_cases())
+def test_paper_bleu_equals_perl_on_multi30k(multi30k_mirror, name, lang, entry, keep):
+    """A Multi30k test set against the documented synthetic hypotheses, in every form: each
+    tokenized file equals the Perl pipeline's (SHA-256 of the whole file, the first ``keep``
+    lines word for word) and ours prints multi-bleu.perl's line over all lines and over the
+    first ``keep``."""
+    path = multi30k_mirror / f"{name}.{lang}.gz"
+    refs = gzip.decompress(path.read_bytes()).decode("utf-8").split("\n")
+    refs = refs[:-1] if refs[-1] == "" else refs
+    assert len(refs) == entry["lines"]
+    hyps = [synthetic_hypothesis(r, i, lang) for i, r in enumerate(refs)]
+    failures = []
+    for form, golden in entry["forms"].items():
+        hyp_tok, ref_tok = paper_tokenize(hyps, refs, lang, form)
+        checks = {
+            "hyp head": hyp_tok[:keep] == golden["hyp_tok_head"],
+            "ref head": ref_tok[:keep] == golden["ref_tok_head"],
+            "hyp sha256": _sha256(hyp_tok) == golden["hyp_sha256"],
+            "ref sha256": _sha256(ref_tok) == golden["ref_sha256"],
+            "bleu": multi_bleu_line(multi_bleu(hyp_tok, ref_tok)) == golden["bleu"],
+            "head bleu": (multi_bleu_line(multi_bleu(hyp_tok[:keep], ref_tok[:keep]))
+                          == golden["head_bleu"]),
+        }
+        failures += [f"{form}: {check}" for check, ok in checks.items() if not ok]
+    assert not failures

@@ -33,7 +33,9 @@ def test_evaluate_end_to_end(workspace, tokenizer, tmp_path, capsys):
 
     printed = capsys.readouterr().out
     assert "sacreBLEU (detokenized, 13a, mixed case): " in printed
-    assert "paper BLEU (t2t get_ende_bleu.sh): " in printed
+    assert "paper BLEU (t2t get_ende_bleu.sh, 2017 form): " in printed
+    assert "paper BLEU (t2t get_ende_bleu.sh, 2018 form: + replace-unicode-punctuation): " in (
+        printed)
     assert "chrF" in printed
     translations = run_dir / "translations" / "test_2016_flickr.de"
     assert len(translations.read_text(encoding="utf-8").splitlines()) == 12
@@ -46,7 +48,9 @@ def test_evaluate_end_to_end(workspace, tokenizer, tmp_path, capsys):
     assert saved["training_cost"] == {"gpu_hours": 0.5, "flops": 1.5e15, "train_seconds": 1800.0,
                                       "world_size": 1}
     test = saved["test_sets"]["test_2016_flickr"]
-    for entry in (test["bleu"]["sacrebleu"], test["bleu"]["paper_bleu"], test["chrf"]):
+    assert list(test["bleu"]) == ["sacrebleu", "paper_bleu", "paper_bleu:t2t-2018"]
+    assert test["bleu"]["paper_bleu"]["form"] == "t2t-2017"
+    for entry in (*test["bleu"].values(), test["chrf"]):
         assert entry["label"] and entry["signature"] and 0 <= entry["score"] <= 100
     assert test["speed"]["sentences"] == 12
     # Scored against the official reference file: the number is what the command line gives.

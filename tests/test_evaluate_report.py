@@ -62,7 +62,7 @@ def test_report_tables(tmp_path):
     text = write_report(cfg).read_text(encoding="utf-8")
 
     # Table 2: paper numbers beside ours, every BLEU column named.
-    assert ("EN-DE paper BLEU (t2t get_ende_bleu.sh) | EN-DE sacreBLEU | "
+    assert ("EN-DE paper BLEU (t2t get_ende_bleu.sh, 2017 form) | EN-DE sacreBLEU | "
             "EN-FR paper BLEU (Moses tokenizer, multi-bleu) | EN-FR sacreBLEU") in text
     for size, paper in PAPER_TABLE2.items():
         assert f"| Transformer ({size}), paper | {paper['de']:.1f} | – | {paper['fr']:.1f} |" in text

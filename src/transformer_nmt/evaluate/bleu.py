@@ -8,26 +8,33 @@ Two different numbers, never to be mixed up; every result carries its ``label`` 
   :func:`read_text_lines` reads a file the way the ``sacrebleu`` command line does, so the
   number equals ``sacrebleu REF -i HYP`` on the same two files. chrF (Popović 2015) is
   reported beside it.
-* **paper BLEU** (the paper's Table 2, section 6.1), :func:`paper_bleu`:
+* **paper BLEU** (the paper's Table 2, section 6.1), :func:`paper_bleu`, in one of the
+  historical forms of :data:`PAPER_LABELS` (docs/paper_bleu.md has the evidence for each):
 
-  - EN-DE follows tensor2tensor's ``get_ende_bleu.sh``: the hypothesis goes through Moses
-    ``replace-unicode-punctuation.perl`` then ``tokenizer.perl -l de`` (HTML escaping on, no
-    ``-a``); the reference is the pre-tokenized newstest file in which every German double
-    quote (``„ “ ” « »``) was first turned into ``"`` (which the tokenizer escapes to
-    ``&quot;``); both sides get the ``##AT##`` compound split
-    (``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``); ``multi-bleu.perl`` scores them.
-    ``replace-unicode-punctuation.perl`` leaves ``„`` alone (it only maps ``“ ”``), so a
-    German opening quote in the hypothesis never matches the reference's ``&quot;``: the
-    recipe's asymmetry, kept on purpose.
-  - Every other target language (EN-FR): ``tokenizer.perl -l <lang>`` on both sides and
-    ``multi-bleu.perl``, no compound split.
+  - EN-DE follows tensor2tensor's ``get_ende_bleu.sh``. The hypothesis goes through Moses
+    ``tokenizer.perl -l de`` (HTML escaping on, no ``-a``); the reference is the tokenized
+    newstest file in which every German double quote (``„ “ ” « »``) was first turned into
+    ``"`` (which the tokenizer escapes to ``&quot;``); both sides get the ``##AT##`` compound
+    split (``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``); ``multi-bleu.perl`` scores
+    them. Form ``t2t-2017`` (the default, the script as published on 2017-06-29, after the
+    paper) has no other step; form ``t2t-2018`` (the script from 2018-04-05 on, tensor2tensor
+    commit fc9335c0 "Add forgotten unicode punctuation normalization") first runs Moses
+    ``replace-unicode-punctuation.perl`` on the hypothesis. That script leaves ``„`` alone (it
+    only maps ``“ ”``), so a German opening quote in the hypothesis never matches the
+    reference's ``&quot;``: the recipe's asymmetry, kept on purpose.
+  - Every target language: ``tokenizer.perl -l <lang>`` on both sides and ``multi-bleu.perl``,
+    without (form ``moses``, the default for EN-FR) or with ``-a`` (form ``moses-a``,
+    aggressive hyphen splitting ``a-b`` -> ``a @-@ b``); no compound split.
 
   ``multi-bleu.perl`` is case-sensitive over whitespace-separated tokens, unsmoothed (an
   n-gram order with zero matches gives BLEU 0), brevity penalty exp(1 - r/c) when c < r;
   ``sacrebleu`` with ``tokenize='none'``, ``smooth_method='none'``, ``force=True`` computes
   exactly that on pre-tokenized text (tests/test_evaluate_bleu.py checks it against hand counts).
-  The Moses scripts are reproduced with ``sacremoses`` (its punctuation table corrected
-  where the Perl script differs, see :func:`replace_unicode_punctuation`).
+  The Moses scripts are those of mosesdecoder commit 59bad94 (2017-05-29, the last before the
+  paper), reproduced with ``sacremoses``, its character classes and tables corrected where
+  the Perl scripts differ (:func:`moses_tokenize`, :func:`replace_unicode_punctuation`).
+  tests/data/paper_bleu holds what the Perl scripts print for every form on hand-made and
+  Multi30k text; ours gives the same tokenized lines and BLEU.
 
 :func:`tokenized_bleu` (both sides Moses-tokenized the same way) is kept for comparisons
 with tools that score that way; it is not the paper's number. Scores are on the 0-100 scale.
@@ -41,14 +48,37 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
 
+import regex
 from sacrebleu.metrics import BLEU, CHRF
 
 SACREBLEU_LABEL = "sacreBLEU (detokenized, 13a, mixed case)"
 CHRF_LABEL = "chrF (detokenized, sacreBLEU)"
 TOKENIZED_LABEL = "tokenized BLEU (Moses tokenizer, multi-bleu)"
 TOKENIZED_SPLIT_LABEL = "tokenized BLEU (Moses tokenizer, compound-split, multi-bleu)"
-PAPER_DE_LABEL = "paper BLEU (t2t get_ende_bleu.sh)"
-PAPER_LABEL = "paper BLEU (Moses tokenizer, multi-bleu)"
+
+PAPER_LABELS = {
+    "t2t-2017": "paper BLEU (t2t get_ende_bleu.sh, 2017 form)",
+    "t2t-2018": "paper BLEU (t2t get_ende_bleu.sh, 2018 form: + replace-unicode-punctuation)",
+    "moses": "paper BLEU (Moses tokenizer, multi-bleu)",
+    "moses-a": "paper BLEU (Moses tokenizer -a, multi-bleu)",
+}
+"""The label of each form of :func:`paper_bleu`."""
+PAPER_DE_LABEL = PAPER_LABELS["t2t-2017"]
+PAPER_LABEL = PAPER_LABELS["moses"]
+
+T2T_FORMS = ("t2t-2017", "t2t-2018")
+MOSES_FORMS = ("moses", "moses-a")
+
+
+def paper_forms(lang: str) -> tuple[str, ...]:
+    """The forms the paper's number may have had for target ``lang``, the default first:
+    ``("t2t-2017", "t2t-2018")`` for German, ``("moses", "moses-a")`` otherwise. ``moses``
+    and ``moses-a`` are accepted for German too, the ``t2t-*`` forms for German only."""
+    return T2T_FORMS if lang == "de" else MOSES_FORMS
+
+MOSES_COMMIT = "59bad94"
+"""mosesdecoder commit whose ``tokenizer.perl``, nonbreaking prefixes,
+``replace-unicode-punctuation.perl`` and ``multi-bleu.perl`` are reproduced (2017-05-29)."""
 
 GERMAN_QUOTES = "\u201e\u201c\u201d\u00ab\u00bb"  # „ “ ” « »
 """Double quotes the tensor2tensor EN-DE reference had turned into ``"`` before tokenizing."""
@@ -64,35 +94,33 @@ def split_compounds(line: str) -> str:
     return _COMPOUND_RE.sub(r"\1 ##AT##-##AT## \2", line)
 
 
+# replace-unicode-punctuation.perl at mosesdecoder 59bad94 (unchanged from 2015 to 2018-11),
+# rule by rule and in its order. The script reads bytes, so " *" takes ASCII spaces only;
+# "１" becoming '"' is in the script. sacremoses follows a later, different version.
+_UNICODE_PUNCTUATION = tuple((re.compile(pattern), sub) for pattern, sub in (
+    ("\uff0c", ","), ("\u3002 *", ". "), ("\u3001", ","), ("\u201d", '"'), ("\u201c", '"'),
+    ("\u2236", ":"), ("\uff1a", ":"), ("\uff1f", "?"), ("\u300a", '"'), ("\u300b", '"'),
+    ("\uff09", ")"), ("\uff01", "!"), ("\uff08", "("), ("\uff1b", ";"), ("\uff11", '"'),
+    ("\u300d", '"'), ("\u300c", '"'), ("\uff10", "0"), ("\uff13", "3"), ("\uff12", "2"),
+    ("\uff15", "5"), ("\uff16", "6"), ("\uff19", "9"), ("\uff17", "7"), ("\uff18", "8"),
+    ("\uff14", "4"), ("\uff0e *", ". "), ("\uff5e", "~"), ("\u2019", "'"), ("\u2026", "..."),
+    ("\u2501", "-"), ("\u3008", "<"), ("\u3009", ">"), ("\u3010", "["), ("\u3011", "]"),
+    ("\uff05", "%"),
+))
+
+
 def replace_unicode_punctuation(line: str) -> str:
-    """Moses ``replace-unicode-punctuation.perl`` on one line (the ``-l`` flag is ignored there).
+    """Moses ``replace-unicode-punctuation.perl`` (commit 59bad94) on one line; its ``-l`` flag
+    is ignored there.
 
     Full-width and CJK punctuation to ASCII (``，`` -> ``,``, ``？`` -> ``?``, ``％`` -> ``%``,
-    ``０``-``９`` -> digits ...), ``“ ”`` -> ``"``, ``’`` -> ``'``, ``…`` -> ``...``;
-    ``„``, ``‘``, ``«`` and ``»`` are left alone. sacremoses' table, with the Perl script's
-    behaviour where they differ: ``１`` becomes ``"`` (a long-standing line of the script),
-    and ``。``/``．`` absorb following spaces only (``" *"``), not any whitespace.
+    ``０``-``９`` -> digits but ``１`` -> ``"``, ``。``/``．`` and the spaces after them ->
+    ``". "``), ``“ ”`` -> ``"``, ``’`` -> ``'``, ``…`` -> ``...``; ``„``, ``‘``, ``«`` and ``»``
+    are left alone.
     """
-    return _punct_normalizer().replace_unicode_punct(line)
-
-
-# Where sacremoses' table differs from replace-unicode-punctuation.perl (pattern -> Perl's).
-_PERL_FULLWIDTH_ONE = ("\uff11", '"')
-_PERL_SPACES_ONLY = {"\u3002\\s*": "\u3002 *", "\uff0e\\s*": "\uff0e *"}
-
-
-@functools.lru_cache(maxsize=1)
-def _punct_normalizer():
-    from sacremoses import MosesPunctNormalizer
-
-    norm = MosesPunctNormalizer(lang="de")
-    table = []
-    for pattern, sub in norm.REPLACE_UNICODE_PUNCTUATION:
-        if pattern == _PERL_FULLWIDTH_ONE[0]:
-            sub = _PERL_FULLWIDTH_ONE[1]
-        table.append((_PERL_SPACES_ONLY.get(pattern, pattern), sub))
-    norm.REPLACE_UNICODE_PUNCTUATION = table  # this instance only
-    return norm
+    for pattern, sub in _UNICODE_PUNCTUATION:
+        line = pattern.sub(sub, line)
+    return line
 
 
 def normalize_german_quotes(line: str) -> str:
@@ -167,24 +195,125 @@ def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str
     }
 
 
-def moses_tokenize(lines: Sequence[str], lang: str, compound_split: bool = False) -> list[str]:
-    """Moses-tokenize lines as ``tokenizer.perl -l <lang>`` does (escaping on, no ``-a``).
+# Perl's character classes, as tokenizer.perl uses them: \p{IsAlnum} = Alphabetic or decimal
+# digit, \p{IsAlpha} = Alphabetic, \p{IsN} = any number, \p{IsLower} = Lowercase, \s = White_Space,
+# with the membership Perl 5.36 gives them (Unicode 14.0) where the regex module's newer
+# Unicode data differs: there 38 combining marks are Alphabetic and 6 letters moved in or out
+# of Lowercase (found by running tokenizer.perl on every assigned code point,
+# docs/paper_bleu.md). Sets in the regex module's V1 syntax.
+_ALPHA = (r"[\p{Alphabetic}--[\u0363-\u036f\u0c04\u0f82\u0f83\u1dd3-\u1de6"
+          r"\U00011080\U00011081]]")
+_ALNUM, _N = rf"\p{{Nd}}{_ALPHA}", r"\p{N}"
+_LOWER = r"[[\p{Lowercase}\u0295]--[\u10fc\ua7f2-\ua7f4\uab69]]"
+
+
+def _perl_re(pattern: str):
+    return regex.compile(pattern, flags=regex.V1)
+
+
+_PERL_LOWER = _perl_re(_LOWER)
+_PERL_ALPHA = _perl_re(_ALPHA)
+_PERL_BLANK_LINE = regex.compile(r"\p{White_Space}*")
+
+# Nonbreaking prefixes sacremoses ships that the 59bad94 files lack (mosesdecoder 4da86c3,
+# 2019-11-05, added "Rs" to nonbreaking_prefix.en).
+_LATER_PREFIXES = {"en": ("Rs",)}
+
+
+@functools.cache
+def _perl_moses_tokenizer(lang: str):
+    from sacremoses import MosesTokenizer
+
+    class PerlMosesTokenizer(MosesTokenizer):
+        r"""sacremoses' tokenizer with the character classes of Perl's regular expressions.
+
+        sacremoses lists the members of each class as an old Perl (Unicode 7.0) printed them,
+        without the CJK ideographs and Hangul syllables and with the Indic viramas and nuktas
+        added; Python's ``\s`` also takes the control characters U+001C-U+001F, which
+        tokenizer.perl deletes. Here every class is the Unicode property Perl uses.
+        """
+
+        DEDUPLICATE_SPACE = _perl_re(r"\p{White_Space}+"), " "
+        PAD_NOT_ISALNUM = _perl_re(rf"([^{_ALNUM}\p{{White_Space}}\.'`,\-])"), r" \1 "
+        AGGRESSIVE_HYPHEN_SPLIT = _perl_re(rf"([{_ALNUM}])\-(?=[{_ALNUM}])"), r"\1 @-@ "
+        COMMA_SEPARATE_1 = _perl_re(rf"([^{_N}])[,]"), r"\1 , "
+        COMMA_SEPARATE_2 = _perl_re(rf"[,]([^{_N}])"), r" , \1"
+        COMMA_SEPARATE_3 = _perl_re(rf"([{_N}])[,]$"), r"\1 , "
+        ENGLISH_SPECIFIC_APOSTROPHE = (
+            (_perl_re(rf"([^{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
+            (_perl_re(rf"([^{_ALPHA}{_N}])[']([{_ALPHA}])"), r"\1 ' \2"),
+            (_perl_re(rf"([{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
+            (_perl_re(rf"([{_ALPHA}])[']([{_ALPHA}])"), r"\1 '\2"),
+            (_perl_re(rf"([{_N}])[']([s])"), r"\1 '\2"),
+        )
+        FR_IT_SPECIFIC_APOSTROPHE = (
+            (_perl_re(rf"([^{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
+            (_perl_re(rf"([^{_ALPHA}])[']([{_ALPHA}])"), r"\1 ' \2"),
+            (_perl_re(rf"([{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
+            (_perl_re(rf"([{_ALPHA}])[']([{_ALPHA}])"), r"\1' \2"),
+        )
+
+        def __init__(self, lang: str):
+            super().__init__(lang=lang)
+            for name in ("PAD_NOT_ISALNUM", "AGGRESSIVE_HYPHEN_SPLIT"):
+                self.__dict__.pop(name, None)  # sacremoses' own classes for zh/ja/ko
+            later = _LATER_PREFIXES.get(lang, ())
+            self.NONBREAKING_PREFIXES = [p for p in self.NONBREAKING_PREFIXES if p not in later]
+
+        def islower(self, text: str) -> bool:
+            return all(_PERL_LOWER.match(ch) for ch in text)
+
+        def isanyalpha(self, text: str) -> bool:
+            return _PERL_ALPHA.search(text) is not None
+
+    return PerlMosesTokenizer(lang)
+
+
+def moses_tokenize(
+    lines: Sequence[str], lang: str, compound_split: bool = False, aggressive: bool = False
+) -> list[str]:
+    """Moses-tokenize lines exactly as ``tokenizer.perl -l <lang>`` of mosesdecoder 59bad94
+    (escaping on; ``-a`` when ``aggressive``).
+
+    As the script, a line that is empty or only whitespace is returned unchanged, and a word
+    ending in a full stop keeps it when it is a nonbreaking prefix of the language, even at
+    the end of the line (``"Er wohnt in der Hauptstr. 5."`` ->
+    ``"Er wohnt in der Hauptstr . 5."``, ``5`` being a German prefix; the script splits every
+    final dot only from 2018-11 on).
 
     Args:
         lines: detokenized text.
         lang: language code for the tokenizer's rules (``de``, ``fr``, ``en``, ...).
         compound_split: also apply :func:`split_compounds` (EN-DE recipe).
+        aggressive: the ``-a`` flag: ``a-b`` -> ``a @-@ b`` between letters or digits.
 
     Returns:
         Tokenized lines, tokens separated by single spaces.
     """
-    from sacremoses import MosesTokenizer
-
-    tok = MosesTokenizer(lang=lang)
-    out = [tok.tokenize(line, return_str=True, escape=True) for line in lines]
+    tok = _perl_moses_tokenizer(lang)
+    out = [
+        line if _PERL_BLANK_LINE.fullmatch(line) else
+        tok.tokenize(line, aggressive_dash_splits=aggressive, return_str=True, escape=True)
+        for line in lines
+    ]
     if compound_split:
         out = [split_compounds(line) for line in out]
     return out
+
+
+def multi_bleu_line(result: dict[str, Any]) -> str:
+    """The line ``multi-bleu.perl`` prints for a result of :func:`multi_bleu` (or any function
+    built on it): ``BLEU = 27.31, 60.1/33.2/20.0/12.3 (BP=1.000, ratio=1.010, hyp_len=...,
+    ref_len=...)``."""
+    p1, p2, p3, p4 = result["precisions"]
+    ratio = result["sys_len"] / result["ref_len"]
+    return (f"BLEU = {result['score']:.2f}, {p1:.1f}/{p2:.1f}/{p3:.1f}/{p4:.1f} "
+            f"(BP={result['bp']:.3f}, ratio={ratio:.3f}, hyp_len={result['sys_len']}, "
+            f"ref_len={result['ref_len']})")
+
+
+def _moses_version() -> str:
+    return f"{MOSES_COMMIT}+sacremoses-{version('sacremoses')}"
 
 
 def multi_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
@@ -227,8 +356,8 @@ def tokenized_bleu(
     Returns:
         ``{"type": "tokenized_bleu", "label", "score", "signature", "precisions", "bp",
         "sys_len", "ref_len", "compound_split"}``; the signature is
-        ``tok:moses-<lang>|compound-split:<yes|no>|moses:sacremoses-<version>|`` followed by
-        sacreBLEU's signature of the ``tokenize='none'`` scoring.
+        ``tok:moses-<lang>|compound-split:<yes|no>|moses:59bad94+sacremoses-<version>|``
+        followed by sacreBLEU's signature of the ``tokenize='none'`` scoring.
 
     Raises:
         ValueError: when the line counts differ.
@@ -243,64 +372,113 @@ def tokenized_bleu(
     result["label"] = TOKENIZED_SPLIT_LABEL if compound_split else TOKENIZED_LABEL
     result["signature"] = (
         f"tok:moses-{lang}|compound-split:{'yes' if compound_split else 'no'}|"
-        f"moses:sacremoses-{version('sacremoses')}|{result['signature']}"
+        f"moses:{_moses_version()}|{result['signature']}"
     )
     result["compound_split"] = compound_split
     return result
 
 
-def paper_bleu(
-    hypotheses: Sequence[str], references: Sequence[str], lang: str
-) -> dict[str, Any]:
-    """BLEU the way the paper's Table 2 numbers were computed (section 6.1).
+def _check_form(lang: str, form: str | None) -> str:
+    if form is None:
+        return paper_forms(lang)[0]
+    if form not in PAPER_LABELS:
+        raise ValueError(f"unknown paper BLEU form {form!r}; one of {', '.join(PAPER_LABELS)}")
+    if form in T2T_FORMS and lang != "de":
+        raise ValueError(f"form {form!r} is tensor2tensor's EN-DE script: German targets only, "
+                         f"not {lang!r} (use one of {', '.join(MOSES_FORMS)})")
+    return form
 
-    German (``lang='de'``), tensor2tensor's ``get_ende_bleu.sh``:
-    hypothesis -> :func:`replace_unicode_punctuation` -> Moses tokenizer (``de``, escaping)
-    -> :func:`split_compounds`; reference -> :func:`normalize_german_quotes` -> Moses
-    tokenizer (``de``, escaping) -> :func:`split_compounds`; then :func:`multi_bleu`.
-    Any other language: the Moses tokenizer of that language on both sides, then
-    :func:`multi_bleu` (no punctuation replacement, no compound split).
+
+def paper_tokenize(
+    hypotheses: Sequence[str], references: Sequence[str], lang: str, form: str | None = None
+) -> tuple[list[str], list[str]]:
+    """Both sides as the paper's pipeline of ``form`` hands them to ``multi-bleu.perl``.
+
+    ``t2t-2017``: hypothesis -> Moses tokenizer (``de``, escaping) -> :func:`split_compounds`;
+    ``t2t-2018``: the same after :func:`replace_unicode_punctuation`; both: reference ->
+    :func:`normalize_german_quotes` -> Moses tokenizer (``de``) -> :func:`split_compounds`.
+    ``moses`` / ``moses-a``: the Moses tokenizer of ``lang`` (``-a`` for ``moses-a``) on both
+    sides, nothing else.
+
+    Args:
+        hypotheses: detokenized translations.
+        references: the official reference lines.
+        lang: target language code.
+        form: one of :data:`PAPER_LABELS`' keys; None = ``paper_forms(lang)[0]``.
+
+    Returns:
+        ``(hypothesis lines, reference lines)``, tokenized.
+
+    Raises:
+        ValueError: for an unknown form, a ``t2t-*`` form with a non-German target, or line
+            counts that differ.
+    """
+    form = _check_form(lang, form)
+    _check_lengths(hypotheses, references)
+    if form in T2T_FORMS:
+        hyp = list(hypotheses)
+        if form == "t2t-2018":
+            hyp = [replace_unicode_punctuation(h) for h in hyp]
+        ref = [normalize_german_quotes(r) for r in references]
+        return (moses_tokenize(hyp, "de", compound_split=True),
+                moses_tokenize(ref, "de", compound_split=True))
+    aggressive = form == "moses-a"
+    return (moses_tokenize(hypotheses, lang, aggressive=aggressive),
+            moses_tokenize(references, lang, aggressive=aggressive))
+
+
+def paper_bleu(
+    hypotheses: Sequence[str], references: Sequence[str], lang: str, form: str | None = None
+) -> dict[str, Any]:
+    """BLEU the way the paper's Table 2 numbers were computed (section 6.1), in one form.
+
+    The forms (:func:`paper_tokenize` has the steps, docs/paper_bleu.md the evidence):
+    ``t2t-2017`` (German default: tensor2tensor's ``get_ende_bleu.sh`` as first published,
+    2017-06-29 to 2018-04-05), ``t2t-2018`` (the same script from 2018-04-05 on:
+    ``replace-unicode-punctuation.perl`` on the hypothesis first), ``moses`` (default for any
+    other language: ``tokenizer.perl`` and ``multi-bleu.perl``) and ``moses-a`` (the tokenizer
+    with ``-a``). Each form's tokenized lines and BLEU equal the Perl scripts'
+    (tests/data/paper_bleu).
 
     Args:
         hypotheses: detokenized translations.
         references: the official reference lines (raw text, see :func:`read_text_lines`).
         lang: target language code.
+        form: the form; None = the default of ``lang`` (``paper_forms(lang)[0]``).
 
     Returns:
         ``{"type": "paper_bleu", "label", "score", "signature", "precisions", "bp",
-        "sys_len", "ref_len", "recipe"}``; ``label`` is :data:`PAPER_DE_LABEL` or
-        :data:`PAPER_LABEL`, the signature names each step and the sacremoses version.
+        "sys_len", "ref_len", "recipe", "form"}``; ``label`` is ``PAPER_LABELS[form]``, the
+        signature names the form, each step and the Moses scripts' commit.
 
     Raises:
-        ValueError: when the line counts differ.
+        ValueError: for an unknown form, a ``t2t-*`` form with a non-German target, or line
+            counts that differ.
     """
-    _check_lengths(hypotheses, references)
-    moses = f"sacremoses-{version('sacremoses')}"
-    if lang == "de":
-        hyp = [replace_unicode_punctuation(h) for h in hypotheses]
-        ref = [normalize_german_quotes(r) for r in references]
-        hyp_tok = moses_tokenize(hyp, "de", compound_split=True)
-        ref_tok = moses_tokenize(ref, "de", compound_split=True)
-        label, recipe = PAPER_DE_LABEL, "t2t-get_ende_bleu"
-        steps = ("hyp:replace-unicode-punctuation+tok-de+atat|"
-                 "ref:german-quotes+tok-de+atat")
+    form = _check_form(lang, form)
+    hyp_tok, ref_tok = paper_tokenize(hypotheses, references, lang, form)
+    if form in T2T_FORMS:
+        recipe = "t2t-get_ende_bleu"
+        punct = "replace-unicode-punctuation+" if form == "t2t-2018" else ""
+        steps = f"hyp:{punct}tok-de+atat|ref:german-quotes+tok-de+atat"
     else:
-        hyp_tok = moses_tokenize(hypotheses, lang)
-        ref_tok = moses_tokenize(references, lang)
-        label, recipe = PAPER_LABEL, "moses-multi-bleu"
-        steps = f"hyp:tok-{lang}|ref:tok-{lang}"
+        recipe = "moses-multi-bleu"
+        flag = "-a" if form == "moses-a" else ""
+        steps = f"hyp:tok-{lang}{flag}|ref:tok-{lang}{flag}"
     result = multi_bleu(hyp_tok, ref_tok)
     result["type"] = "paper_bleu"
-    result["label"] = label
+    result["label"] = PAPER_LABELS[form]
     result["recipe"] = recipe
-    result["signature"] = f"recipe:{recipe}|{steps}|moses:{moses}|{result['signature']}"
+    result["form"] = form
+    result["signature"] = (f"recipe:{recipe}|form:{form}|{steps}|moses:{_moses_version()}|"
+                           f"{result['signature']}")
     return result
 
 
 def score_all(
     hypotheses: Sequence[str], references: Sequence[str], lang: str
 ) -> dict[str, dict[str, Any]]:
-    """sacreBLEU (the headline), the paper's BLEU and chrF of one test set.
+    """sacreBLEU (the headline), the paper's BLEU in every form, and chrF of one test set.
 
     Args:
         hypotheses: detokenized translations.
@@ -308,13 +486,20 @@ def score_all(
         lang: target language.
 
     Returns:
-        ``{"sacrebleu": ..., "paper_bleu": ..., "chrf": ...}`` (see the functions above).
+        ``{"sacrebleu": ..., "paper_bleu": ..., "paper_bleu:<form>": ..., "chrf": ...}``:
+        ``paper_bleu`` in the default form of ``lang``, then one ``paper_bleu:<form>`` per
+        other form of :func:`paper_forms` (``paper_bleu:t2t-2018`` for German,
+        ``paper_bleu:moses-a`` otherwise), to be listed beside it.
     """
-    return {
+    default, *others = paper_forms(lang)
+    scores = {
         "sacrebleu": sacrebleu_score(hypotheses, references),
-        "paper_bleu": paper_bleu(hypotheses, references, lang),
-        "chrf": chrf_score(hypotheses, references),
+        "paper_bleu": paper_bleu(hypotheses, references, lang, default),
     }
+    for form in others:
+        scores[f"paper_bleu:{form}"] = paper_bleu(hypotheses, references, lang, form)
+    scores["chrf"] = chrf_score(hypotheses, references)
+    return scores
 
 
 def format_score(result: dict[str, Any]) -> str:

@@ -12,7 +12,8 @@ scored against the official reference exactly as distributed,
   the ``sacrebleu`` command line reads them, so the score equals
   ``sacrebleu data/raw/<data>/ref/<split>.<tgt> -i runs/<name>/translations/<split>.<tgt>``;
 * the paper's BLEU (tensor2tensor's ``get_ende_bleu.sh`` for German, Moses tokenizer +
-  multi-bleu otherwise), see :mod:`transformer_nmt.evaluate.bleu`.
+  multi-bleu otherwise) in its default form, with the other historical form beside it
+  (``t2t-2018``, ``moses-a``), see :mod:`transformer_nmt.evaluate.bleu` and docs/paper_bleu.md.
 
 ``runs/<name>/results.json`` (written atomically) records::
 
@@ -26,7 +27,8 @@ scored against the official reference exactly as distributed,
       "num_checkpoints_averaged",
       "decode": {beam_size, lenpen, lenpen_form, max_len_a, max_len_b, precision, ...},
       "test_sets": {split: {"sentences", "source", "reference", "translations",
-                    "bleu": {"sacrebleu": {...}, "paper_bleu": {...}}, "chrf": {...},
+                    "bleu": {"sacrebleu": {...}, "paper_bleu": {...},
+                             "paper_bleu:<other form>": {...}}, "chrf": {...},
                     "speed": {...}}},
       "training_cost": {"gpu_hours", "flops", "train_seconds", "world_size"} or null,
       "train_summary": the run's train_summary.json or null
@@ -168,7 +170,7 @@ def evaluate(cfg: Config) -> dict[str, Any]:
             "source": str(src_file),
             "reference": str(ref_file),
             "translations": str(out_file),
-            "bleu": {"sacrebleu": scores["sacrebleu"], "paper_bleu": scores["paper_bleu"]},
+            "bleu": {kind: score for kind, score in scores.items() if kind != "chrf"},
             "chrf": scores["chrf"],
             "speed": speed,
         }

@@ -18,8 +18,10 @@ written by :mod:`transformer_nmt.evaluate.evaluate`) and writes ``cfg.table_outp
 
 Every BLEU number is in a column or cell that names its kind. The paper's numbers are
 tokenized BLEU; they are compared only with ours computed the same way (``paper_bleu`` in
-results.json: tensor2tensor's ``get_ende_bleu.sh`` for EN-DE, Moses tokenizer + multi-bleu
-for EN-FR, see :mod:`transformer_nmt.evaluate.bleu`); sacreBLEU, our headline, is shown beside it.
+results.json: tensor2tensor's ``get_ende_bleu.sh`` in its 2017 form for EN-DE, Moses
+tokenizer + multi-bleu for EN-FR, see :mod:`transformer_nmt.evaluate.bleu`; the other forms
+are in results.json as ``paper_bleu:<form>`` and listed with the signatures); sacreBLEU, our
+headline, is shown beside it.
 A results.json without ``paper_bleu`` (written before it existed) shows "–" there. Training
 cost, in two columns named by their definitions: the paper's FLOPs are GPU time x sustained
 single-precision TFLOPS of the GPUs; ours come from the run's train_summary.json (its
@@ -55,7 +57,7 @@ log = logging.getLogger(__name__)
 TABLE3_TEST_SET = DEV_SET
 
 TOK = "paper BLEU"
-TOK_DE = "paper BLEU (t2t get_ende_bleu.sh)"
+TOK_DE = "paper BLEU (t2t get_ende_bleu.sh, 2017 form)"
 TOK_FR = "paper BLEU (Moses tokenizer, multi-bleu)"
 SACRE = "sacreBLEU"
 PAPER_KIND = "paper_bleu"
@@ -253,8 +255,10 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
         "## Table 2: newstest2014 (full, 3,003 sentences)",
         "",
         "The paper's numbers are tokenized BLEU; beside them only ours computed the same way:",
-        f"{TOK_DE} (hypothesis through Moses replace-unicode-punctuation and tokenizer -l de,",
-        "reference with German quotes as &quot;, ##AT## compound split, multi-bleu) and",
+        f"{TOK_DE} (hypothesis through Moses tokenizer -l de, reference with German quotes",
+        "as &quot;, ##AT## compound split, multi-bleu; the 2018 form, with",
+        "replace-unicode-punctuation on the hypothesis first, is `paper_bleu:t2t-2018` in",
+        "results.json, see docs/paper_bleu.md) and",
         f"{TOK_FR}. {SACRE} (detokenized, 13a, mixed case, against the official reference)",
         "is our headline; the paper has no such number.",
         *([LEGACY_NOTE] if any(is_table2_run(r) and is_legacy(r) for r in results) else []),
@@ -425,8 +429,9 @@ _PER_TEST_SET_HEADER = [
     TOK, SACRE, "chrF", "GPU-hours", "FLOPs",
 ]
 _PER_TEST_SET_LEGEND = (
-    f"{TOK}: the paper's way (German targets: t2t get_ende_bleu.sh; others: Moses tokenizer, "
-    f"multi-bleu); {SACRE}: detokenized, 13a, mixed case, official reference; chrF: sacreBLEU's chrF."
+    f"{TOK}: the paper's way (German targets: t2t get_ende_bleu.sh, 2017 form; others: Moses "
+    f"tokenizer, multi-bleu); {SACRE}: detokenized, 13a, mixed case, official reference; "
+    "chrF: sacreBLEU's chrF."
 )
 
 
