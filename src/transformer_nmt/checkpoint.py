@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.config import Config, ModelConfig, to_plain
+from transformer_nmt.config import Config, ModelConfig, config_differences, to_plain
 from transformer_nmt.errors import MissingFileError, UserError
 from transformer_nmt.fileio import atomic_path
 
@@ -297,35 +297,6 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
     return doomed
 
 
-RUN_LENGTH_KEYS = ("max_steps", "max_epochs", "max_time_minutes", "patience", "num_workers",
-                   "log_every_steps", "validate_every_steps", "validate_every_epochs",
-                   "save_every_steps", "save_every_epochs",
-                   "save_every_minutes", "keep_last", "no_save", "valid_bleu",
-                   "valid_bleu_sentences")
-"""``trainer`` fields that may change when a run is resumed (how long it runs, how often it
-logs, validates and saves); every other ``model``, ``data`` and ``trainer`` value, and the run's
-``name``, must be equal for checkpoints to be averaged."""
-
-
-def _run_identity(config: dict | None) -> dict | None:
-    """The part of a stored config that identifies the run (see :data:`RUN_LENGTH_KEYS`)."""
-    if not isinstance(config, dict):
-        return None
-    trainer = {k: v for k, v in (config.get("trainer") or {}).items() if k not in RUN_LENGTH_KEYS}
-    return {"name": config.get("name"), "model": config.get("model"), "data": config.get("data"),
-            "trainer": trainer}
-
-
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts, ``key: a != b``."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b), key=str):
-            out += _differences(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return [] if a == b else [f"{prefix[:-1]}: {a!r} != {b!r}"]
-
-
 def _load_mmap(path: Path) -> dict[str, Any]:
     """A checkpoint read through a memory map (tensors stay on disk until touched)."""
     if not path.is_file():
@@ -337,8 +308,10 @@ def _load_mmap(path: Path) -> dict[str, Any]:
 
 
 def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> None:
-    """Fail unless the checkpoints come from one run: equal configs apart from
-    :data:`RUN_LENGTH_KEYS` and equal vocabulary identity (``"vocab"``), where recorded.
+    """Fail unless the checkpoints come from one run: equal configs apart from the allow-list
+    :data:`transformer_nmt.config.RESUME_HARMLESS_KEYS` and the keys a resumed run named in
+    ``trainer.resume_changed`` (:func:`transformer_nmt.config.config_differences`, the rule
+    resuming applies), and equal vocabulary identity (``"vocab"``), where recorded.
 
     Raises:
         UserError: naming the two files and the keys and values that differ.
@@ -347,7 +320,7 @@ def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> No
     vref = next((i for i, m in enumerate(metas) if m.get("vocab") is not None), None)
     for i, meta in enumerate(metas):
         if ref is not None and meta.get("config") is not None:
-            diff = _differences(_run_identity(metas[ref]["config"]), _run_identity(meta["config"]))
+            diff = config_differences(metas[ref]["config"], meta["config"])
             if diff:
                 raise UserError(
                     f"{paths[i]} and {paths[ref]} come from different runs ("
