@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.config import Config, ModelConfig, config_differences, to_plain
+from transformer_nmt.config import Config, ModelConfig, to_plain
 from transformer_nmt.errors import MissingFileError, UserError
 from transformer_nmt.fileio import atomic_path
 
@@ -297,6 +297,75 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
     return doomed
 
 
+RESUME_HARMLESS_KEYS: tuple[str, ...] = (
+    # limits: how long the run goes
+    "trainer.max_steps", "trainer.max_epochs", "trainer.max_time_minutes", "trainer.patience",
+    "trainer.max_bad_steps",
+    # logging, validation and saving: how often, how much
+    "trainer.log_every_steps", "trainer.validate_every_steps", "trainer.validate_every_epochs",
+    "trainer.valid_bleu", "trainer.valid_bleu_sentences", "trainer.save_every_steps",
+    "trainer.save_every_epochs", "trainer.save_every_minutes", "trainer.keep_last",
+    "trainer.no_save",
+    # worker processes
+    "trainer.num_workers", "data.num_workers",
+    # device, precision, compilation
+    "trainer.precision", "trainer.tf32", "trainer.compile",
+    # paths and sources of files whose content is checked otherwise (the vocabulary's
+    # SHA-256 is compared on resume); init_from is ignored once a run has checkpoints
+    "data.root", "data.mirror", "data.url", "trainer.init_from",
+    # this list's own override
+    "trainer.resume_changed",
+)
+"""The allow-list of settings that may change when a run is resumed or its checkpoints are
+averaged (:func:`config_differences`): limits, logging / validation / saving frequencies,
+worker counts, device / precision / compile, and paths. Any other ``name``, ``model``,
+``data`` or ``trainer`` key, including a field added later, changes the model, the
+optimisation or the data order and is refused unless named in ``trainer.resume_changed``
+(:class:`transformer_nmt.config.TrainerConfig`)."""
+
+
+def config_differences(saved: dict | None, new: dict | None,
+                       allowed: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The settings a run was started with (``saved``) that ``new`` changes, as
+    ``key: saved != new``; keys in :data:`RESUME_HARMLESS_KEYS`, in ``allowed`` or in either
+    config's ``trainer.resume_changed`` are left out (``"*"`` there leaves all out).
+
+    Only ``name``, ``model``, ``data`` and ``trainer`` are compared (decoding, averaging and
+    table settings are not the run's). A key the saved config lacks (a checkpoint written
+    before the field existed) is not compared.
+
+    Args:
+        saved, new: plain configs (:func:`transformer_nmt.config.to_plain`), e.g. a checkpoint's ``"config"``.
+    """
+    if not isinstance(saved, dict) or not isinstance(new, dict):
+        return []
+    skip = set(RESUME_HARMLESS_KEYS) | set(allowed)
+    for c in (saved, new):
+        skip |= set(((c.get("trainer") or {}).get("resume_changed")) or [])
+    if "*" in skip:
+        return []
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if key in skip:
+            return
+        if isinstance(a, dict) and isinstance(b, dict) and key not in _FREE_FORM:
+            for k in sorted(a, key=str):
+                walk(a[k], b.get(k), f"{key}.{k}" if key else str(k))
+            return
+        if a != b:
+            out.append(f"{key}: {a!r} != {b!r}")
+
+    for group in ("name", "model", "data", "trainer"):
+        if group in saved:
+            walk(saved[group], new.get(group), group)
+    return out
+
+
+_FREE_FORM = ("data.custom_files",)
+"""Nested dicts compared as one value."""
+
+
 def _load_mmap(path: Path) -> dict[str, Any]:
     """A checkpoint read through a memory map (tensors stay on disk until touched)."""
     if not path.is_file():
@@ -309,8 +378,8 @@ def _load_mmap(path: Path) -> dict[str, Any]:
 
 def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> None:
     """Fail unless the checkpoints come from one run: equal configs apart from the allow-list
-    :data:`transformer_nmt.config.RESUME_HARMLESS_KEYS` and the keys a resumed run named in
-    ``trainer.resume_changed`` (:func:`transformer_nmt.config.config_differences`, the rule
+    :data:`RESUME_HARMLESS_KEYS` and the keys a resumed run named in
+    ``trainer.resume_changed`` (:func:`config_differences`, the rule
     resuming applies), and equal vocabulary identity (``"vocab"``), where recorded.
 
     Raises:

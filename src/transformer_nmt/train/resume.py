@@ -26,6 +26,7 @@ from transformer_nmt.checkpoint import (
     check_same_model,
     check_training_checkpoint,
     checkpoint_dir,
+    config_differences,
     load_checkpoint,
     prune_checkpoints,
     restore_modules,
@@ -35,7 +36,7 @@ from transformer_nmt.checkpoint import (
     step_checkpoints,
     training_checkpoint,
 )
-from transformer_nmt.config import Config, config_differences, to_plain
+from transformer_nmt.config import Config, to_plain
 from transformer_nmt.errors import UserError
 from transformer_nmt.train.distributed import DistInfo
 from transformer_nmt.train.setup import Setup
@@ -194,8 +195,8 @@ def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config 
                         vocab: dict[str, Any] | None) -> None:
     """Fail unless ``config`` continues the run the checkpoint ``saved`` belongs to: the same
     vocabulary (``spm_sha256``, where recorded) and the same settings apart from the
-    allow-list :data:`transformer_nmt.config.RESUME_HARMLESS_KEYS` and the keys named in
-    ``trainer.resume_changed`` (:func:`transformer_nmt.config.config_differences`).
+    allow-list :data:`transformer_nmt.checkpoint.RESUME_HARMLESS_KEYS` and the keys named in
+    ``trainer.resume_changed`` (:func:`transformer_nmt.checkpoint.config_differences`).
 
     A change of the model (``model.heads``, dropout), the optimisation (learning rate, label
     smoothing, seed) or the data order (``max_tokens``, ``update_freq``: the data position is
@@ -256,7 +257,7 @@ def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
     path, saved = found
     check_training_checkpoint(saved, path)
     check_same_model(saved, s.model, path, config)
-    check_same_settings(saved, path, config, s.vocab)
+    check_same_settings(saved, path, config, getattr(s, "vocab", None))
     restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
                     scaler=s.scaler)
     state.load_state_dict(saved["train_state"])
