@@ -525,8 +525,8 @@ def test_12_bad_override_is_one_line_exit_2_and_no_run_dir(tmp_path):
     r = _cli("train", "trainer.max_step=5", f"run_dir={run_dir}", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.splitlines() == [
-        ("error: Could not override 'trainer.max_step'.; To append to your config use "
-         "+trainer.max_step=5: Key 'max_step' not in 'TrainerConfig'")]
+        ("error: Could not override 'trainer.max_step'. Key 'max_step' not in 'TrainerConfig' "
+         "(did you mean trainer.max_steps?)")]
     r = _cli("translate", "model.d_model=-3", f"run_dir={run_dir}", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.splitlines() == [
@@ -567,3 +567,359 @@ def test_13_utf16_file_is_named_as_utf16(tmp_path, encoding, bom):
         endian = "little" if bom == "FF FE" else "big"
         assert str(e.value) == (f"{path}: looks like UTF-16 ({endian}-endian BOM {bom}), not "
                                 f"UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8 {path}")
+
+
+# --- issue 24: resume, locks, validation, values (rows 24.6-24.15 of docs/reliability.md) -------
+
+
+def test_24_06_resuming_with_changed_settings_is_refused_and_names_them(tmp_path, tiny_run):
+    from transformer_nmt.train.loop import train
+
+    run_dir = tmp_path / "run"
+    train(tiny_run(run_dir, "trainer.max_steps=1"))
+    before = _files(run_dir)
+    changes = {"model.heads=4": "model.heads: 2 != 4",  # same shapes, weights reinterpreted
+               "trainer.lr_multiplier=100": "trainer.lr_multiplier: 1.0 != 100.0",
+               "trainer.max_tokens=256": "trainer.max_tokens: 512 != 256",
+               "trainer.update_freq=2": "trainer.update_freq: 1 != 2",
+               "model.dropout=0.3": "model.dropout: 0.1 != 0.3",
+               "trainer.label_smoothing=0.2": "trainer.label_smoothing: 0.1 != 0.2",
+               "trainer.seed=2": "trainer.seed: 1 != 2",
+               "model.share_embeddings=none": "model.share_embeddings: 'all' != 'none'"}
+    for override, diff in changes.items():
+        with pytest.raises(UserError) as e:
+            train(tiny_run(run_dir, "trainer.max_steps=2", override))
+        key = diff.split(":")[0]
+        assert str(e.value) == (
+            f"{run_dir} was started with other settings (checkpoint_1.pt: {diff}); resume it "
+            f"with the settings it was started with, add trainer.resume_changed=[{key}] to "
+            "change them deliberately, or give a new run another run_dir= or name="), override
+        assert _files(run_dir) == before
+    # harmless: limits, logging, workers, precision; a deliberate change when named
+    summary = train(tiny_run(run_dir, "trainer.max_steps=2", "trainer.log_every_steps=2",
+                             "trainer.precision=fp32", "trainer.keep_last=5"))
+    assert summary["steps"] == 2
+    summary = train(tiny_run(run_dir, "trainer.max_steps=3", "trainer.lr_multiplier=2",
+                             "trainer.resume_changed=[trainer.lr_multiplier]"))
+    assert summary["steps"] == 3
+    # nmt-average accepts the named change and the harmless ones across the three checkpoints
+    steps = checkpoint.step_checkpoints(run_dir)
+    assert len(steps) == 3
+    averaged = average_run(tiny_run(run_dir, f"average.checkpoints=[{','.join(map(str, steps))}]"))
+    assert load_checkpoint(averaged)["averaged_steps"] == [1, 2, 3]
+    # another vocabulary of the same size (the checkpoint's spm.model digest differs)
+    latest = checkpoint.latest_checkpoint(run_dir)
+    ckpt = load_checkpoint(latest)
+    ckpt["vocab"] = {**ckpt["vocab"], "spm_sha256": "0" * 64}
+    save_checkpoint(latest, ckpt)
+    with pytest.raises(UserError, match=r"was trained with another vocabulary \(checkpoint_3.pt: "):
+        train(tiny_run(run_dir, "trainer.max_steps=4", "trainer.lr_multiplier=2",
+                       "trainer.resume_changed=[trainer.lr_multiplier]"))
+
+
+def test_24_06_average_refuses_only_what_resume_refuses():
+    from transformer_nmt.config import to_plain
+
+    base = to_plain(compose([]))
+    paths = [Path("checkpoint_1.pt"), Path("checkpoint_2.pt")]
+
+    def with_(**changes):
+        cfg = json.loads(json.dumps(base))
+        for key, value in changes.items():
+            group, name = key.split("__")
+            cfg[group][name] = value
+        return {"config": cfg}
+
+    harmless = with_(trainer__num_workers=4, trainer__precision="bf16", trainer__compile=True,
+                     trainer__max_steps=7, data__root="/elsewhere", data__num_workers=8)
+    checkpoint.check_same_run(paths, [{"config": base}, harmless])
+    with pytest.raises(UserError, match=r"\(trainer.warmup_steps: 4000 != 8000\)"):
+        checkpoint.check_same_run(paths, [{"config": base}, with_(trainer__warmup_steps=8000)])
+    named = with_(trainer__warmup_steps=8000, trainer__resume_changed=["trainer.warmup_steps"])
+    checkpoint.check_same_run(paths, [{"config": base}, named])
+
+
+def test_24_07_a_second_train_in_the_same_run_dir_is_refused_and_stale_locks_are_replaced(
+        tmp_path, tiny_run, caplog):
+    import socket
+
+    from transformer_nmt.train.loop import train
+    from transformer_nmt.train.resume import LOCK_NAME
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lock = run_dir / LOCK_NAME
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid,
+                                    "started": 0}))
+        with pytest.raises(UserError) as e:
+            train(tiny_run(run_dir, "trainer.max_steps=1"))
+        assert str(e.value).startswith(
+            f"{run_dir} is in use by another nmt-train (process {other.pid} on "
+            f"{socket.gethostname()}, since ")
+        assert str(e.value).endswith(f"; lock file {lock}); wait for it to end, or delete the "
+                                     "lock file if that process is gone")
+        assert not (run_dir / "checkpoints").exists() and lock.is_file()
+    finally:
+        other.kill()
+        other.wait()
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.train.resume"):
+        assert train(tiny_run(run_dir, "trainer.max_steps=1"))["steps"] == 1
+    assert f"removing the stale lock {lock} of process {other.pid}" in caplog.text
+    assert not lock.exists()  # released on exit
+    # a lock of another host cannot be checked: refused
+    lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": 0}))
+    with pytest.raises(UserError, match="in use by another nmt-train .process 1 on elsewhere"):
+        train(tiny_run(run_dir, "trainer.max_steps=2"))
+
+
+def test_24_07_run_dir_that_is_a_file_is_one_line(tmp_path, tiny_run):
+    from transformer_nmt.train.loop import train
+
+    path = tmp_path / "run"
+    path.write_text("not a folder\n")
+    with pytest.raises(UserError, match=f"^run_dir={path} is a file, not a folder"):
+        train(tiny_run(path, "trainer.max_steps=1"))
+    r = _cli("train", *tiny_run.args(path, "trainer.max_steps=1"), cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"error: run_dir={path} is a file, not a folder; give the run another run_dir="]
+    assert path.read_text() == "not a folder\n"
+
+
+def test_24_09_second_corpus_with_older_files_replaces_the_references(tmp_path):
+    from transformer_nmt.data.corpora import reference_path
+
+    first = make_corpus(tmp_path / "first", seed=1)
+    prepare(corpus_cfg(tmp_path, first))
+    second = make_corpus(tmp_path / "second", seed=7)
+    for p in second.iterdir():  # older than everything prepared from the first
+        os.utime(p, (1_000_000_000, 1_000_000_000))
+    cfg = corpus_cfg(tmp_path, second)
+    prepare(cfg)
+    for split in ("valid", "test"):
+        assert (reference_path(cfg.data, split, "de").read_text()
+                == (second / f"{split}.de").read_text()), split
+
+
+def test_24_10_table3_results_of_another_checkpoint_with_the_same_name_are_not_current(
+        tmp_path):
+    from transformer_nmt.evaluate.table3 import evaluation_config, results_are_current
+
+    run_dir = tmp_path / "row"
+    cfg = compose(["table3=A_h1", f"run_dir={run_dir}", "model.heads=2", "model.d_model=32",
+                   "model.d_ff=64"])
+    ckpt = checkpoint.checkpoint_dir(run_dir) / "checkpoint_4.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"first training")
+    ev = evaluation_config(cfg)
+    results = {"checkpoint": str(ckpt), "checkpoint_sha256": bpe.file_digest(ckpt),
+               "decode": {}, "test_sets": {s: {} for s in ev.data.test_splits}}
+    (run_dir / "results.json").write_text(json.dumps(results))
+    assert results_are_current(cfg)
+    ckpt.write_bytes(b"retrained on another corpus")  # same path, same step
+    assert not results_are_current(cfg)
+    del results["checkpoint_sha256"]  # written before the digest was recorded
+    (run_dir / "results.json").write_text(json.dumps(results))
+    assert not results_are_current(cfg)
+
+
+def test_24_11_plus_typo_under_a_typed_group_is_refused(tmp_path):
+    for override, message in [
+        ("+trainer.max_stepz=3", ("unknown key: trainer.max_stepz is not a setting of "
+                                 "TrainerConfig (did you mean trainer.max_steps?)")),
+        ("+lr=5", "unknown key: lr is not a setting of Config"),
+        ("+model.dropuot=0.3", ("unknown key: model.dropuot is not a setting of ModelConfig "
+                               "(did you mean model.dropout?)")),
+    ]:
+        with pytest.raises(UserError) as e:
+            compose([override])
+        assert str(e.value) == message
+    # free-form nodes still take any key
+    cfg = compose(["+data.custom_files.train=x", "+extra.note=1", "+table3.fixed.dropout=0.2"])
+    assert cfg.extra == {"note": 1}
+    run_dir = tmp_path / "runs" / "x"
+    r = _cli("train", "+trainer.max_stepz=3", f"run_dir={run_dir}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        ("error: unknown key: trainer.max_stepz is not a setting of TrainerConfig (did you mean "
+        "trainer.max_steps?)")]
+    assert not run_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def long_pairs(tmp_path_factory):
+    """A prepared corpus whose validation split holds one pair far longer than the others and
+    whose test split holds only such pairs; returns a function making a training config."""
+    root = tmp_path_factory.mktemp("long")
+    corpus = make_corpus(root / "corpus", seed=3)
+    long_en = " ".join(["the red dog walks in the blue park"] * 6) + " ."
+    long_de = " ".join(["der rot hund geht in die blau park"] * 6) + " ."
+    for split, lines in (("valid", 1), ("test", 5)):
+        for lang, text in (("en", long_en), ("de", long_de)):
+            path = corpus / f"{split}.{lang}"
+            kept = path.read_text().splitlines()[: 9 if split == "valid" else 0]
+            path.write_text("\n".join(kept + [text] * lines) + "\n")
+    prepare(corpus_cfg(root, corpus))
+    return lambda run_dir, *extra: corpus_cfg(root, corpus, *TINY_TRAIN, f"run_dir={run_dir}",
+                                              *extra)
+
+
+def test_24_12_validation_with_no_pair_that_fits_is_an_error_at_start_up(tmp_path, long_pairs):
+    from transformer_nmt.train.loop import train
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(UserError) as e:  # every test pair is longer than the position table
+        train(long_pairs(run_dir, "trainer.max_steps=2", "data.valid_split=test",
+                         "model.max_positions=40"))
+    assert str(e.value) == (
+        "validation split 'test' of custom has no pair to validate on: of its 5 pairs, 0 are "
+        "longer than trainer.max_tokens=512 and 5 longer than model.max_positions=40 (tokens "
+        "with eos, either side); raise these limits")
+    assert not run_dir.exists()
+
+
+def test_24_14_a_validation_pair_beyond_learned_positions_is_left_out(tmp_path, long_pairs):
+    from transformer_nmt.train.loop import train
+
+    run_dir = tmp_path / "run"
+    summary = train(long_pairs(run_dir, "trainer.max_steps=2", "model.positions=learned",
+                               "model.max_positions=40", "trainer.validate_every_steps=1",
+                               "trainer.valid_bleu=true"))
+    assert summary["steps"] == 2 and summary["valid"]["ppl"] > 1
+    assert [p.name for p in checkpoint.step_checkpoints(run_dir)] == ["checkpoint_2.pt"]
+
+
+def test_24_13_training_limits_that_leave_no_pair_are_one_error(tmp_path, tiny_run):
+    from transformer_nmt.train.loop import train
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(UserError) as e:
+        train(tiny_run(run_dir, "model.max_positions=3"))
+    assert str(e.value) == (
+        "training split 'train' of custom has no pair to train on: of its 200 pairs, 0 are "
+        "longer than trainer.max_tokens=512 and 200 longer than model.max_positions=3 "
+        "(tokens with eos, either side); raise these limits")
+    with pytest.raises(UserError, match=r"^training split 'train' of custom: example \d+ does "
+                                        r"not fit in max_tokens=3: .*too_long=skip"):
+        train(tiny_run(run_dir, "trainer.max_tokens=3"))
+    with pytest.raises(UserError, match="of its 200 pairs, 200 are longer than "
+                                        "trainer.max_tokens=3 and 0 longer"):
+        train(tiny_run(run_dir, "trainer.max_tokens=3", "trainer.too_long=skip"))
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.lr_multiplier=0", "trainer.lr_multiplier=0.0 must be positive"),
+    ("trainer.max_steps=0", "trainer.max_steps=0 must be positive (or null for no limit)"),
+    ("trainer.adam_eps=-1e-9", "trainer.adam_eps=-1e-09 must be positive"),
+    ("trainer.weight_decay=-0.1", "trainer.weight_decay=-0.1 must be >= 0"),
+    ("trainer.num_workers=-1", "trainer.num_workers=-1 must be >= 0"),
+    ("trainer.valid_bleu_sentences=0", "trainer.valid_bleu_sentences=0 must be positive"),
+    ("decode.max_len_a=-0.5", ("decode.max_len_a=-0.5 must be >= 0 (the maximum output length "
+                              "max_len_a * source length + max_len_b falls below 1 for long "
+                              "sources)")),
+])
+def test_24_13_useless_values_are_one_line(override, message):
+    with pytest.raises(UserError) as e:
+        compose([override])
+    assert str(e.value) == f"invalid configuration: {message}"
+
+
+def test_24_13_max_len_below_one_and_empty_test_splits(tmp_path, tiny_run):
+    from transformer_nmt.evaluate.evaluate import evaluate
+
+    with pytest.raises(UserError) as e:
+        compose(["decode.max_len_a=0", "decode.max_len_b=0"])
+    assert str(e.value) == (
+        "invalid configuration: decode.max_len_a=0.0 and decode.max_len_b=0 give a maximum "
+        "output length of 0 for a one-token source; it must be at least 1")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "results.json").write_text('{"earlier": "scores"}\n')
+    with pytest.raises(UserError, match=r"^data.test_splits is empty: nothing to evaluate"):
+        evaluate(tiny_run(run_dir, "data.test_splits=[]"))
+    assert (run_dir / "results.json").read_text() == '{"earlier": "scores"}\n'
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 training runs on a GPU")
+def test_24_15_fp16_training_on_cpu_is_one_line(tmp_path, tiny_run):
+    r = _cli("train", *tiny_run.args(tmp_path / "run", "trainer.precision=fp16"), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.splitlines() == [
+        ("error: trainer.precision=fp16 needs a CUDA GPU, and this run's device is cpu; use "
+        "trainer.precision=fp32 or bf16")]
+
+
+def test_24_15_prepare_of_an_up_to_date_corpus_writes_nothing(tmp_path):
+    corpus = make_corpus(tmp_path / "corpus", seed=1)
+    cfg = corpus_cfg(tmp_path, corpus)
+    prepare(cfg)
+
+    def state():
+        return {str(p): (p.stat().st_ino, p.stat().st_mtime_ns)
+                for p in (tmp_path / "data").rglob("*")}
+
+    before = state()
+    summary = prepare(cfg)  # a read-only data root would refuse any write
+    assert set(statuses(summary).values()) == {"skipped"}
+    assert state() == before
+
+
+def test_24_15_evaluate_checks_train_summary_before_decoding(tmp_path, tiny_run, monkeypatch):
+    from transformer_nmt.evaluate import evaluate as evaluate_mod
+    from transformer_nmt.train.loop import train
+
+    run_dir = tmp_path / "run"
+    train(tiny_run(run_dir, "trainer.max_steps=1"))
+    summary = run_dir / "train_summary.json"
+    summary.write_text(summary.read_text()[:40])
+    monkeypatch.setattr(evaluate_mod, "translate_lines",
+                        lambda *a, **k: pytest.fail("decoded before checking train_summary.json"))
+    with pytest.raises(UserError) as e:
+        evaluate_mod.evaluate(tiny_run(run_dir, "data.test_splits=[test]"))
+    assert str(e.value).startswith(f"{summary}: not valid JSON (line ")
+    assert str(e.value).endswith("; train again or delete it")
+
+
+def test_24_15_table_skips_a_truncated_or_mistyped_results_file(tmp_path, caplog):
+    from test_evaluate_report import fake_result
+
+    from transformer_nmt.evaluate.report import write_report
+
+    good = fake_result("multi30k", "multi30k", "multi30k_en_de", "de", "tiny",
+                       ["test_2016_flickr"], 35.52, 34.47)
+    bad_type = fake_result("typo", "multi30k", "multi30k_en_de", "de", "tiny",
+                           ["test_2016_flickr"], 1.0, 1.0)
+    bad_type["test_sets"]["test_2016_flickr"]["bleu"]["sacrebleu"]["score"] = "34.4"
+    files = {"good": json.dumps(good), "truncated": json.dumps(good)[:100],
+             "mistyped": json.dumps(bad_type), "a_list": "[]"}
+    for name, text in files.items():
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "results.json").write_text(text)
+    cfg = compose([f"results_glob={tmp_path}/runs/*/results.json",
+                   f"table_output={tmp_path}/results.md"])
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.evaluate.report"):
+        text = write_report(cfg).read_text(encoding="utf-8")
+    assert "34.47" in text or "34.5" in text
+    warnings = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    runs = tmp_path / "runs"
+    assert len(warnings) == 3
+    assert warnings[0] == f"skipping {runs}/a_list/results.json: a JSON list, not an object"
+    assert warnings[1] == (f"skipping {runs}/mistyped/results.json: "
+                           "test_sets.test_2016_flickr.bleu.sacrebleu has no numeric score")
+    assert warnings[2].startswith(f"skipping {runs}/truncated/results.json: not valid JSON "
+                                  "(line 1")
+
+
+def test_24_15_plot_bleu_sentences_below_one_is_refused(tmp_path):
+    from transformer_nmt.plot.make import PlotAppConfig, make_plots
+
+    cfg = PlotAppConfig()
+    cfg.plot.bleu_sentences = 0
+    cfg.run_dir = str(tmp_path)
+    with pytest.raises(ValueError) as e:
+        make_plots(cfg)
+    assert str(e.value) == ("plot.bleu_sentences=0 must be positive (or null for every "
+                            "validation sentence)")

@@ -316,33 +316,75 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int,
     return doomed
 
 
-RUN_LENGTH_KEYS = ("max_steps", "max_epochs", "max_time_minutes", "patience", "num_workers",
-                   "log_every_steps", "validate_every_steps", "validate_every_epochs",
-                   "save_every_steps", "save_every_epochs",
-                   "save_every_minutes", "keep_last", "no_save", "valid_bleu",
-                   "valid_bleu_sentences")
-"""``trainer`` fields that may change when a run is resumed (how long it runs, how often it
-logs, validates and saves); every other ``model``, ``data`` and ``trainer`` value, and the run's
-``name``, must be equal for checkpoints to be averaged."""
+RESUME_HARMLESS_KEYS: tuple[str, ...] = (
+    # limits: how long the run goes
+    "trainer.max_steps", "trainer.max_epochs", "trainer.max_time_minutes", "trainer.patience",
+    "trainer.max_bad_steps",
+    # logging, validation and saving: how often, how much
+    "trainer.log_every_steps", "trainer.validate_every_steps", "trainer.validate_every_epochs",
+    "trainer.valid_bleu", "trainer.valid_bleu_sentences", "trainer.save_every_steps",
+    "trainer.save_every_epochs", "trainer.save_every_minutes", "trainer.keep_last",
+    "trainer.no_save",
+    # worker processes
+    "trainer.num_workers", "data.num_workers",
+    # device, precision, compilation
+    "trainer.precision", "trainer.tf32", "trainer.compile",
+    # batch targets: the max_tokens and update_freq they derive are compared themselves
+    "trainer.tokens_per_step", "trainer.tokens_per_step_tolerance", "trainer.auto_max_tokens",
+    # paths and sources of files whose content is checked otherwise (the vocabulary's
+    # SHA-256 is compared on resume); init_from is ignored once a run has checkpoints
+    "data.root", "data.mirror", "data.url", "trainer.init_from",
+    # this list's own override
+    "trainer.resume_changed",
+)
+"""The allow-list of settings that may change when a run is resumed or its checkpoints are
+averaged (:func:`config_differences`): limits, logging / validation / saving frequencies,
+worker counts, device / precision / compile, and paths. Any other ``name``, ``model``,
+``data`` or ``trainer`` key, including a field added later, changes the model, the
+optimisation or the data order and is refused unless named in ``trainer.resume_changed``
+(:class:`transformer_nmt.config.TrainerConfig`)."""
 
 
-def _run_identity(config: dict | None) -> dict | None:
-    """The part of a stored config that identifies the run (see :data:`RUN_LENGTH_KEYS`)."""
-    if not isinstance(config, dict):
-        return None
-    trainer = {k: v for k, v in (config.get("trainer") or {}).items() if k not in RUN_LENGTH_KEYS}
-    return {"name": config.get("name"), "model": config.get("model"), "data": config.get("data"),
-            "trainer": trainer}
+def config_differences(saved: dict | None, new: dict | None,
+                       allowed: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The settings a run was started with (``saved``) that ``new`` changes, as
+    ``key: saved != new``; keys in :data:`RESUME_HARMLESS_KEYS`, in ``allowed`` or in either
+    config's ``trainer.resume_changed`` are left out (``"*"`` there leaves all out).
+
+    Only ``name``, ``model``, ``data`` and ``trainer`` are compared (decoding, averaging and
+    table settings are not the run's). A key the saved config lacks (a checkpoint written
+    before the field existed) is not compared.
+
+    Args:
+        saved, new: plain configs (:func:`transformer_nmt.config.to_plain`), e.g. a checkpoint's ``"config"``.
+    """
+    if not isinstance(saved, dict) or not isinstance(new, dict):
+        return []
+    skip = set(RESUME_HARMLESS_KEYS) | set(allowed)
+    for c in (saved, new):
+        skip |= set(((c.get("trainer") or {}).get("resume_changed")) or [])
+    if "*" in skip:
+        return []
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if key in skip:
+            return
+        if isinstance(a, dict) and isinstance(b, dict) and key not in _FREE_FORM:
+            for k in sorted(a, key=str):
+                walk(a[k], b.get(k), f"{key}.{k}" if key else str(k))
+            return
+        if a != b:
+            out.append(f"{key}: {a!r} != {b!r}")
+
+    for group in ("name", "model", "data", "trainer"):
+        if group in saved:
+            walk(saved[group], new.get(group), group)
+    return out
 
 
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts, ``key: a != b``."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b), key=str):
-            out += _differences(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return [] if a == b else [f"{prefix[:-1]}: {a!r} != {b!r}"]
+_FREE_FORM = ("data.custom_files",)
+"""Nested dicts compared as one value."""
 
 
 def _load_mmap(path: Path) -> dict[str, Any]:
@@ -356,8 +398,10 @@ def _load_mmap(path: Path) -> dict[str, Any]:
 
 
 def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> None:
-    """Fail unless the checkpoints come from one run: equal configs apart from
-    :data:`RUN_LENGTH_KEYS` and equal vocabulary identity (``"vocab"``), where recorded.
+    """Fail unless the checkpoints come from one run: equal configs apart from the allow-list
+    :data:`RESUME_HARMLESS_KEYS` and the keys a resumed run named in
+    ``trainer.resume_changed`` (:func:`config_differences`, the rule
+    resuming applies), and equal vocabulary identity (``"vocab"``), where recorded.
 
     Raises:
         UserError: naming the two files and the keys and values that differ.
@@ -366,7 +410,7 @@ def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> No
     vref = next((i for i, m in enumerate(metas) if m.get("vocab") is not None), None)
     for i, meta in enumerate(metas):
         if ref is not None and meta.get("config") is not None:
-            diff = _differences(_run_identity(metas[ref]["config"]), _run_identity(meta["config"]))
+            diff = config_differences(metas[ref]["config"], meta["config"])
             if diff:
                 raise UserError(
                     f"{paths[i]} and {paths[ref]} come from different runs ("

@@ -349,6 +349,13 @@ class TrainerConfig:
     """Build everything on a small slice of the data and run a few steps."""
     dry_run_steps: int = 3
 
+    resume_changed: list[str] = field(default_factory=list)
+    """Dotted keys (``model.dropout``, ``trainer.lr_multiplier``) whose change from the
+    settings a run was started with is deliberate: resuming accepts them (and ``nmt-average``
+    then averages across the change). Every other change outside the allow-list
+    :data:`transformer_nmt.checkpoint.RESUME_HARMLESS_KEYS` is refused
+    (:func:`transformer_nmt.checkpoint.config_differences`); ``["*"]`` accepts any."""
+
 
 @dataclass
 class DecodeConfig:
@@ -553,12 +560,31 @@ def validate(cfg: Config) -> None:
                       "must be in (0, 1)")
     if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):
         errors.append(f"trainer.adam_betas={list(t.adam_betas)} must be two values in [0, 1)")
+    for key in ("lr_multiplier", "adam_eps", "valid_bleu_sentences", "max_bad_steps"):
+        if getattr(t, key) <= 0:
+            errors.append(f"trainer.{key}={getattr(t, key)} must be positive")
+    for key in ("max_steps", "max_epochs"):
+        if getattr(t, key) is not None and getattr(t, key) <= 0:
+            errors.append(f"trainer.{key}={getattr(t, key)} must be positive (or null for no "
+                          "limit)")
+    for key in ("weight_decay", "clip_norm", "num_workers"):
+        if getattr(t, key) < 0:
+            errors.append(f"trainer.{key}={getattr(t, key)} must be >= 0")
+    if t.patience is not None and t.patience <= 0:
+        errors.append(f"trainer.patience={t.patience} must be positive (or null)")
     d = cfg.decode
     if d.beam_size <= 0:
         errors.append(f"decode.beam_size={d.beam_size} must be positive")
     for key in ("max_tokens", "max_input_tokens"):
         if getattr(d, key) <= 0:
             errors.append(f"decode.{key}={getattr(d, key)} must be positive")
+    if d.max_len_a < 0:
+        errors.append(f"decode.max_len_a={d.max_len_a} must be >= 0 (the maximum output length "
+                      "max_len_a * source length + max_len_b falls below 1 for long sources)")
+    elif d.max_len_a + d.max_len_b < 1:
+        errors.append(f"decode.max_len_a={d.max_len_a} and decode.max_len_b={d.max_len_b} give a "
+                      f"maximum output length of {d.max_len_a + d.max_len_b:g} for a one-token "
+                      "source; it must be at least 1")
     if not 0 < d.nbest <= d.beam_size:
         errors.append(f"decode.nbest={d.nbest} must be in [1, beam_size={d.beam_size}]")
     if cfg.data.src_lang == cfg.data.tgt_lang:

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from transformer_nmt.errors import UserError
+
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 """Signals that make training checkpoint and exit at the next step boundary (SIGINT: Ctrl-C)."""
 INTERRUPT_EXIT = 130
@@ -42,11 +44,12 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     fp32 on CPU.
 
     Raises:
-        ValueError: fp16 requested on CPU (no loss-scaled fp16 training there).
+        UserError: fp16 requested on CPU (no loss-scaled fp16 training there).
     """
     if device.type != "cuda":
         if requested == "fp16":
-            raise ValueError("trainer.precision=fp16 needs a CUDA GPU; use fp32 or bf16 on CPU")
+            raise UserError(f"trainer.precision=fp16 needs a CUDA GPU, and this run's device is "
+                            f"{device.type}; use trainer.precision=fp32 or bf16")
         return "fp32" if requested == "auto" else requested
     if requested == "auto":
         return "bf16" if native_bf16(device) else "fp16"

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import os
 import platform
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -70,6 +71,7 @@ def typed_config(cfg: DictConfig) -> Config:
     """
     from transformer_nmt.evaluate.table3 import apply_row
 
+    check_known_keys(cfg)
     typed = OmegaConf.to_object(cfg)
     apply_row(typed)  # a Table 3 row (``table3=...``) onto the experiment's model and trainer
     try:
@@ -79,6 +81,41 @@ def typed_config(cfg: DictConfig) -> Config:
     except ValueError as e:  # reported as one line, also where no pre-flight check ran (-m)
         raise _config.ConfigError(str(e)) from e
     return typed
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Fail on a key that no field of the typed schema declares (``+trainer.max_stepz=3``,
+    ``+lr=5``): Hydra's ``+`` adds keys even to typed groups, where they would be ignored.
+
+    Free-form nodes (``extra``, ``data.custom_files``, ``table3.scale`` ...) take any key.
+
+    Raises:
+        ConfigError (a UserError): naming each unknown key, with the closest field.
+    """
+    import dataclasses
+    import difflib
+
+    errors: list[str] = []
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        schema = OmegaConf.get_type(node)
+        if not dataclasses.is_dataclass(schema):
+            return  # a free-form dict
+        fields = [f.name for f in dataclasses.fields(schema)]
+        for key in node:
+            name = f"{prefix}{key}"
+            if key not in fields:
+                close = difflib.get_close_matches(str(key), fields, n=1)
+                errors.append(f"{name} is not a setting of {schema.__name__}"
+                              + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
+                continue
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+                walk(child, f"{name}.")
+
+    walk(cfg, "")
+    if errors:
+        raise _config.ConfigError("unknown key: " + "; ".join(errors))
 
 
 def compose(overrides: Sequence[str] = ()) -> Config:
@@ -149,7 +186,28 @@ def one_line(error: BaseException) -> str:
         if detail and detail not in text:
             text = f"{text}: {detail}"
     text = text.split("\nConfig search path:")[0]
-    return "; ".join(part.strip() for part in text.splitlines() if part.strip()).replace(":; ", ": ")
+    # Hydra suggests ``+key=value`` for a misspelt key, which only adds an unknown key
+    text = re.sub(r"\s*To append to your config use \+\S+", "", text)
+    text = "; ".join(part.strip() for part in text.splitlines() if part.strip()).replace(":; ", ": ")
+    return text + _did_you_mean(text)
+
+
+def _did_you_mean(text: str) -> str:
+    """`` (did you mean trainer.max_steps?)`` for Hydra's "Key 'max_step' not in
+    'TrainerConfig'" when a field of that schema class is close; else ``""``."""
+    import dataclasses
+    import difflib
+
+    m = re.search(r"Key '([^']+)' not in '(\w+)'", text)
+    where = re.search(r"override '([\w.]+)'", text)
+    schema = getattr(_config, m.group(2), None) if m else None
+    if not m or not dataclasses.is_dataclass(schema):
+        return ""
+    close = difflib.get_close_matches(m.group(1), [f.name for f in dataclasses.fields(schema)], n=1)
+    if not close:
+        return ""
+    prefix = where.group(1).rsplit(".", 1)[0] + "." if where and "." in where.group(1) else ""
+    return f" (did you mean {prefix}{close[0]}?)"
 
 
 @contextlib.contextmanager
@@ -184,6 +242,8 @@ def _preflight(overrides: list[str]) -> tuple[Path | None, str | None]:
     except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
         # composition (unknown key or group, bad type, bad override) or validation
         return None, one_line(e)
+    if run_dir.exists() and not run_dir.is_dir():
+        return None, f"run_dir={run_dir} is a file, not a folder; give the run another run_dir="
     return run_dir, None
 
 

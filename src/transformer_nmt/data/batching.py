@@ -310,6 +310,9 @@ class LengthBucketSampler:
         size_multiple: trim batches of at least this many sentences to a multiple of it.
         skip_too_long: leave out sentences that alone exceed ``max_tokens`` (logged)
             instead of raising.
+        max_positions: leave out (logged) sentences longer than the model's position
+            table on either side (size + 1 > ``max_positions``), the rule ``nmt-prepare``
+            applies to the training split; None = no such limit.
 
     Raises:
         ValueError: bad ``max_tokens``/``rank``/``world_size``/``seed``, sizes of
@@ -329,6 +332,7 @@ class LengthBucketSampler:
         world_size: int = 1,
         size_multiple: int = 8,
         skip_too_long: bool = False,
+        max_positions: int | None = None,
     ):
         if int(max_tokens) < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
@@ -361,6 +365,16 @@ class LengthBucketSampler:
                 self.max_tokens,
                 int(bad[0]),
             )
+        self.skipped_positions: np.ndarray = np.zeros(0, np.int64)
+        """Indices left out because they exceed ``max_positions`` (and fit ``max_tokens``)."""
+        if max_positions is not None:
+            beyond = np.setdiff1d(_too_long(src_len, tgt_len, int(max_positions)), bad)
+            if len(beyond):
+                log.warning("skipping %d sentence(s) longer than model.max_positions=%d "
+                            "(first: example %d)", len(beyond), int(max_positions),
+                            int(beyond[0]))
+                self.skipped_positions = beyond
+                bad = np.union1d(bad, beyond)
         keep = np.arange(len(src_len), dtype=np.int64)
         if len(bad):
             keep = np.setdiff1d(keep, bad, assume_unique=True)

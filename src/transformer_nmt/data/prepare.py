@@ -253,6 +253,13 @@ def prepare(cfg: Config) -> dict:
     summary["token_filter"] = {**filter_params, "split": d.train_split,
                                "dropped": int(token_filter.get("dropped", 0))}
     summary["stages"] = stages
+    before = _load_json(summary_path(d)) or {}
+    unchanged = {k: v for k, v in before.items() if k != "stages"} == _plain(
+        {k: v for k, v in summary.items() if k != "stages"})
+    if unchanged and all(v["status"] == "skipped" for v in stages.values()):
+        # nothing was rebuilt: the data root is left untouched (it may be read-only)
+        log.info("the prepared data is up to date: %s", summary_path(d))
+        return summary
     with atomic_write(summary_path(d)) as f:
         json.dump(summary, f, indent=2)
     log.info("summary written to %s", summary_path(d))

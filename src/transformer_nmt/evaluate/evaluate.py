@@ -23,7 +23,8 @@ scored against the official reference exactly as distributed,
       "data": {"name", "corpus", "src_lang", "tgt_lang"},
       "model": {"name", "params", "config"},
       "trainer": {"label_smoothing", "max_steps"}   (from the checkpoint's config),
-      "checkpoint", "steps", "checkpoints_averaged" (file names or null),
+      "checkpoint", "checkpoint_sha256" (of the file decoded), "steps",
+      "checkpoints_averaged" (file names or null),
       "num_checkpoints_averaged",
       "decode": {beam_size, lenpen, lenpen_form, max_len_a, max_len_b, precision, ...},
       "test_sets": {split: {"sentences", "source", "reference", "translations",
@@ -50,7 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.checkpoint import checkpoint_step
 from transformer_nmt.config import Config
-from transformer_nmt.data.bpe import load_tokenizer
+from transformer_nmt.data.bpe import file_digest, load_tokenizer
 from transformer_nmt.data.corpora import reference_path
 from transformer_nmt.decode.translate import (
     read_lines,
@@ -58,6 +59,7 @@ from transformer_nmt.decode.translate import (
     translate_lines,
     write_lines,
 )
+from transformer_nmt.errors import UserError
 from transformer_nmt.evaluate.bleu import format_score, read_text_lines, score_all
 from transformer_nmt.evaluate.paper import PAPER_TABLE3
 from transformer_nmt.fileio import atomic_write, raw_path
@@ -96,14 +98,26 @@ def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
 
 
 def read_train_summary(run_dir: str | Path) -> dict[str, Any] | None:
-    """``<run_dir>/train_summary.json`` (written by the training loop), or None if absent."""
+    """``<run_dir>/train_summary.json`` (written by the training loop), or None if absent.
+
+    Raises:
+        UserError: the file is not UTF-8, not JSON or not a JSON object (names it and the line).
+    """
     path = Path(run_dir) / "train_summary.json"
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); train again or "
+                        "delete it") from e
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from e
+        raise UserError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); train again or "
+                        "delete it") from e
+    if not isinstance(summary, dict):
+        raise UserError(f"{path}: not a training summary (a JSON {type(summary).__name__}, "
+                        "not an object); train again or delete it")
+    return summary
 
 
 def _plain(node: Any) -> Any:
@@ -124,12 +138,19 @@ def evaluate(cfg: Config) -> dict[str, Any]:
         FileNotFoundError: no model to decode with, no SentencePiece model, or a missing
             test file (named).
         ValueError: a test source and reference with different line counts (both named).
+        UserError: ``data.test_splits`` empty; a damaged ``train_summary.json`` (found
+            before decoding).
     """
     from transformer_nmt.checkpoint import load_model
     from transformer_nmt.data.bpe import check_vocab
 
     run_dir = Path(cfg.run_dir)
     data = cfg.data
+    if not data.test_splits:
+        raise UserError(
+            f"data.test_splits is empty: nothing to evaluate, and {run_dir / 'results.json'} "
+            "would lose its scores; name the test sets, e.g. data.test_splits=[test]")
+    summary = read_train_summary(run_dir)  # checked before any decoding
     device = resolve_device(cfg.decode.device)
     ckpt_path = resolve_checkpoint(cfg)
     meta = checkpoint_metadata(ckpt_path)
@@ -175,7 +196,6 @@ def evaluate(cfg: Config) -> dict[str, Any]:
             "speed": speed,
         }
 
-    summary = read_train_summary(run_dir)
     paper_row = PAPER_TABLE3.get(str(cfg.table3.variant)) if cfg.table3.variant else None
     table3_row = paper_row.row if paper_row is not None else (cfg.table3.variant or None)
     cost = {k: summary.get(k) for k in TRAINING_COST_KEYS} if summary is not None else None
@@ -205,6 +225,7 @@ def evaluate(cfg: Config) -> dict[str, Any]:
             "tokens_per_step": trainer_cfg.get("tokens_per_step"),
         },
         "checkpoint": str(ckpt_path),
+        "checkpoint_sha256": file_digest(ckpt_path),
         "steps": meta["step"],
         "checkpoints_averaged": averaged,
         "num_checkpoints_averaged": len(averaged) if averaged is not None else None,

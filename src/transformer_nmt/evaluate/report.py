@@ -67,18 +67,63 @@ PAPER_KIND = "paper_bleu"
 def load_results(pattern: str) -> list[dict[str, Any]]:
     """All results.json files matching ``pattern``, sorted by experiment name.
 
-    Raises:
-        ValueError: naming a file that is not valid JSON.
+    A file that cannot be read, is not JSON (truncated) or does not have the fields the
+    tables read with their types (:func:`result_problem`) is left out with a warning naming
+    it; the tables are built from the rest.
     """
     out = []
     for path in sorted(glob.glob(pattern, recursive=True)):
         try:
             result = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            log.warning("skipping %s: cannot be read (%s)", path, e)
+            continue
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from e
+            log.warning("skipping %s: not valid JSON (line %d: %s)", path, e.lineno, e.msg)
+            continue
+        problem = result_problem(result)
+        if problem is not None:
+            log.warning("skipping %s: %s", path, problem)
+            continue
         result["_path"] = path
         out.append(result)
     return sorted(out, key=lambda r: (str(r.get("experiment")), r["_path"]))
+
+
+def result_problem(result: Any) -> str | None:
+    """What in a results.json (:mod:`transformer_nmt.evaluate.evaluate`'s format) the
+    tables cannot read, or None: the fields they use, with their types."""
+
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if not isinstance(result, dict):
+        return f"a JSON {type(result).__name__}, not an object"
+    if not isinstance(result.get("experiment"), str):
+        return f"experiment is {result.get('experiment')!r}, not a name"
+    for key in ("model", "trainer", "data", "table3", "training_cost", "train_summary"):
+        if result.get(key) is not None and not isinstance(result[key], dict):
+            return f"{key} is a {type(result[key]).__name__}, not an object"
+    config = (result.get("model") or {}).get("config")
+    if config is not None and not isinstance(config, dict):
+        return f"model.config is a {type(config).__name__}, not an object"
+    tests = result.get("test_sets")
+    if tests is not None and not isinstance(tests, dict):
+        return f"test_sets is a {type(tests).__name__}, not an object"
+    for split, test in (tests or {}).items():
+        if not isinstance(test, dict) or not isinstance(test.get("bleu"), dict):
+            return f"test_sets.{split} has no bleu object"
+        scores = {f"bleu.{k}": v for k, v in test["bleu"].items()}
+        if "chrf" in test:
+            scores["chrf"] = test["chrf"]
+        for name, entry in scores.items():
+            if entry is not None and not (isinstance(entry, dict) and number(entry.get("score"))):
+                return f"test_sets.{split}.{name} has no numeric score"
+    for key in ("gpu_hours", "flops"):
+        value = (result.get("training_cost") or {}).get(key)
+        if value is not None and not number(value):
+            return f"training_cost.{key} is {value!r}, not a number"
+    return None
 
 
 def run_setting(result: dict[str, Any]) -> dict[str, Any] | None:

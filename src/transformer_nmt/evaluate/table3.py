@@ -151,15 +151,25 @@ def evaluation_config(cfg: Config) -> Config:
 
 def results_are_current(cfg: Config) -> bool:
     """True when ``<run_dir>/results.json`` was written from the row's last checkpoint with
-    the same decoding settings and test sets as :func:`evaluation_config` gives now."""
+    the same decoding settings and test sets as :func:`evaluation_config` gives now.
+
+    The checkpoint is compared by content (``checkpoint_sha256``), not by its path: a row
+    retrained (on another corpus, after its checkpoints were deleted) writes a checkpoint of
+    the same name. A results.json without the digest is not current."""
+    from transformer_nmt.data.bpe import file_digest
+
     path = Path(cfg.run_dir) / "results.json"
     if not path.is_file():
         return False
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(old, dict):
         return False
     ev = evaluation_config(cfg)
+    if old.get("checkpoint_sha256") != file_digest(ev.decode.checkpoint):
+        return False
     decode = dataclasses.asdict(ev.decode)
     same_decode = all(old.get("decode", {}).get(k) == v for k, v in decode.items()
                       if k in old.get("decode", {}))

@@ -92,8 +92,8 @@ def make_plots(cfg: PlotAppConfig) -> list[Path]:
         The files written, in ``plot.dir`` or else ``<first run>/plots``.
 
     Raises:
-        ValueError: unknown kind or format, a layer out of range, attention without a
-            sentence, or bad metrics lines (named).
+        ValueError: unknown kind or format, ``bleu_sentences`` below 1, a layer out of
+            range, attention without a sentence, or bad metrics lines (named).
         FileNotFoundError: a run folder without metrics.jsonl or checkpoints (named).
     """
     p = cfg.plot
@@ -106,6 +106,9 @@ def make_plots(cfg: PlotAppConfig) -> list[Path]:
     fmt = str(p.format).lower()
     if fmt not in FORMATS:
         raise ValueError(f"plot.format={p.format!r} is not one of {list(FORMATS)}")
+    if p.bleu_sentences is not None and int(p.bleu_sentences) <= 0:
+        raise ValueError(f"plot.bleu_sentences={p.bleu_sentences} must be positive (or null for "
+                         "every validation sentence)")
     if "attention" in kinds and not p.sentence:
         raise ValueError('plot.kinds has attention but plot.sentence is unset '
                          '(plot.sentence="A man rides a bike.")')

@@ -19,6 +19,7 @@ See docs/training.md.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -64,15 +65,18 @@ def train(cfg: Config, *, model_vocab_size: int | None = None,
         ValueError: ``trainer.dry_run`` set (dry runs go through
             :func:`transformer_nmt.train.dryrun.dry_run`), bad precision for the device, empty
             training set, or a checkpoint of another layout in the run directory.
-        UserError: the run directory holds another model, or none of its checkpoints can be
-            read (:func:`transformer_nmt.train.resume.resume_training`).
+        UserError: the run directory holds another model or was started with other
+            settings, or none of its checkpoints can be read
+            (:func:`transformer_nmt.train.resume.resume_training`); another ``nmt-train``
+            holds the run directory, or it is a file (:func:`transformer_nmt.train.resume.run_lock`).
     """
     if cfg.trainer.dry_run:
         raise ValueError("trainer.dry_run=true: run it with nmt-train or "
                          "transformer_nmt.train.dryrun.dry_run(cfg), not train(cfg)")
     info = distributed.init_distributed()
     try:
-        return _train(cfg, info, model_vocab_size, valid_max_batches)
+        with resume.run_lock(cfg.run_dir) if info.is_main else contextlib.nullcontext():
+            return _train(cfg, info, model_vocab_size, valid_max_batches)
     finally:
         distributed.cleanup()
 

@@ -9,7 +9,13 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,7 @@ from transformer_nmt.checkpoint import (
     check_same_model,
     check_training_checkpoint,
     checkpoint_dir,
+    config_differences,
     load_checkpoint,
     prune_checkpoints,
     restore_modules,
@@ -29,12 +36,88 @@ from transformer_nmt.checkpoint import (
     step_checkpoints,
     training_checkpoint,
 )
-from transformer_nmt.config import Config
+from transformer_nmt.config import Config, to_plain
+from transformer_nmt.errors import UserError
 from transformer_nmt.train.distributed import DistInfo
 from transformer_nmt.train.setup import Setup
 from transformer_nmt.train.state import TrainState
 
 log = logging.getLogger(__name__)
+
+LOCK_NAME = "train.lock"
+"""The run directory's lock file while ``nmt-train`` runs in it (:func:`run_lock`)."""
+
+
+def _alive(pid: int) -> bool:
+    """True when a process ``pid`` exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[Path]:
+    """Hold ``<run_dir>/train.lock`` while a run trains, so that a second ``nmt-train`` in
+    the same run directory fails instead of interleaving its checkpoints with the first's.
+
+    The file is created exclusively (``O_EXCL``) and holds the holder's host, pid and start
+    time; it is removed on exit (also on an exception or a signal that ends the run). A lock
+    left by a process that no longer exists on this host (``kill -9``, a crash) is stale: it
+    is replaced, with a warning. A lock of another host cannot be checked and is refused.
+
+    Raises:
+        UserError: ``run_dir`` is a file, or another live process holds the lock (named).
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run_dir={run_dir} is a file, not a folder; give the run another run_dir=")
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / LOCK_NAME
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(lock.read_text())
+                host, pid = str(holder["host"]), int(holder["pid"])
+            except FileNotFoundError:
+                continue  # released meanwhile
+            except (OSError, ValueError, KeyError, TypeError):
+                holder, host, pid = {}, "", 0
+            if host == me["host"] and (pid == me["pid"] or not _alive(pid)):
+                log.warning("removing the stale lock %s of process %d, which no longer runs",
+                            lock, pid)
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()
+                continue
+            since = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["started"]))
+                     if isinstance(holder.get("started"), (int, float)) else "?")
+            raise UserError(
+                f"{run_dir} is in use by another nmt-train (process {pid or '?'} on "
+                f"{host or '?'}, since {since}; lock file {lock}); wait for it to end, or "
+                "delete the lock file if that process is gone"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        break
+    else:
+        raise UserError(f"cannot take the lock {lock}: it keeps changing; is another nmt-train "
+                        f"starting in {run_dir}?")
+    try:
+        yield lock
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(lock.read_text()).get("pid") == me["pid"]:
+                lock.unlink()
+        if created:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only when empty: a run that failed before writing anything
 
 
 def save_training(
@@ -109,6 +192,45 @@ def _load_resumable(run_dir: str | Path, info: Any) -> tuple[Path, dict[str, Any
     return None
 
 
+def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config | None,
+                        vocab: dict[str, Any] | None) -> None:
+    """Fail unless ``config`` continues the run the checkpoint ``saved`` belongs to: the same
+    vocabulary (``spm_sha256``, where recorded) and the same settings apart from the
+    allow-list :data:`transformer_nmt.checkpoint.RESUME_HARMLESS_KEYS` and the keys named in
+    ``trainer.resume_changed`` (:func:`transformer_nmt.checkpoint.config_differences`).
+
+    A change of the model (``model.heads``, dropout), the optimisation (learning rate, label
+    smoothing, seed) or the data order (``max_tokens``, ``update_freq``: the data position is
+    counted in batches) would otherwise be resumed silently.
+
+    Raises:
+        UserError: one line naming the run, every key that differs with both values, and the
+            override.
+    """
+    run_dir = Path(path).parent.parent
+    theirs = saved.get("vocab")
+    if vocab is not None and isinstance(theirs, dict) and theirs.get("spm_sha256") and (
+            theirs.get("spm_sha256") != vocab.get("spm_sha256")):
+        raise UserError(
+            f"{run_dir} was trained with another vocabulary ({Path(path).name}: "
+            f"{theirs.get('vocab_size')} pieces, spm.model sha256 {theirs['spm_sha256'][:12]}; "
+            f"the data now: {vocab.get('vocab_size')} pieces, sha256 "
+            f"{str(vocab.get('spm_sha256'))[:12]}); resume it with the data it was started "
+            "with, or give a new run another run_dir= or name="
+        )
+    if config is None:
+        return
+    diff = config_differences(saved.get("config"), to_plain(config))
+    if diff:
+        keys = ",".join(d.split(":")[0] for d in diff)
+        raise UserError(
+            f"{run_dir} was started with other settings ({Path(path).name}: "
+            + "; ".join(diff) + "); resume it with the settings it was started with, add "
+            f"trainer.resume_changed=[{keys}] to change them deliberately, or give a new run "
+            "another run_dir= or name="
+        )
+
+
 def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
                     info: DistInfo, config: Config | None = None) -> Path | None:
     """Load the run's newest readable checkpoint into ``s`` and ``state``; returns its path
@@ -124,7 +246,8 @@ def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
 
     Raises:
         ValueError: the checkpoint lacks a part (names the file and the parts).
-        UserError: the run directory holds another model (:func:`check_same_model`);
+        UserError: the run directory holds another model (:func:`check_same_model`), was
+            started with other settings or another vocabulary (:func:`check_same_settings`);
             UnreadableCheckpointError: no checkpoint of the run can be read.
     """
     from transformer_nmt.runtime import seed_everything
@@ -135,6 +258,7 @@ def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
     path, saved = found
     check_training_checkpoint(saved, path)
     check_same_model(saved, s.model, path, config)
+    check_same_settings(saved, path, config, getattr(s, "vocab", None))
     restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
                     scaler=s.scaler)
     state.load_state_dict(saved["train_state"])

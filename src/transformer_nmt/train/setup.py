@@ -72,7 +72,9 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
 
     Raises:
         MissingDataError: the prepared data is missing.
-        ValueError: bad precision for the device, empty training set.
+        UserError: bad precision for the device; a training pair longer than ``max_tokens``
+            (``too_long=error``); no training or no validation pair within ``max_tokens``
+            and ``model.max_positions`` (named with the counts).
     """
     t_cfg = cfg.trainer
     device = info.device
@@ -86,13 +88,18 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     train_set = load_split(cfg, cfg.data.train_split)
     valid_set = load_split(cfg, cfg.data.valid_split)
     seed = int(t_cfg.seed)
+    max_positions = int(cfg.model.max_positions)
 
     def make_sampler(max_tokens: int) -> LengthBucketSampler:
-        return LengthBucketSampler(
-            train_set.src_sizes, train_set.tgt_sizes, max_tokens, shuffle=True,
-            seed=seed, rank=info.rank, world_size=info.world_size,
-            skip_too_long=t_cfg.too_long == "skip",
-        )
+        try:
+            return LengthBucketSampler(
+                train_set.src_sizes, train_set.tgt_sizes, max_tokens, shuffle=True,
+                seed=seed, rank=info.rank, world_size=info.world_size,
+                skip_too_long=t_cfg.too_long == "skip", max_positions=max_positions,
+            )
+        except ValueError as e:  # a pair alone longer than max_tokens, too_long=error
+            raise UserError(f"training split {cfg.data.train_split!r} of {cfg.data.name}: {e} "
+                            "(trainer.too_long=skip leaves such pairs out)") from e
 
     plan = plan_batch(t_cfg, cfg.model, make_sampler, info.world_size,
                       **_device_cap(cfg, info, train_set))
@@ -104,11 +111,18 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
                  int(t_cfg.tokens_per_step), plan.update_freq, info.world_size,
                  plan.max_tokens, f"{plan.src_per_step:,.0f}", f"{plan.tgt_per_step:,.0f}")
     if len(sampler) == 0:
-        raise ValueError(f"training split {cfg.data.train_split!r} of {cfg.data.name} is empty")
+        raise UserError(
+            f"training split {cfg.data.train_split!r} of {cfg.data.name} has no pair to train "
+            f"on: {_left_out(sampler, len(train_set), cfg)}")
     valid_sampler = LengthBucketSampler(
         valid_set.src_sizes, valid_set.tgt_sizes, int(t_cfg.max_tokens), shuffle=False,
         rank=info.rank, world_size=info.world_size, skip_too_long=True,
+        max_positions=max_positions,
     )
+    if valid_sampler.num_batches == 0:
+        raise UserError(
+            f"validation split {cfg.data.valid_split!r} of {cfg.data.name} has no pair to "
+            f"validate on: {_left_out(valid_sampler, len(valid_set), cfg)}")
     pin = device.type == "cuda"
     # Private generators: creating a loader iterator must not draw from the global torch RNG.
     train_loader = build_dataloader(train_set, sampler, int(t_cfg.num_workers), pin,
@@ -164,6 +178,17 @@ def _device_cap(cfg: Config, info: distributed.DistInfo,
                         f"training pair ({longest} with eos); set trainer.max_tokens and "
                         "trainer.auto_max_tokens=false")
     return {"device_cap": smallest, "min_tokens": longest}
+
+
+def _left_out(sampler: LengthBucketSampler, pairs: int, cfg: Config) -> str:
+    """Why a split gives no batch: its size and the pairs each limit left out."""
+    if pairs == 0:
+        return "it holds no pair; prepare it again (nmt-prepare) or choose another split"
+    return (f"of its {pairs} pairs, {sampler.num_skipped} are longer than "
+            f"trainer.max_tokens={int(cfg.trainer.max_tokens)} and "
+            f"{len(sampler.skipped_positions)} longer than "
+            f"model.max_positions={int(cfg.model.max_positions)} (tokens with eos, either "
+            "side); raise these limits")
 
 
 def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: bool) -> torch.nn.Module:

@@ -79,7 +79,8 @@ def validate_bleu(
     """sacreBLEU of greedy translations of the first ``len(references)`` valid sentences.
 
     Batches hold at most ``cfg.decode.max_tokens`` source tokens; a sentence longer than
-    that is left out of the batches and scored as an empty translation. Length limit:
+    that, or longer than ``model.max_positions``, is left out of the batches and scored as
+    an empty translation. Length limit:
     ``decode.max_len_a * source length + decode.max_len_b``.
     """
     import sacrebleu
@@ -91,12 +92,18 @@ def validate_bleu(
     was_training = model.training
     model.eval()
     max_len_a, max_len_b = float(cfg.decode.max_len_a), int(cfg.decode.max_len_b)
+    # a source beyond the position table (learned positions: no vector for it) is left out
+    # of the decoding, as the validation loss leaves it out, and scored as empty
+    limit = int(getattr(getattr(model, "cfg", None), "max_positions", 0) or 0)
+    fits = [i for i in range(n) if not limit or len(dataset[i][1]) + 1 <= limit]
     nbest, _ = decode_ids(
-        [dataset[i][1] for i in range(n)],
+        [dataset[i][1] for i in fits],
         lambda src: greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b),
         int(cfg.decode.max_tokens), device, autocast=autocast, skip_too_long=True,
     )
-    hyps = [tokenizer.decode(h[0].tokens) if h else "" for h in nbest]
+    hyps = [""] * n
+    for i, h in zip(fits, nbest):
+        hyps[i] = tokenizer.decode(h[0].tokens) if h else ""
     model.train(was_training)
     return float(sacrebleu.corpus_bleu(hyps, [references]).score)
 
@@ -134,6 +141,9 @@ def run_validation(cfg: Config, model: torch.nn.Module, loader: DataLoader,
         if is_main:
             bleu = validate_bleu(model, dataset, references, tokenizer, cfg, device, autocast)
         res["bleu"] = distributed.broadcast_object(bleu)
+    if res["ntokens"] == 0:  # nothing scored: no loss to compare, never the best
+        log.warning("valid step %d: no validation token was scored", state.step)
+        return {}, False
     loss_improved = state.best_valid_loss is None or res["loss"] < state.best_valid_loss
     if loss_improved:
         state.best_valid_loss = res["loss"]
