@@ -540,20 +540,33 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
 
 
 
-def load_initial_weights(model: Any, path: str | Path) -> None:
+def load_initial_weights(model: Any, path: str | Path, vocab: dict | None = None) -> None:
     """``trainer.init_from``: copy a model file's weights into a freshly built model.
 
     For fine-tuning from an imported (or any) model; optimizer, schedule and counters start
     from scratch. The run's model config must describe the same architecture.
 
+    Args:
+        vocab: the run's vocabulary identity (``{"spm_sha256", "vocab_size"}``); compared
+            with the one the model file records (a file without one gets a warning).
+
     Raises:
-        UserError: a different vocabulary size, or parameters missing, extra or of
-            another shape (named).
+        UserError: another vocabulary (size, or identity where both are known), or
+            parameters missing, extra or of another shape (named).
     """
     ckpt = load_checkpoint(path)
     if int(ckpt["vocab_size"]) != model.vocab_size:
         raise UserError(f"trainer.init_from={path}: vocabulary of {ckpt['vocab_size']} pieces, "
                         f"the run's model has {model.vocab_size}")
+    saved = ckpt.get("vocab")
+    if vocab is not None and saved is None:
+        log.warning("trainer.init_from=%s records no vocabulary identity: cannot check that "
+                    "it was trained with this run's SentencePiece model", path)
+    elif vocab is not None and {k: saved.get(k) for k in vocab} != dict(vocab):
+        raise UserError(
+            f"trainer.init_from={path} was trained with another vocabulary than this run's "
+            f"(its spm sha256 {str(saved.get('spm_sha256'))[:12]}, the run's "
+            f"{str(vocab.get('spm_sha256'))[:12]}); use the data= settings of that model")
     own = model.state_dict()
     bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in ckpt["model"].items()
            if k in own and v.shape != own[k].shape]
