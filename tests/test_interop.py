@@ -305,7 +305,7 @@ def test_decode_engine_converts_once_and_translates(post_norm, spm_model, senten
                    f"decode.max_len_b={MAX_LEN_B}"])
     model, _ = load_model(ckpt)
     engine = ct2.decode_engine(model, ckpt, cfg, "cpu")
-    folder = ckpt.parent / "ctranslate2" / common.file_sha256(ckpt)[:16]
+    folder = ckpt.parent / "ctranslate2" / ct2.cache_key(ckpt, spm_model)[:16]
     assert engine.model_dir == folder and (folder / "model.bin").is_file()
     stamp = (folder / "model.bin").stat().st_mtime_ns
     again = ct2.decode_engine(model, ckpt, cfg, "cpu")  # cached: not converted again
@@ -482,3 +482,79 @@ def test_24_08_imported_checkpoint_records_its_vocabulary_and_init_from_checks_i
     with pytest.raises(UserError, match=f"trainer.init_from={out} was trained with another "
                        "vocabulary than this run's"):
         ck_lib.load_initial_weights(model, out, other)
+
+
+def test_24_04_ctranslate2_cache_is_keyed_on_the_tokenizer_and_checked_first(
+        post_norm, spm_model, tmp_path):
+    import shutil
+
+    import sentencepiece as spm
+
+    from transformer_nmt.data.corpora import DataError
+
+    ckpt = tmp_path / "run" / "checkpoints" / "averaged.pt"
+    ckpt.parent.mkdir(parents=True)
+    state = load_checkpoint(post_norm)
+    state.pop("vocab", None)  # an imported or older checkpoint: no vocabulary identity
+    save_checkpoint(ckpt, state)
+    # another tokenizer of the same size (unigram pieces of the same text)
+    spm.SentencePieceTrainer.train(
+        input=str(spm_model.parent / "text.txt"), model_prefix=str(tmp_path / "other"), vocab_size=V, model_type="unigram",
+        normalization_rule_name="identity", pad_id=PAD_ID, unk_id=1, bos_id=BOS_ID,
+        eos_id=EOS_ID, minloglevel=2)
+    other = tmp_path / "other.model"
+    wrong = ct2.cached_ctranslate2(ckpt, other)  # no record to refuse it: converted ...
+    right = ct2.cached_ctranslate2(ckpt, spm_model)  # ... but never reused for the right one
+    assert wrong != right and wrong.parent == right.parent
+    assert ct2.cache_key(ckpt, spm_model) != ct2.cache_key(ckpt, spm_model, "int8")
+    # a checkpoint that records its vocabulary: refused before anything is converted
+    shutil.rmtree(ckpt.parent / "ctranslate2")
+    from transformer_nmt.data.bpe import vocab_identity
+
+    state["vocab"] = vocab_identity(spm_model)
+    save_checkpoint(ckpt, state)
+    with pytest.raises(DataError, match="another vocabulary"):
+        ct2.cached_ctranslate2(ckpt, other)
+    assert not (ckpt.parent / "ctranslate2").exists()
+
+
+def test_24_15_ctranslate2_cache_read_only_folder_and_full_disk(post_norm, spm_model, tmp_path,
+                                                              monkeypatch):
+    import errno
+    import tempfile
+
+    from transformer_nmt.errors import NoSpaceError
+
+    ckpt = tmp_path / "ro" / "averaged.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(post_norm.read_bytes())
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(dir=None, **kw):
+        if Path(dir).is_relative_to(ckpt.parent):  # a read-only checkpoint folder
+            raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+        return real_mkdtemp(dir=dir, **kw)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = ct2.cached_ctranslate2(ckpt, spm_model)  # the user's cache instead
+    assert folder.parent == tmp_path / "cache" / "transformer_nmt" / "ctranslate2"
+    assert (folder / "model.bin").is_file() and ct2.cached_ctranslate2(ckpt, spm_model) == folder
+    monkeypatch.setenv("XDG_CACHE_HOME", str(ckpt.parent / "cache"))  # none writable
+    with pytest.raises(common.ExportError, match="cannot write a CTranslate2 cache folder: "
+                       f"cannot write {ckpt.parent / 'ctranslate2'}"):
+        ct2.cached_ctranslate2(ckpt, spm_model)
+    # disk full while converting, and while writing a Hugging Face export
+    monkeypatch.setattr(tempfile, "mkdtemp", real_mkdtemp)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ct2.shutil, "copyfile", full)
+    with pytest.raises(NoSpaceError, match=f"^no space left on device: {ckpt.parent / 'ctranslate2'}"):
+        ct2.cached_ctranslate2(ckpt, spm_model)
+    monkeypatch.setattr(hf.shutil, "copyfile", full)
+    with pytest.raises(NoSpaceError, match=f"^no space left on device: {tmp_path / 'hf'}$"):
+        hf.export_hf(post_norm, spm_model, tmp_path / "hf")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder
+    assert [p.name for p in (ckpt.parent / "ctranslate2").iterdir()] == []

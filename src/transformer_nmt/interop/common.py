@@ -9,6 +9,7 @@ d_v other than d_model / heads, untied embeddings for Marian.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -46,6 +47,11 @@ normalisation of our tokenizer, the run's model config)."""
 
 class ExportError(UserError):
     """A model or folder that cannot be converted exactly; the message says why."""
+
+
+class NotWritableError(ExportError):
+    """The folder an export should go to cannot be created or written (permissions, a
+    read-only file system)."""
 
 
 def require(module: str):
@@ -257,8 +263,12 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
         try:
             out_dir.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-        except PermissionError as e:
-            raise ExportError(f"cannot write {out_dir}: permission denied ({e.filename})") from e
+        except OSError as e:
+            if isinstance(e, PermissionError) or e.errno == errno.EROFS:
+                raise NotWritableError(f"cannot write {out_dir}: {e.strerror} ({e.filename})") from e
+            if _disk_full(e, out_dir.parent):
+                raise NoSpaceError(f"no space left on device: {out_dir}") from e
+            raise
         try:
             yield tmp
             (tmp / EXPORT_MARKER).write_bytes(b"")
