@@ -288,6 +288,26 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return paths[-1] if paths else None
 
 
+def non_finite_parameters(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors of a state dict that hold NaN or inf values."""
+    return [k for k, v in state.items()
+            if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
+def latest_finite_checkpoint(run_dir: str | Path) -> Path | None:
+    """The highest-step checkpoint whose parameters are all finite (read through a memory
+    map), or None when there is none (unreadable files are passed over)."""
+    for path in reversed(step_checkpoints(run_dir)):
+        try:
+            model = torch.load(path, map_location="cpu", mmap=True, weights_only=True)["model"]
+        except Exception as e:  # noqa: BLE001 - an unreadable file is not a finite one
+            log.warning("cannot read %s (%s); passing over it", path, e)
+            continue
+        if not non_finite_parameters(model):
+            return path
+    return None
+
+
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
     """Delete all but the ``keep_last`` most recent step checkpoints; returns the deleted paths."""
     paths = step_checkpoints(run_dir)
@@ -376,8 +396,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
         The averaged state dict.
 
     Raises:
-        UserError (a ValueError): when ``paths`` is empty, or the checkpoints differ in keys
-            or shapes (the message names the files and the keys or shapes that differ).
+        UserError (a ValueError): when ``paths`` is empty, the checkpoints differ in keys
+            or shapes (the message names the files and the keys or shapes that differ), or
+            one holds NaN or inf parameters (named).
         MissingFileError / UserError: a file missing or unreadable (named).
     """
     if not paths:
@@ -389,6 +410,13 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     first = paths[0]
     for path in paths:
         model = _load_mmap(path)["model"]
+        bad = non_finite_parameters(model)
+        if bad:
+            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            raise UserError(
+                f"{path}: {len(bad)} parameter tensors hold NaN or inf values ({shown}); "
+                "average only checkpoints from before the run went non-finite "
+                "('average.checkpoints=[...]')")
         if not total:
             for k, v in model.items():
                 dtypes[k], shapes[k] = v.dtype, tuple(v.shape)

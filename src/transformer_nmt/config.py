@@ -533,9 +533,11 @@ def validate(cfg: Config) -> None:
     d = cfg.decode
     if d.beam_size <= 0:
         errors.append(f"decode.beam_size={d.beam_size} must be positive")
-    for key in ("max_tokens", "max_input_tokens"):
-        if getattr(d, key) <= 0:
-            errors.append(f"decode.{key}={getattr(d, key)} must be positive")
+    if d.max_input_tokens <= 0:
+        errors.append(f"decode.max_input_tokens={d.max_input_tokens} must be positive")
+    if d.max_tokens < 2:  # a batch holds at least one piece and the eos appended to it
+        errors.append(f"decode.max_tokens={d.max_tokens} must be at least 2 (source tokens per "
+                      "batch, the eos appended to each sentence included)")
     if not 0 < d.nbest <= d.beam_size:
         errors.append(f"decode.nbest={d.nbest} must be in [1, beam_size={d.beam_size}]")
     if cfg.data.src_lang == cfg.data.tgt_lang:
