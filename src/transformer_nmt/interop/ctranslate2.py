@@ -240,9 +240,12 @@ class CTranslate2Engine:
     hypotheses have finished (``patience`` 1, our ``stopping=beam``), ``pad`` and ``bos``
     never generated, at least one token before ``eos``. Sentences are decoded in groups of
     equal source length so that each has its own maximum output length
-    ``max_len_a * src_len + max_len_b``. Differences that remain: a hypothesis that reaches
-    the length limit ends there without the forced ``eos`` of our search; ``lenpen_form=gnmt``
-    and ``stopping=bound`` have no CTranslate2 counterpart (a warning says so once).
+    ``max_len_a * src_len + max_len_b``. Differences that remain (docs/export.md):
+    CTranslate2 bars ``pad``, ``bos`` (and ``eos`` at the first step) on the logits before its
+    softmax, which renormalises the scores, where ours masks the log-probabilities after it
+    (no CTranslate2 option masks after the softmax); a hypothesis that reaches the length
+    limit ends there without the forced ``eos`` of our search; ``lenpen_form=gnmt`` and
+    ``stopping=bound`` have no CTranslate2 counterpart (a warning says so once).
 
     Args:
         model_dir: a CTranslate2 model directory of ours (:func:`export_ctranslate2`).
