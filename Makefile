@@ -10,7 +10,7 @@
 #   make table3 EXP=wmt14_en_de_base [ARGS="hydra/launcher=slurm_torchrun ..."]   the paper's Table 3 sweep
 #   make table3-proxy       Table 3 at CPU scale on Multi30k (resumable; docs/table3_proxy.md)
 #   make plots EXP=<experiment>   training curves, BLEU per checkpoint (runs/<experiment>/plots/)
-#   make export EXP=<experiment>  runs/<experiment>/export/hf (ARGS="export.format=ctranslate2 export.quantization=int8")
+#   make export EXP=<experiment>  runs/<experiment>/export/hf (ARGS="export.format=ctranslate2 export.quantization=int8"; to replace an earlier export: ARGS=export.overwrite=true)
 #   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
 #   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
 #   make gpu-check          on a CUDA machine: GPU tests, bf16/fp16/DDP/big runs, decoding -> docs/gpu_check.md

@@ -923,3 +923,93 @@ def test_24_15_plot_bleu_sentences_below_one_is_refused(tmp_path):
         make_plots(cfg)
     assert str(e.value) == ("plot.bleu_sentences=0 must be positive (or null for every "
                             "validation sentence)")
+
+
+# --- 24: nmt-translate one step off the default path (docs/reliability.md) ----------------------
+
+
+@pytest.fixture
+def translate_run(workspace, tokenizer, tmp_path):
+    """A tiny model's checkpoint beside the workspace's tokenizer; ``(overrides, checkpoint)``."""
+    from helpers import DECODE_MODEL, new_model, write_checkpoint
+
+    root, cfg = workspace
+    ckpt = tmp_path / "checkpoint_1.pt"
+    write_checkpoint(ckpt, new_model(cfg, tokenizer.vocab_size, seed=1), cfg, 1)
+    overrides = [f"data.root={root / 'data'}", f"run_dir={tmp_path / 'run'}", "name=tiny",
+                 "data.vocab_size=60", "decode.beam_size=2", "decode.max_len_b=6",
+                 *DECODE_MODEL, f"decode.checkpoint={ckpt}"]
+    return overrides, ckpt
+
+
+def test_24_03_translating_with_a_nan_checkpoint_names_it(translate_run, tmp_path):
+    from transformer_nmt.decode.translate import translate
+
+    overrides, ckpt = translate_run
+    state = load_checkpoint(ckpt)
+    state["model"] = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                      for k, v in state["model"].items()}
+    save_checkpoint(ckpt, state)
+    (tmp_path / "in.en").write_text("A dog runs.\nTwo people sit.\n")
+    cfg = compose([*overrides, f"translate.input={tmp_path / 'in.en'}",
+                   f"translate.output={tmp_path / 'out.de'}"])
+    with pytest.raises(UserError, match=f"^{ckpt}: non-finite scores in decoding .*: .* of its "
+                       "parameter tensors hold NaN or inf values"):
+        translate(cfg)
+    assert not (tmp_path / "out.de").exists()
+
+
+def test_24_15_translate_bad_settings_are_one_error_before_decoding(translate_run, tmp_path,
+                                                                  monkeypatch):
+    from transformer_nmt.config import ConfigError
+    from transformer_nmt.decode.translate import translate
+
+    overrides, _ = translate_run
+    with pytest.raises(ConfigError, match=r"decode.max_tokens=1 must be at least 2"):
+        compose([*overrides, "decode.max_tokens=1"])
+    (tmp_path / "in.en").write_text("A dog runs.\n")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    cfg = compose([*overrides, f"translate.input={tmp_path / 'in.en'}", f"translate.output={folder}"])
+    with pytest.raises(UserError, match=f"^translate.output={folder} is a folder; give a file path$"):
+        translate(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = compose([*overrides, "decode.device=cuda", f"translate.input={tmp_path / 'in.en'}"])
+    with pytest.raises(UserError, match="^decode.device=cuda: CUDA is not available here"):
+        translate(cfg)
+
+
+def _translate_cli(overrides, *extra, **popen):
+    return subprocess.Popen([sys.executable, "-m", "transformer_nmt.cli.translate", *overrides,
+                             *extra], text=True, **popen)
+
+
+def test_24_15_translate_into_a_closed_pipe_and_ctrl_c_exit_quietly(translate_run, tmp_path):
+    from helpers import sentences
+
+    overrides, _ = translate_run
+    short, source = tmp_path / "short.en", tmp_path / "in.en"
+    short.write_text("\n".join(sentences(3, 5)) + "\n")
+    source.write_text("\n".join(sentences(3000, 5)) + "\n")
+    # | head -1: the reader is gone before the first translation is written
+    proc = _translate_cli(overrides, f"translate.input={short}", stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141, err[-2000:]
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err
+    # Ctrl-C while decoding: one line, exit 130, no output file
+    out = tmp_path / "out.de"
+    proc = _translate_cli(overrides, f"translate.input={source}", f"translate.output={out}",
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "decoding with" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    err = "".join(lines) + proc.stderr.read()
+    assert proc.wait(timeout=300) == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "interrupted: stopped before the end (no output file is left half-written)")
+    assert not out.exists() and not list(tmp_path.glob(".out.de*"))

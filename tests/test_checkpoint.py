@@ -230,3 +230,28 @@ def test_the_average_is_exactly_the_last_n_periodic_checkpoints(tmp_path, preset
     avg = load_checkpoint(average_run(cfg))
     assert avg["averaged_steps"] == periodic and len(periodic) == last
     assert avg["model"]["w"].item() == pytest.approx(sum(periodic) / last)
+
+
+def test_24_03_average_refuses_nan_parameters_and_the_stop_names_the_last_finite_checkpoint(
+        tmp_path):
+    from transformer_nmt.train.step import _bad_steps_error
+
+    cfg = make_cfg(tmp_path, "average.last=2")
+    folder = Path(cfg.run_dir) / "checkpoints"
+    model = new_model(cfg, VOCAB, seed=1)
+    write_checkpoint(folder / "checkpoint_10.pt", model, cfg, 10)
+    with torch.no_grad():
+        model.output_projection.weight[0, 0] = float("nan")
+    write_checkpoint(folder / "checkpoint_20.pt", model, cfg, 20)
+    with pytest.raises(ValueError, match=r"checkpoint_20.pt: 3 parameter tensors hold NaN or inf "
+                       r"values \(embed_tokens.weight, tgt_embed_tokens.weight, output_projection"):
+        average_run(cfg)
+    assert not (folder / "averaged.pt").exists()
+    state = TrainState(step=20, bad_steps_in_row=3)
+    message = str(_bad_steps_error(state, cfg.trainer, float("nan"), float("nan"), 1e-3,
+                                   Path(cfg.run_dir)))
+    assert message.endswith("the last checkpoint whose parameters are all finite is "
+                            f"{folder / 'checkpoint_10.pt'}")
+    (folder / "checkpoint_10.pt").unlink()
+    assert str(_bad_steps_error(state, cfg.trainer, 0.0, 0.0, 1e-3, Path(cfg.run_dir))).endswith(
+        "no checkpoint of the run has all-finite parameters")

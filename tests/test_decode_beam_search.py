@@ -11,6 +11,7 @@ import torch
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from transformer_nmt.decode.beam_search import (
+    NonFiniteScoresError,
     beam_search,
     greedy_search,
     length_penalty,
@@ -322,3 +323,47 @@ def test_next_token_step_constraints_and_grouped_rows():
     # at the limit only eos is left, with its own log-probability
     assert torch.isinf(lp[width:, ok]).all()
     torch.testing.assert_close(lp[width:, EOS_ID], ref[1, EOS_ID].expand(width))
+
+
+class InfLogits(NoEarlyEos):
+    """fp16 logits that overflow: +inf for one token from the third output position on."""
+
+    def __init__(self, model):
+        super().__init__(model, shift=0.0)
+
+    def decode(self, tgt_tokens, memory, src_mask, cache=None):
+        logits = self.model.decode(tgt_tokens, memory, src_mask, cache).clone()
+        if cache is not None and cache.length >= 3:
+            logits[..., CONTENT[0]] = math.inf
+        return logits
+
+
+@pytest.mark.parametrize("kind", ["nan_weights", "inf_logits"])
+@pytest.mark.parametrize("search", ["beam_bound", "beam_beam", "greedy"])
+def test_24_03_non_finite_scores_are_an_error_not_a_hang(kind, search):
+    import signal
+
+    model = tiny_model(3)
+    if kind == "nan_weights":  # what a run stopped by non-finite losses may have saved
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(math.nan)
+    else:
+        model = InfLogits(model)
+    src = random_sources([5, 3, 7])
+
+    def timeout(*_):
+        raise TimeoutError("the search did not end")
+
+    old = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(20)
+    try:
+        with pytest.raises(NonFiniteScoresError, match="NaN or infinite logits"):
+            if search == "greedy":
+                greedy_search(model, src, 1.0, 4)
+            else:
+                beam_search(model, src, beam_size=3, max_len_b=4, lenpen=1.0, lenpen_form="fairseq",
+                            stopping=search.split("_")[1])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -288,6 +288,26 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return paths[-1] if paths else None
 
 
+def non_finite_parameters(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors of a state dict that hold NaN or inf values."""
+    return [k for k, v in state.items()
+            if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
+def latest_finite_checkpoint(run_dir: str | Path) -> Path | None:
+    """The highest-step checkpoint whose parameters are all finite (read through a memory
+    map), or None when there is none (unreadable files are passed over)."""
+    for path in reversed(step_checkpoints(run_dir)):
+        try:
+            model = torch.load(path, map_location="cpu", mmap=True, weights_only=True)["model"]
+        except Exception as e:  # noqa: BLE001 - an unreadable file is not a finite one
+            log.warning("cannot read %s (%s); passing over it", path, e)
+            continue
+        if not non_finite_parameters(model):
+            return path
+    return None
+
+
 def _step_of(path: Path) -> int:
     m = _STEP_RE.match(path.name)
     return int(m.group(1)) if m else -1
@@ -439,8 +459,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
         The averaged state dict.
 
     Raises:
-        UserError (a ValueError): when ``paths`` is empty, or the checkpoints differ in keys
-            or shapes (the message names the files and the keys or shapes that differ).
+        UserError (a ValueError): when ``paths`` is empty, the checkpoints differ in keys
+            or shapes (the message names the files and the keys or shapes that differ), or
+            one holds NaN or inf parameters (named).
         MissingFileError / UserError: a file missing or unreadable (named).
     """
     if not paths:
@@ -452,6 +473,13 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     first = paths[0]
     for path in paths:
         model = _load_mmap(path)["model"]
+        bad = non_finite_parameters(model)
+        if bad:
+            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            raise UserError(
+                f"{path}: {len(bad)} parameter tensors hold NaN or inf values ({shown}); "
+                "average only checkpoints from before the run went non-finite "
+                "('average.checkpoints=[...]')")
         if not total:
             for k, v in model.items():
                 dtypes[k], shapes[k] = v.dtype, tuple(v.shape)
@@ -603,20 +631,33 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
 
 
 
-def load_initial_weights(model: Any, path: str | Path) -> None:
+def load_initial_weights(model: Any, path: str | Path, vocab: dict | None = None) -> None:
     """``trainer.init_from``: copy a model file's weights into a freshly built model.
 
     For fine-tuning from an imported (or any) model; optimizer, schedule and counters start
     from scratch. The run's model config must describe the same architecture.
 
+    Args:
+        vocab: the run's vocabulary identity (``{"spm_sha256", "vocab_size"}``); compared
+            with the one the model file records (a file without one gets a warning).
+
     Raises:
-        UserError: a different vocabulary size, or parameters missing, extra or of
-            another shape (named).
+        UserError: another vocabulary (size, or identity where both are known), or
+            parameters missing, extra or of another shape (named).
     """
     ckpt = load_checkpoint(path)
     if int(ckpt["vocab_size"]) != model.vocab_size:
         raise UserError(f"trainer.init_from={path}: vocabulary of {ckpt['vocab_size']} pieces, "
                         f"the run's model has {model.vocab_size}")
+    saved = ckpt.get("vocab")
+    if vocab is not None and saved is None:
+        log.warning("trainer.init_from=%s records no vocabulary identity: cannot check that "
+                    "it was trained with this run's SentencePiece model", path)
+    elif vocab is not None and {k: saved.get(k) for k in vocab} != dict(vocab):
+        raise UserError(
+            f"trainer.init_from={path} was trained with another vocabulary than this run's "
+            f"(its spm sha256 {str(saved.get('spm_sha256'))[:12]}, the run's "
+            f"{str(vocab.get('spm_sha256'))[:12]}); use the data= settings of that model")
     own = model.state_dict()
     bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in ckpt["model"].items()
            if k in own and v.shape != own[k].shape]

@@ -575,9 +575,11 @@ def validate(cfg: Config) -> None:
     d = cfg.decode
     if d.beam_size <= 0:
         errors.append(f"decode.beam_size={d.beam_size} must be positive")
-    for key in ("max_tokens", "max_input_tokens"):
-        if getattr(d, key) <= 0:
-            errors.append(f"decode.{key}={getattr(d, key)} must be positive")
+    if d.max_input_tokens <= 0:
+        errors.append(f"decode.max_input_tokens={d.max_input_tokens} must be positive")
+    if d.max_tokens < 2:  # a batch holds at least one piece and the eos appended to it
+        errors.append(f"decode.max_tokens={d.max_tokens} must be at least 2 (source tokens per "
+                      "batch, the eos appended to each sentence included)")
     if d.max_len_a < 0:
         errors.append(f"decode.max_len_a={d.max_len_a} must be >= 0 (the maximum output length "
                       "max_len_a * source length + max_len_b falls below 1 for long sources)")

@@ -28,11 +28,33 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_device(name: str | torch.device | None) -> torch.device:
-    """``auto`` (or None) -> ``cuda`` when available, else ``cpu``; anything else as given."""
+def resolve_device(name: str | torch.device | None, key: str = "decode.device") -> torch.device:
+    """``auto`` (or None) -> ``cuda`` when available, else ``cpu``; anything else as given.
+
+    ``key`` names the setting in error messages.
+
+    Raises:
+        UserError: a device name torch does not know, or a CUDA device that is not there
+            (no CUDA build or GPU, or an index beyond the GPUs present).
+    """
+    from transformer_nmt.errors import UserError
+
     if name is None or str(name) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise UserError(f"{key}={name} is not a torch device ({e}); use auto, cpu, cuda "
+                        "or cuda:<index>") from e
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"{key}={name}: CUDA is not available here (torch "
+                            f"{torch.__version__}, {torch.cuda.device_count()} GPUs visible); "
+                            "use cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"{key}={name}: only {torch.cuda.device_count()} CUDA GPUs "
+                            "are visible")
+    return device
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:

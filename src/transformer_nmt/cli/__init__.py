@@ -32,6 +32,8 @@ from transformer_nmt.errors import UserError
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
 """Exceptions reported as ``error: ...`` with exit status 2 (``DataError`` is a UserError)."""
 USER_EXIT = 2
+INTERRUPTED_EXIT = 130
+"""Exit status after Ctrl-C (128 + SIGINT), with one line and no traceback (:func:`run_app`)."""
 
 
 
@@ -290,8 +292,9 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
             which names ``.hydra/<job>`` and ``<job>.log`` in the run directory.
         argv: the command-line arguments (default ``sys.argv[1:]``).
 
-    Exits with status 2 after printing ``error: <message>`` on a user error; Hydra flags
-    (``--help``, ``--cfg``, ``-m`` ...) skip the checks made before Hydra starts.
+    Exits with status 2 after printing ``error: <message>`` on a user error, with 130 after
+    one line on Ctrl-C (a KeyboardInterrupt that reaches it); Hydra flags (``--help``,
+    ``--cfg``, ``-m`` ...) skip the checks made before Hydra starts.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     run_dir, before = None, None
@@ -308,3 +311,7 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
             _undo_hydra_files(run_dir, job, before)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(USER_EXIT)
+    except KeyboardInterrupt:  # Ctrl-C: outputs are written atomically, so nothing is half-written
+        print("interrupted: stopped before the end (no output file is left half-written)",
+              file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)

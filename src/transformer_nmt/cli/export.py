@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, typed_config
+from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
 from transformer_nmt.config import Config
 
 log = logging.getLogger(__name__)
@@ -38,8 +37,10 @@ class ExportConfig:
     """CTranslate2 weights: ``none`` (float32), ``int8``, ``int8_float32``, ``float16``."""
     output: str | None = None
     """Folder to write; None = ``<run_dir>/export/hf`` or ``<run_dir>/export/ctranslate2[_<q>]``."""
-    overwrite: bool = True
-    """Replace an existing output folder (atomically); false refuses."""
+    overwrite: bool = False
+    """Replace an existing output folder that holds an earlier export (atomically); a folder
+    nmt-export did not write is never replaced. nmt-import: replace the target run's
+    averaged.pt (a run that already holds checkpoints is refused without it)."""
 
 
 @dataclass
@@ -57,12 +58,6 @@ def register_interop_schema() -> None:
 
 
 register_interop_schema()
-
-
-def fail(message: str) -> None:
-    """Print ``error: message`` on standard error and exit with status 2."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def default_output(cfg: InteropConfig) -> Path:
@@ -104,13 +99,15 @@ def run_export(cfg: InteropConfig) -> Path:
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
-    """Type and validate the config (:func:`typed_config`),
-    run :func:`run_export`; user errors exit 2 with one line."""
-    try:
+def app(cfg: DictConfig) -> None:
+    """Type and validate the config (:func:`typed_config`), then run :func:`run_export`."""
+    with user_errors():
         print(run_export(typed_config(cfg)))
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        fail(str(e).replace("\n", " "))
+
+
+def main() -> None:
+    """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
+    run_app(app, "export")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.cli import CONFIG_DIR, typed_config
-from transformer_nmt.cli.export import InteropConfig, fail
+from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
+from transformer_nmt.cli.export import InteropConfig
 from transformer_nmt.config import to_plain
 
 
@@ -25,8 +25,9 @@ def run_import(cfg: InteropConfig):
     """Import ``cfg.source`` into ``cfg.run_dir``; returns the checkpoint path written.
 
     Raises:
-        ExportError, FileNotFoundError, ValueError: no source, an existing model file
-            without ``export.overwrite``, a folder that cannot be imported exactly.
+        ExportError, FileNotFoundError, ValueError: no source, a target run that already
+            holds checkpoints without ``export.overwrite``, a folder that cannot be imported
+            exactly.
     """
     from transformer_nmt.checkpoint import AVERAGED_NAME, checkpoint_dir
     from transformer_nmt.fileio import spm_model_path
@@ -35,9 +36,14 @@ def run_import(cfg: InteropConfig):
 
     if not cfg.source:
         raise ExportError("source=<folder> is required (a Marian transformers folder)")
-    out = checkpoint_dir(cfg.run_dir) / AVERAGED_NAME
-    if out.exists() and not cfg.export.overwrite:
-        raise ExportError(f"{out} exists; pass export.overwrite=true to replace it")
+    folder = checkpoint_dir(cfg.run_dir)
+    out = folder / AVERAGED_NAME
+    held = sorted(p.name for p in folder.glob("*.pt")) if folder.is_dir() else []
+    if held and not cfg.export.overwrite:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise ExportError(
+            f"{cfg.run_dir} already holds checkpoints ({shown} in {folder}); import under "
+            f"another name= (or run_dir=), or pass export.overwrite=true to replace {out.name}")
     run_cfg = to_plain(cfg)
     for key in ("export", "source"):
         run_cfg.pop(key, None)
@@ -46,13 +52,15 @@ def run_import(cfg: InteropConfig):
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
-    """Type and validate the config (:func:`typed_config`),
-    run :func:`run_import`; user errors exit 2 with one line."""
-    try:
+def app(cfg: DictConfig) -> None:
+    """Type and validate the config (:func:`typed_config`), then run :func:`run_import`."""
+    with user_errors():
         print(run_import(typed_config(cfg)))
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
-        fail(str(e).replace("\n", " "))
+
+
+def main() -> None:
+    """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
+    run_app(app, "import_model")
 
 
 if __name__ == "__main__":

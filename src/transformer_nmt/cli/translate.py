@@ -8,6 +8,7 @@ to standard output; log messages go to standard error.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import hydra
@@ -33,7 +34,23 @@ def app(cfg: DictConfig) -> None:
     with user_errors():
         cfg = typed_config(cfg)
         retain_freed_memory()  # beam search allocates large tensors at every step
-        translate(cfg, engine=decode_engine)
+        try:
+            translate(cfg, engine=decode_engine)
+        except BrokenPipeError:  # the reader of standard output left (| head -1)
+            _quiet_stdout()
+            sys.exit(BROKEN_PIPE_EXIT)
+
+
+BROKEN_PIPE_EXIT = 141
+"""Exit status when standard output's reader has gone: 128 + SIGPIPE, what a process killed
+by SIGPIPE reports (shells ignore it in pipelines such as ``| head -1``)."""
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's final flush stays silent."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def main() -> None:

@@ -62,6 +62,11 @@ from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, LenpenForm, Stopping
 
+
+class NonFiniteScoresError(ValueError):
+    """The model gave NaN or infinite logits (NaN weights, or fp16 logits that overflow)."""
+
+
 LENPEN_FORMS = tuple(m.value for m in LenpenForm)  # ("gnmt", "fairseq")
 STOPPING_RULES = tuple(m.value for m in Stopping)  # ("bound", "beam")
 
@@ -179,15 +184,26 @@ def next_token_log_probs(
 
     Returns:
         (A*W, V) float32 natural-log probabilities.
+
+    Raises:
+        NonFiniteScoresError: a row of NaN or infinite logits (its largest log-probability,
+            0 or below for any finite row, is then NaN or infinite).
     """
     logits = model.decode(last, memory, src_mask, cache)  # (A*W, 1, V)
     lprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (A*W, V)
+    at_limit = max_len.eq(t)  # (A,) sentences whose next token must be eos
+    # one host read for both flags: a non-finite row, a sentence at its limit
+    non_finite, any_at_limit = torch.stack(
+        [~torch.isfinite(lprobs.amax(dim=-1)).all(), at_limit.any()]).tolist()
+    if non_finite:
+        raise NonFiniteScoresError(
+            f"the model gave NaN or infinite logits at output position {t + 1} (NaN or inf "
+            "parameters, or logits beyond the range of the decoding precision)")
     lprobs[:, PAD_ID] = -math.inf
     lprobs[:, BOS_ID] = -math.inf
     if t < min_len:
         lprobs[:, EOS_ID] = -math.inf
-    at_limit = max_len.eq(t)  # (A,) sentences whose next token must be eos
-    if bool(at_limit.any()):
+    if any_at_limit:
         rows = at_limit.repeat_interleave(lprobs.size(0) // max_len.numel())  # (A*W,)
         eos_lp = lprobs[rows, EOS_ID]
         lprobs[rows] = -math.inf
@@ -255,11 +271,13 @@ def beam_search(
 
     Returns:
         For each of the B sentences, its best ``nbest`` hypotheses, best first (fewer only
-        when fewer distinct hypotheses exist under the length limits).
+        when fewer distinct hypotheses exist under the length limits). Every sentence ends
+        after at most ``max_len + 1`` steps, whatever the scores.
 
     Raises:
         ValueError: on bad ``beam_size``/``nbest``/``lenpen_form``/``stopping`` or a non-2D
             input.
+        NonFiniteScoresError: NaN or infinite logits.
     """
     if src_tokens.dim() != 2:
         raise ValueError(f"src_tokens must be (B, S), got shape {tuple(src_tokens.shape)}")
@@ -348,6 +366,7 @@ def beam_search(
         else:  # exact bound; all-dead beams give -inf <= anything
             bound = _best_possible_score(new_scores[:, 0], t + 1, max_len, lenpen, lenpen_form)
             done = bound <= thresholds  # (A,)
+        done |= max_len.le(t)  # eos was forced at this step: nothing may go on, whatever the scores
         rows = (torch.arange(n_act, device=device) * width).unsqueeze(1) + new_beams  # (A, K)
         keep = None
         if bool(done.any()):
@@ -396,6 +415,9 @@ def greedy_search(
     Returns:
         For each of the B sentences a one-element list; ``score == log_prob`` (no length
         penalty).
+
+    Raises:
+        NonFiniteScoresError: NaN or infinite logits.
     """
     if src_tokens.dim() != 2:
         raise ValueError(f"src_tokens must be (B, S), got shape {tuple(src_tokens.shape)}")
@@ -419,7 +441,7 @@ def greedy_search(
         best_lp, best = lprobs.max(dim=1)  # (A,), (A,)
         log_probs = log_probs + best_lp
         history = torch.cat([history, best.unsqueeze(1)], dim=1)  # (A, t + 1)
-        done = best.eq(EOS_ID)  # (A,)
+        done = best.eq(EOS_ID) | max_len.le(t)  # (A,) eos, or the maximum length reached
         if bool(done.any()):
             idx = done.nonzero().squeeze(1)
             for a, toks, lp_ in zip(

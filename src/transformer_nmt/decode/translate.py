@@ -34,7 +34,12 @@ from transformer_nmt.checkpoint import AVERAGED_NAME, checkpoint_dir, latest_che
 from transformer_nmt.config import Config, DecodeConfig
 from transformer_nmt.data.batching import LengthBucketSampler, collate
 from transformer_nmt.data.bpe import load_tokenizer
-from transformer_nmt.decode.beam_search import Hypothesis, beam_search, greedy_search
+from transformer_nmt.decode.beam_search import (
+    Hypothesis,
+    NonFiniteScoresError,
+    beam_search,
+    greedy_search,
+)
 from transformer_nmt.errors import UserError
 from transformer_nmt.fileio import atomic_write, iter_lines
 from transformer_nmt.fileio import read_lines as fileio_read_lines
@@ -74,6 +79,27 @@ def resolve_checkpoint(cfg: Config) -> Path:
         f"no model to decode with: decode.checkpoint is unset, {averaged} does not exist and "
         f"{folder} holds no checkpoint_<step>.pt (train first, or set decode.checkpoint=PATH)"
     )
+
+
+@contextlib.contextmanager
+def non_finite_scores_named(checkpoint: str | Path, model: Any, precision: str):
+    """Turn a search's :class:`NonFiniteScoresError` into a UserError naming the checkpoint
+    and the cause: parameters that are not all finite, or logits that overflow ``precision``.
+    """
+    try:
+        yield
+    except NonFiniteScoresError as e:
+        from transformer_nmt.checkpoint import non_finite_parameters
+
+        params = getattr(model, "state_dict", None)
+        bad = non_finite_parameters(params()) if params is not None else []
+        if bad:
+            cause = (f"{len(bad)} of its parameter tensors hold NaN or inf values (e.g. {bad[0]}); "
+                     "decode with an earlier checkpoint (decode.checkpoint=...)")
+        else:
+            cause = (f"its parameters are finite, so its logits overflow in decode.precision="
+                     f"{precision}; decode with decode.precision=fp32")
+        raise UserError(f"{checkpoint}: non-finite scores in decoding ({e}): {cause}") from e
 
 
 def search(model: Any, src_tokens: torch.Tensor, decode_cfg: DecodeConfig
@@ -331,7 +357,8 @@ def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str
 
     Raises:
         UserError: another ``decode.engine`` than ``native`` without an ``engine``; a
-            checkpoint whose vocabulary is not the tokenizer's.
+            checkpoint whose vocabulary is not the tokenizer's; a model that gives NaN or
+            infinite scores (named); ``translate.output`` a folder; a device not present.
     """
     from transformer_nmt.checkpoint import load_model
     from transformer_nmt.data.bpe import check_vocab
@@ -339,6 +366,9 @@ def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str
     if engine is None and str(cfg.decode.engine) != "native":
         raise UserError(f"decode.engine={cfg.decode.engine} is decoded by nmt-translate / "
                         "nmt-evaluate; this call decodes with ours only")
+    output = cfg.translate.output
+    if output is not None and Path(output).is_dir():  # found before decoding, not after
+        raise UserError(f"translate.output={output} is a folder; give a file path")
     device = resolve_device(cfg.decode.device)
     path = resolve_checkpoint(cfg)
     tokenizer = load_tokenizer(cfg.data)
@@ -347,7 +377,8 @@ def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str
     if engine is not None:
         model = engine(model, path, cfg, device)  # itself unless decode.engine says otherwise
     log.info("decoding with %s on %s", path, device)
-    stats = translate_file(model, tokenizer, cfg.decode, device, cfg.translate.input,
-                           cfg.translate.output)
+    with non_finite_scores_named(path, model, cfg.decode.precision):
+        stats = translate_file(model, tokenizer, cfg.decode, device, cfg.translate.input,
+                               cfg.translate.output)
     stats["checkpoint"] = str(path)
     return stats

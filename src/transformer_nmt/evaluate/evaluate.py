@@ -54,6 +54,7 @@ from transformer_nmt.config import Config
 from transformer_nmt.data.bpe import file_digest, load_tokenizer
 from transformer_nmt.data.corpora import reference_path
 from transformer_nmt.decode.translate import (
+    non_finite_scores_named,
     read_lines,
     resolve_checkpoint,
     translate_lines,
@@ -178,7 +179,8 @@ def evaluate(cfg: Config) -> dict[str, Any]:
             raise ValueError(
                 f"{src_file} has {len(sources)} lines but {ref_file} has {len(references)}"
             )
-        hypotheses, speed = translate_lines(engine, tokenizer, sources, cfg.decode, device)
+        with non_finite_scores_named(ckpt_path, model, cfg.decode.precision):
+            hypotheses, speed = translate_lines(engine, tokenizer, sources, cfg.decode, device)
         out_file = run_dir / "translations" / f"{split}.{data.tgt_lang}"
         write_lines(hypotheses, out_file)
         # Score the two files as written, as `sacrebleu REF -i HYP` reads them.

@@ -9,6 +9,7 @@ d_v other than d_model / heads, untied embeddings for Marian.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -46,6 +47,11 @@ normalisation of our tokenizer, the run's model config)."""
 
 class ExportError(UserError):
     """A model or folder that cannot be converted exactly; the message says why."""
+
+
+class NotWritableError(ExportError):
+    """The folder an export should go to cannot be created or written (permissions, a
+    read-only file system)."""
 
 
 def require(module: str):
@@ -208,18 +214,65 @@ def model_card(run_cfg: DictConfig, ckpt: dict[str, Any], results: dict[str, Any
     return "\n".join(lines)
 
 
+EXPORT_MARKER = ".transformer_nmt_export"
+"""Empty file that every folder written by :func:`_atomic_dir` holds: only a folder with it is
+ever replaced, so an export can never remove a run, a checkpoint folder or data."""
+
+
+def _refuse_output(out_dir: Path, overwrite: bool) -> None:
+    """Refuse to replace ``out_dir`` unless it is an earlier export of ours and ``overwrite``."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ExportError(f"export output {out_dir} exists and is a file, not an export folder; "
+                          "choose another export.output")
+    if not (out_dir / EXPORT_MARKER).is_file():
+        raise ExportError(
+            f"export output {out_dir} exists and is not an export folder written by nmt-export "
+            f"(no {EXPORT_MARKER} in it); it is never replaced: choose another export.output "
+            "(e.g. a new folder under <run_dir>/export/)")
+    found = next((p for p in out_dir.rglob("*.pt")), None) or next(
+        (p for p in (out_dir / "checkpoints", out_dir / ".hydra") if p.exists()), None)
+    if found is not None:
+        raise ExportError(f"export output {out_dir} holds {found}, which nmt-export did not write; "
+                          "it is never replaced: choose another export.output")
+    if not overwrite:
+        raise ExportError(f"{out_dir} holds an earlier export; pass export.overwrite=true to "
+                          "replace it")
+
+
 def _atomic_dir(out_dir: Path, overwrite: bool):
-    """Context: a temporary folder beside ``out_dir``, renamed to it on success."""
+    """Context: a temporary folder beside ``out_dir``, renamed to it on success.
+
+    The folder gets :data:`EXPORT_MARKER`. An existing ``out_dir`` is replaced only when it
+    holds that marker (an earlier export) and ``overwrite`` is true: an export never removes a
+    folder it did not write.
+
+    Raises:
+        ExportError: ``out_dir`` exists and is not a replaceable export folder.
+        NoSpaceError: the device filled up while writing (nothing is left behind).
+    """
     import contextlib
+
+    from transformer_nmt.errors import NoSpaceError
+    from transformer_nmt.fileio import _disk_full
 
     @contextlib.contextmanager
     def ctx():
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        if out_dir.exists() and not overwrite:
-            raise ExportError(f"{out_dir} exists; pass export.overwrite=true to replace it")
-        tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+        _refuse_output(out_dir, overwrite)
+        try:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+        except OSError as e:
+            if isinstance(e, PermissionError) or e.errno == errno.EROFS:
+                raise NotWritableError(f"cannot write {out_dir}: {e.strerror} ({e.filename})") from e
+            if _disk_full(e, out_dir.parent):
+                raise NoSpaceError(f"no space left on device: {out_dir}") from e
+            raise
         try:
             yield tmp
+            (tmp / EXPORT_MARKER).write_bytes(b"")
+            _refuse_output(out_dir, True)  # written meanwhile by someone else?
             if out_dir.exists():
                 old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
                 os.replace(out_dir, old)
@@ -227,8 +280,10 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, out_dir)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, Exception) and _disk_full(e, out_dir.parent):
+                raise NoSpaceError(f"no space left on device: {out_dir}") from e
             raise
     return ctx()
 

@@ -12,8 +12,10 @@ our model.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -36,6 +38,7 @@ from transformer_nmt.interop.common import (
     QUANTIZATIONS,
     SPECIAL_PIECES,
     ExportError,
+    NotWritableError,
     _atomic_dir,
     _get,
     _load,
@@ -167,19 +170,66 @@ def export_ctranslate2(checkpoint: str | Path, spm_path: str | Path, out_dir: st
     return out_dir
 
 
-def cached_ctranslate2(checkpoint: str | Path, spm_path: str | Path) -> Path:
-    """The float32 CTranslate2 export of ``checkpoint``, converted on first use.
+CONVERTER_VERSION = 2
+"""Version of :func:`ctranslate2_spec`'s mapping; part of the cache key, so a cache written
+by an older mapping is converted again."""
 
-    Cached in ``<checkpoint folder>/ctranslate2/<first 16 hex digits of the checkpoint's
-    SHA-256>/``; a changed checkpoint (another hash) is converted again.
+
+def cache_key(checkpoint: str | Path, spm_path: str | Path, quantization: str = "none") -> str:
+    """Hex SHA-256 of everything a conversion depends on: the checkpoint's and the
+    SentencePiece model's bytes, the quantization, CTranslate2's version and ours."""
+    import json
+
+    ctranslate2 = require("ctranslate2")
+    parts = {"checkpoint": file_sha256(checkpoint), "spm": file_sha256(spm_path),
+             "quantization": quantization, "ctranslate2": ctranslate2.__version__,
+             "converter": CONVERTER_VERSION}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def cache_roots(checkpoint: str | Path) -> list[Path]:
+    """Where converted models are cached, in order: ``<checkpoint folder>/ctranslate2/``, then
+    ``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/`` (``~/.cache`` by default) for a
+    checkpoint folder that cannot be written."""
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return [Path(checkpoint).parent / "ctranslate2", user / "transformer_nmt" / "ctranslate2"]
+
+
+def cached_ctranslate2(checkpoint: str | Path, spm_path: str | Path) -> Path:
+    """The float32 CTranslate2 export of ``checkpoint`` with ``spm_path``, converted on first use.
+
+    The tokenizer is checked against the checkpoint's vocabulary before anything is
+    converted. Cached in ``<root>/<first 16 hex digits of>`` :func:`cache_key` (so another
+    checkpoint, tokenizer, quantization or converter is converted again), the root being the
+    first of :func:`cache_roots` that holds it or can be written; written through a
+    temporary folder and a rename, so a cache folder is complete or absent.
+
+    Raises:
+        DataError: the tokenizer is not the checkpoint's vocabulary.
+        ExportError: no cache folder can be written; NoSpaceError: the device is full.
     """
-    checkpoint = Path(checkpoint)
-    digest = file_sha256(checkpoint)[:16]
-    out = checkpoint.parent / "ctranslate2" / digest
-    if not (out / "model.bin").is_file():
+    from transformer_nmt.data.bpe import SentencePieceTokenizer, check_vocab
+
+    checkpoint, spm_path = Path(checkpoint), Path(spm_path)
+    if not spm_path.is_file():
+        raise ExportError(f"SentencePiece model {spm_path} not found (run nmt-prepare first)")
+    check_vocab(checkpoint, SentencePieceTokenizer(spm_path))
+    digest = cache_key(checkpoint, spm_path)[:16]
+    roots = cache_roots(checkpoint)
+    for root in roots:
+        if (root / digest / "model.bin").is_file():
+            return root / digest
+    refused = []
+    for root in roots:
+        out = root / digest
         log.info("converting %s for CTranslate2 into %s", checkpoint, out)
-        export_ctranslate2(checkpoint, spm_path, out, "none", overwrite=True)
-    return out
+        try:
+            return export_ctranslate2(checkpoint, spm_path, out, "none", overwrite=True)
+        except NotWritableError as e:
+            log.warning("%s; trying the next cache folder", e)
+            refused.append(str(e))
+    raise ExportError("cannot write a CTranslate2 cache folder: " + "; ".join(refused)
+                      + " (decode with decode.engine=native, or make one of them writable)")
 
 
 class CTranslate2Engine:
@@ -190,9 +240,12 @@ class CTranslate2Engine:
     hypotheses have finished (``patience`` 1, our ``stopping=beam``), ``pad`` and ``bos``
     never generated, at least one token before ``eos``. Sentences are decoded in groups of
     equal source length so that each has its own maximum output length
-    ``max_len_a * src_len + max_len_b``. Differences that remain: a hypothesis that reaches
-    the length limit ends there without the forced ``eos`` of our search; ``lenpen_form=gnmt``
-    and ``stopping=bound`` have no CTranslate2 counterpart (a warning says so once).
+    ``max_len_a * src_len + max_len_b``. Differences that remain (docs/export.md):
+    CTranslate2 bars ``pad``, ``bos`` (and ``eos`` at the first step) on the logits before its
+    softmax, which renormalises the scores, where ours masks the log-probabilities after it
+    (no CTranslate2 option masks after the softmax); a hypothesis that reaches the length
+    limit ends there without the forced ``eos`` of our search; ``lenpen_form=gnmt`` and
+    ``stopping=bound`` have no CTranslate2 counterpart (a warning says so once).
 
     Args:
         model_dir: a CTranslate2 model directory of ours (:func:`export_ctranslate2`).

@@ -57,6 +57,9 @@ def _check_importable(mcfg: MarianConfig, folder: Path) -> None:
         problems.append("encoder and decoder differ in heads or ffn size")
     if mcfg.d_model % mcfg.encoder_attention_heads:
         problems.append(f"d_model={mcfg.d_model} not divisible by heads")
+    if int(getattr(mcfg, "max_position_embeddings", 0) or 0) < 2:
+        problems.append(f"max_position_embeddings={mcfg.max_position_embeddings!r} (needs at "
+                        "least 2: bos and one token)")
     if problems:
         hint = (" (an opus-mt model: eos 0, pad last, decoder starting from pad, swish; "
                 "not expressible with our special ids)" if mcfg.pad_token_id != PAD_ID else "")
@@ -87,6 +90,60 @@ def _tokenizer_of(folder: Path, vocab_size: int) -> Path:
     return src
 
 
+def _load_exactly(transformers: Any, folder: Path) -> Any:
+    """``MarianMTModel.from_pretrained(folder)`` with every parameter loaded from the folder.
+
+    Raises:
+        ExportError: unreadable weights (truncated, not safetensors or a torch file), or
+            weights that do not fill the config's model exactly (missing, extra or
+            mis-shaped tensors, which transformers would fill with random values or drop).
+    """
+    files = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
+    try:
+        mm, info = transformers.MarianMTModel.from_pretrained(folder, output_loading_info=True)
+    except Exception as e:  # safetensors, pickle, torch and OS errors of a damaged folder
+        detail = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ExportError(f"{folder}: cannot read the weights ({', '.join(files) or 'none found'}): "
+                          f"{type(e).__name__}: {detail}") from e
+    problems = []
+    for key, what in (("missing_keys", "missing"), ("unexpected_keys", "not in the config's model"),
+                      ("mismatched_keys", "of another shape")):
+        names = sorted(str(k if isinstance(k, str) else k[0]) for k in info.get(key) or ())
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            problems.append(f"{len(names)} tensors {what} ({shown})")
+    if info.get("error_msgs"):
+        problems.append("; ".join(map(str, info["error_msgs"]))[:200])
+    if problems:
+        raise ExportError(f"{folder}: the weights ({', '.join(files)}) do not fill config.json's "
+                          "model exactly: " + "; ".join(problems))
+    return mm.eval()
+
+
+def _sidecar(folder: Path) -> dict[str, Any]:
+    """The folder's transformer_nmt.json (written by nmt-export), checked; {} without one.
+
+    Raises:
+        ExportError: not JSON, or a ``unicode_form`` that is not one of ours.
+    """
+    from transformer_nmt.config import UnicodeForm
+
+    path = folder / SIDECAR
+    if not path.is_file():
+        return {}
+    try:
+        sidecar = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ExportError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(sidecar, dict):
+        raise ExportError(f"{path}: expected a JSON object, got {type(sidecar).__name__}")
+    forms = [m.value for m in UnicodeForm]
+    form = sidecar.get("unicode_form")
+    if form is not None and form not in forms:
+        raise ExportError(f"{path}: unicode_form={form!r} is not one of {forms}")
+    return sidecar
+
+
 def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_out: str | Path,
                   spm_out: str | Path) -> dict[str, Any]:
     """A Marian-architecture transformers folder -> our model file + shared SentencePiece model.
@@ -105,7 +162,8 @@ def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_o
         ``imported_from``).
 
     Raises:
-        ExportError: a folder that cannot be imported exactly (the reason named).
+        ExportError: a folder that cannot be imported exactly (the reason named): missing,
+            extra or mis-shaped tensors, unreadable weights, a bad transformer_nmt.json.
     """
     transformers = require("transformers")
     folder, checkpoint_out, spm_out = Path(folder), Path(checkpoint_out), Path(spm_out)
@@ -115,14 +173,13 @@ def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_o
     if mcfg.model_type != "marian":
         raise ExportError(f"{folder}: model_type={mcfg.model_type!r}, expected 'marian'")
     _check_importable(mcfg, folder)
-    mm = transformers.MarianMTModel.from_pretrained(folder).eval()
+    mm = _load_exactly(transformers, folder)
     bias = mm.final_logits_bias
     if bool(bias.ne(0).any()):
         raise ExportError(f"{folder}: final_logits_bias is not zero (our pre-softmax layer has "
                           "no bias)")
     spm_src = _tokenizer_of(folder, mcfg.vocab_size)
-    sidecar = json.loads((folder / SIDECAR).read_text(encoding="utf-8")) if (
-        folder / SIDECAR).is_file() else {}
+    sidecar = _sidecar(folder)
     cfg = OmegaConf.create(_plain(run_cfg))
     base = sidecar.get("config", {}).get("model") if sidecar else None
     cfg.model = model_config_of_marian(mcfg, base if base is not None else cfg.model)
@@ -130,14 +187,15 @@ def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_o
         raise ExportError(f"{spm_out} exists and differs from {spm_src}; import under another "
                           "data.name (the SentencePiece model lives in data/spm/<data.name>/)")
     from transformer_nmt.checkpoint import save_checkpoint
-    from transformer_nmt.data.bpe import meta_path
+    from transformer_nmt.data.bpe import meta_path, vocab_identity
     from transformer_nmt.fileio import atomic_write
     from transformer_nmt.model.transformer import Transformer
 
     state = from_marian_state_dict(mm.state_dict(), cfg.model)
     Transformer(cfg.model, mcfg.vocab_size).load_state_dict(state)  # shapes and names check
     ckpt = {"model": state, "config": to_plain(cfg),
-            "vocab_size": int(mcfg.vocab_size), "step": sidecar.get("step"),
+            "vocab_size": int(mcfg.vocab_size), "vocab": vocab_identity(spm_src),
+            "step": sidecar.get("step"),
             "imported_from": str(folder.resolve())}
     spm_out.parent.mkdir(parents=True, exist_ok=True)
     if not spm_out.is_file():

@@ -137,7 +137,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     if t_cfg.init_from and ckpt_lib.latest_checkpoint(cfg.run_dir) is None:
         from transformer_nmt.checkpoint import load_initial_weights
 
-        load_initial_weights(model, t_cfg.init_from)
+        load_initial_weights(model, t_cfg.init_from, vocab_identity(tokenizer.model_path))
         log.info("weights from %s (trainer.init_from)", t_cfg.init_from)
     model = model.to(device)
     log.info("model %s: %s parameters", cfg.model.name, f"{model.num_parameters():,}")

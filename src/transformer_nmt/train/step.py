@@ -213,9 +213,16 @@ def _bad_steps_error(state: TrainState, t_cfg: TrainerConfig, loss: float, gnorm
         f"consecutive steps had a non-finite loss or gradient "
         f"(trainer.max_bad_steps={t_cfg.max_bad_steps}; last loss={loss}, "
         f"gradient norm={gnorm}, lr={lr:.3g}). Lower the learning rate "
-        "(trainer.lr_multiplier), set trainer.clip_norm, or use bf16/fp32; "
-        f"the last good checkpoint is {ckpt_lib.latest_checkpoint(run_dir)}"
+        f"(trainer.lr_multiplier), set trainer.clip_norm, or use bf16/fp32; {_last_good(run_dir)}"
     )
+
+
+def _last_good(run_dir: Path) -> str:
+    """Names the newest checkpoint whose parameters are all finite (or says there is none)."""
+    path = ckpt_lib.latest_finite_checkpoint(run_dir)
+    if path is None:
+        return "no checkpoint of the run has all-finite parameters"
+    return f"the last checkpoint whose parameters are all finite is {path}"
 
 
 MIN_LOSS_SCALE = 1e-4
@@ -238,5 +245,5 @@ def _loss_scale_error(state: TrainState, scale: float, run_dir: Path) -> Runtime
         f"training stopped at step {state.step}: fp16 gradient overflows lowered the loss "
         f"scale to {scale:g} (< {MIN_LOSS_SCALE:g}; {state.overflow_steps} overflow steps). "
         "Lower the learning rate (trainer.lr_multiplier), set trainer.clip_norm, or use "
-        f"bf16/fp32; the last good checkpoint is {ckpt_lib.latest_checkpoint(run_dir)}"
+        f"bf16/fp32; {_last_good(run_dir)}"
     )
