@@ -13,6 +13,7 @@ import torch
 from helpers import make_cfg, new_model, write_checkpoint
 
 from transformer_nmt import checkpoint as ck
+from transformer_nmt import runtime
 from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
 from transformer_nmt.cli import compose
 from transformer_nmt.data.batching import LengthBucketSampler
@@ -57,7 +58,7 @@ def test_model_optimizer_scheduler_round_trip(cfg, tmp_path):
     state = TrainState(step=3, micro_step=3)
     saved = ck.training_checkpoint(
         model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-        sampler=state.sampler_state(7), rng=[ck.rng_state()], train_state=state.state_dict(),
+        sampler=state.sampler_state(7), rng=[runtime.rng_state()], train_state=state.state_dict(),
         config=cfg, vocab_size=VOCAB,
     )
     assert set(saved) == {*ck.TRAINING_PARTS, "config", "vocab_size"}
@@ -81,9 +82,9 @@ def test_rng_round_trip_through_a_file(tmp_path):
     torch.manual_seed(3)
     np.random.seed(3)
     random.seed(3)
-    path = ck.save_checkpoint(tmp_path / "rng.pt", {"rng": [ck.rng_state()]})
+    path = ck.save_checkpoint(tmp_path / "rng.pt", {"rng": [runtime.rng_state()]})
     first = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
-    ck.set_rng_state(ck.load_checkpoint(path)["rng"][0])
+    runtime.set_rng_state(ck.load_checkpoint(path)["rng"][0])
     again = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
     assert torch.equal(first[0], again[0])
     assert np.array_equal(first[1], again[1]) and first[2] == again[2]

@@ -94,22 +94,21 @@ class _FakeCuda:
 
 
 def test_cuda_rng_state_is_the_current_devices_and_resumes_on_fewer_gpus(monkeypatch):
-    from transformer_nmt import checkpoint as ck
 
     saving = _FakeCuda(count=4, current=2)  # local rank 2 of a 4-GPU node
     saving.install(monkeypatch)
-    state = ck.rng_state()
+    state = runtime.rng_state()
     assert torch.equal(state["cuda"], torch.full((8,), 2, dtype=torch.uint8))
 
     resuming = _FakeCuda(count=1, current=0)  # the same rank resumed with one visible GPU
     resuming.install(monkeypatch)
-    ck.set_rng_state(state)
+    runtime.set_rng_state(state)
     assert resuming.set_calls == [0]
     assert torch.equal(resuming.states[0], torch.full((8,), 2, dtype=torch.uint8))
 
     # a checkpoint that held every device's state restores the current device's entry only
     old = dict(state, cuda=saving.get_rng_state_all())
     resuming.set_calls.clear()
-    ck.set_rng_state(old)
+    runtime.set_rng_state(old)
     assert resuming.set_calls == [0]
     assert torch.equal(resuming.states[0], torch.zeros(8, dtype=torch.uint8))

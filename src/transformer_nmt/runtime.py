@@ -165,3 +165,65 @@ class StopFlag:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous.clear()
+
+
+def _cuda_rng_state() -> torch.Tensor | list:
+    """The RNG state of this process's current CUDA device ([] without CUDA).
+
+    Only the current device's: a rank drives one GPU, and a run resumed with fewer visible
+    GPUs (another ``CUDA_VISIBLE_DEVICES``) must not index devices it no longer has.
+    """
+    if not torch.cuda.is_available():
+        return []
+    return torch.cuda.get_rng_state(torch.cuda.current_device())
+
+
+def _set_cuda_rng_state(saved: Any) -> None:
+    """Restore :func:`_cuda_rng_state` on the current device. A list (checkpoints that held
+    every visible device's state) gives its entry of the current device, or its first."""
+    if not torch.cuda.is_available():
+        return
+    if isinstance(saved, (list, tuple)):
+        if not saved:
+            return
+        index = torch.cuda.current_device()
+        saved = saved[index] if index < len(saved) else saved[0]
+    torch.cuda.set_rng_state(saved.cpu(), torch.cuda.current_device())
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states in types ``torch.load(weights_only=True)`` accepts:
+    ``torch`` (CPU), ``cuda`` (the current device's state only, [] without CUDA), ``numpy``,
+    ``python``."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": _cuda_rng_state(),
+        "numpy": {
+            "name": str(np_name),
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_gauss),
+        },
+        "python": {"version": int(py_version), "state": list(py_state), "gauss_next": py_gauss},
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the states saved by :func:`rng_state` (CUDA: on the current device only)."""
+    torch.set_rng_state(state["torch"].cpu())
+    _set_cuda_rng_state(state.get("cuda"))
+    n = state["numpy"]
+    np.random.set_state(
+        (
+            n["name"],
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))

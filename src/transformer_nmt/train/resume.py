@@ -30,14 +30,13 @@ from transformer_nmt.checkpoint import (
     load_checkpoint,
     prune_checkpoints,
     restore_modules,
-    rng_state,
     save_checkpoint,
-    set_rng_state,
     step_checkpoints,
     training_checkpoint,
 )
 from transformer_nmt.config import Config, to_plain
 from transformer_nmt.errors import UserError
+from transformer_nmt.runtime import rng_state, set_rng_state
 from transformer_nmt.train.distributed import DistInfo
 from transformer_nmt.train.setup import Setup
 from transformer_nmt.train.state import TrainState
