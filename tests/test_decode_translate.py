@@ -94,7 +94,8 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def test_retain_freed_memory_stops_page_faults_on_reallocation():
     """A freed 64 MiB tensor allocated again costs 16k page faults (one per 4 KiB page) every
     time by default; after retain_freed_memory() (what nmt-translate / nmt-evaluate call)
-    the ten reallocations fault at most once in all."""
+    the ten reallocations fault at most twice in all (whether the first one reuses the freed
+    block or takes a second one depends on where import-time allocations left the heap)."""
     faults = {}
     for mode in ("default", "retain"):
         out = subprocess.run([sys.executable, "-c", ALLOC_PROBE, mode], capture_output=True,
@@ -103,4 +104,4 @@ def test_retain_freed_memory_stops_page_faults_on_reallocation():
     if faults["retain"][0] != "True":
         pytest.skip("the C library is not glibc")
     assert faults["default"][1] > 10 * 16_000 * 0.9, faults  # every reallocation faults again
-    assert faults["retain"][1] < 1.1 * 16_384, faults
+    assert faults["retain"][1] < 2.1 * 16_384, faults
