@@ -322,6 +322,38 @@ def test_init_from_starts_a_new_run_from_a_model_file(tmp_path, data_overrides, 
         setup(wider, info)
 
 
+def test_sigusr2_checkpoints_then_hands_over_to_submitit(tmp_path, data_overrides, tiny,
+                                                        monkeypatch):
+    """SIGUSR2 (Hydra's submitit launcher) stops at the step boundary with a checkpoint and a
+    summary, then submitit's handler (a stand-in recording what exists when it runs) gets
+    the signal to requeue the job."""
+    run_dir = tmp_path / "run"
+    seen: list[tuple[int, bool, bool]] = []
+
+    def submitit_stand_in(signum, frame):
+        seen.append((signum, latest_checkpoint(run_dir) is not None,
+                     (run_dir / "train_summary.json").is_file()))
+
+    previous = signal.signal(signal.SIGUSR2, submitit_stand_in)
+    real_fb, calls = train_mod.forward_backward, []
+
+    def signalling_fb(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return real_fb(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "forward_backward", signalling_fb)
+    try:
+        summary = train(compose([*data_overrides, *tiny, f"run_dir={run_dir}",
+                                 "trainer.max_steps=50", "trainer.validate_every_steps=null"]))
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert summary["stopped_by"] == "signal SIGUSR2" and summary["steps"] == 3
+    assert load_checkpoint(latest_checkpoint(run_dir))["train_state"]["step"] == 3
+    assert seen == [(signal.SIGUSR2, True, True)]
+
+
 # ------------------------------------------------------------------- host-device syncs
 
 

@@ -293,8 +293,14 @@ class TrainerConfig:
     """``auto`` (bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU), ``fp32``,
     ``bf16`` or ``fp16`` (dynamic loss scaling)."""
     tf32: bool = True
-    compile: bool = False
-    """torch.compile the model."""
+    compile: bool | None = None
+    """torch.compile the model; None (default): on when training on CUDA, off elsewhere
+    (on a CPU compilation costs more than it saves, docs/benchmarks.md)."""
+    pad_to_multiple: int | None = None
+    """Round the padded source and target lengths of training batches up to a multiple of
+    this (tensor-core-sized matrices, fewer shapes for the compiled step); 1 = no rounding;
+    None (default): 8 when training on CUDA, 1 elsewhere (on a CPU the extra padding is
+    only extra work)."""
     max_bad_steps: int = 10
     """Stop after this many consecutive steps with a non-finite loss or gradient (fp16
     loss-scaler overflows do not count: they stop training only when the scale falls
@@ -304,7 +310,9 @@ class TrainerConfig:
 
     seed: int = 1
     num_workers: int = 0
-    """DataLoader worker processes."""
+    """DataLoader worker processes (collation and pinning off the training thread)."""
+    prefetch_factor: int = 4
+    """Batches each DataLoader worker prepares ahead (with ``num_workers > 0``)."""
 
     save_every_steps: int | None = None
     save_every_epochs: int | None = None
@@ -519,13 +527,13 @@ def validate(cfg: Config) -> None:
     except ValueError as e:
         errors.extend(line.strip() for line in str(e).splitlines()[1:])
     t = cfg.trainer
-    for key in ("max_tokens", "update_freq", "warmup_steps", "keep_last"):
+    for key in ("max_tokens", "update_freq", "warmup_steps", "keep_last", "prefetch_factor"):
         if getattr(t, key) <= 0:
             errors.append(f"trainer.{key}={getattr(t, key)} must be positive")
     if not 0.0 <= t.label_smoothing < 1.0:
         errors.append(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
     for key in ("max_time_minutes", "save_every_steps", "save_every_epochs",
-                "validate_every_steps", "validate_every_epochs"):
+                "validate_every_steps", "validate_every_epochs", "pad_to_multiple"):
         if getattr(t, key) is not None and getattr(t, key) <= 0:
             errors.append(f"trainer.{key}={getattr(t, key)} must be positive (or null)")
     if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):

@@ -11,7 +11,7 @@ non-finite steps), :mod:`~transformer_nmt.train.state` holds the counters and li
 
 Checkpoints (rank 0 writes; parts in :mod:`transformer_nmt.checkpoint`) restore a run
 bit-for-bit on the same world size; an unreadable newest checkpoint is skipped for the one
-before it. SIGTERM / SIGUSR1 / SIGINT (Ctrl-C) stop the run at the next step boundary with a
+before it. SIGTERM / SIGUSR1 / SIGUSR2 / SIGINT (Ctrl-C) stop the run at the next step boundary with a
 checkpoint; a run resumed after it finished does nothing. The prepared data is read, never
 made (``nmt-prepare``).
 See docs/training.md.
@@ -142,7 +142,8 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
             # -- forward / backward over the micro-batches, then the update ----------------
             t0 = time.perf_counter()
             out = forward_backward(s.train_model, micro_batches, epsilon=epsilon, device=s.device,
-                                   world_size=info.world_size, autocast=s.autocast, scaler=s.scaler)
+                                   world_size=info.world_size, autocast=s.autocast, scaler=s.scaler,
+                                   pad_to_multiple=s.pad_to_multiple)
             loss_sum, lr, stepped = apply_update(s, state, window, out, t_cfg, run_dir)
             if stepped:
                 bar.update(1)
@@ -213,4 +214,7 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
         metrics.close()
 
     state.train_seconds = seconds_before + time.perf_counter() - loop_start
-    return write_summary(cfg, s, state, info, stopped_by, last_valid, resumed_from)
+    summary = write_summary(cfg, s, state, info, stopped_by, last_valid, resumed_from)
+    # submitit's SIGUSR2 handler (requeue the job, exit) runs once the stop checkpoint is written
+    stop_flag.hand_over()
+    return summary

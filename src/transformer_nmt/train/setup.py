@@ -15,8 +15,9 @@ from torch.utils.data import DataLoader
 
 from transformer_nmt import checkpoint as ckpt_lib
 from transformer_nmt.config import Config
-from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset, build_dataloader
+from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset
 from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
+from transformer_nmt.data.loader import build_dataloader
 from transformer_nmt.fileio import spm_model_path
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.runtime import (
@@ -55,6 +56,8 @@ class Setup:
     """The vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`), saved in checkpoints."""
     steps_per_epoch: int
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    pad_to_multiple: int = 1
+    """The batches' length multiple (``trainer.pad_to_multiple`` resolved for the device)."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of the run's precision."""
@@ -84,10 +87,11 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     train_set = load_split(cfg, cfg.data.train_split)
     valid_set = load_split(cfg, cfg.data.valid_split)
     seed = int(t_cfg.seed)
+    pad_to_multiple = resolve_pad_to_multiple(t_cfg.pad_to_multiple, device)
     sampler = LengthBucketSampler(
         train_set.src_sizes, train_set.tgt_sizes, int(t_cfg.max_tokens), shuffle=True,
         seed=seed, rank=info.rank, world_size=info.world_size,
-        skip_too_long=t_cfg.too_long == "skip",
+        skip_too_long=t_cfg.too_long == "skip", pad_to_multiple=pad_to_multiple,
     )
     if len(sampler) == 0:
         raise ValueError(f"training split {cfg.data.train_split!r} of {cfg.data.name} is empty")
@@ -97,8 +101,11 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     )
     pin = device.type == "cuda"
     # Private generators: creating a loader iterator must not draw from the global torch RNG.
-    train_loader = build_dataloader(train_set, sampler, int(t_cfg.num_workers), pin,
-                                    generator=torch.Generator().manual_seed(seed))
+    train_loader = build_dataloader(
+        train_set, sampler, int(t_cfg.num_workers), pin,
+        generator=torch.Generator().manual_seed(seed),
+        pad_to_multiple=pad_to_multiple, max_length=_max_length(cfg),
+        prefetch_factor=int(t_cfg.prefetch_factor))
     valid_loader = build_dataloader(valid_set, valid_sampler, 0, pin,
                                     generator=torch.Generator().manual_seed(seed))
     steps_per_epoch = math.ceil(len(sampler) / int(t_cfg.update_freq))
@@ -116,7 +123,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     optimizer = build_optimizer(model, t_cfg)
     scheduler = build_scheduler(optimizer, int(cfg.model.d_model), t_cfg)
     scaler = grad_scaler(precision == "fp16")
-    train_model = wrap_model(model, info, compile=bool(t_cfg.compile))
+    train_model = wrap_model(model, info, compile=compile_enabled(t_cfg.compile, device))
     seed_everything(seed + info.rank)
     return Setup(
         device=device, precision=precision, model=model, train_model=train_model,
@@ -125,12 +132,35 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         tokenizer=tokenizer, vocab_size=vocab_size, vocab=vocab_identity(tokenizer.model_path),
         steps_per_epoch=steps_per_epoch,
         params=[p for p in model.parameters() if p.requires_grad],
+        pad_to_multiple=pad_to_multiple,
     )
 
 
-def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: bool) -> torch.nn.Module:
+def _max_length(cfg: Config) -> int | None:
+    """The longest row the model takes (learned positions: ``model.max_positions``; None for
+    the sinusoidal table, which grows)."""
+    return int(cfg.model.max_positions) if str(cfg.model.positions) == "learned" else None
+
+
+def resolve_pad_to_multiple(setting: int | None, device: torch.device) -> int:
+    """``trainer.pad_to_multiple`` resolved: None (the default) means 8 on CUDA, 1 elsewhere."""
+    return (8 if device.type == "cuda" else 1) if setting is None else int(setting)
+
+
+def compile_enabled(setting: bool | None, device: torch.device) -> bool:
+    """``trainer.compile`` resolved: None (the default) means on for CUDA, off elsewhere."""
+    return device.type == "cuda" if setting is None else bool(setting)
+
+
+def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: bool,
+               backend: Any = "inductor") -> torch.nn.Module:
     """The module the training loop calls: ``model`` wrapped in DDP (several ranks), then
-    compiled (``compile``).
+    compiled (``compile``, with ``torch.compile``'s ``backend``).
+
+    The training step marks the batch, length and target-token dimensions of its inputs
+    dynamic (:func:`transformer_nmt.train.step.mark_dynamic_batch`), so one graph serves
+    every batch shape (tests/test_train_compile.py counts the recompilations over real
+    batches); on CUDA the lengths are also multiples of 8 (``trainer.pad_to_multiple``).
 
     DDP comes first so that the compiled graph is split at DDP's gradient buckets
     (``torch._dynamo.config.optimize_ddp``) and the all-reduce of each bucket overlaps the
@@ -156,7 +186,7 @@ def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: b
             gradient_as_bucket_view=True,
             **no_buffer_sync,
         )
-    return torch.compile(wrapped) if compile else wrapped
+    return torch.compile(wrapped, backend=backend) if compile else wrapped
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from transformer_nmt import checkpoint as ckpt_lib
-from transformer_nmt.config import PAD_ID, TrainerConfig
+from transformer_nmt.config import PAD_ID, UNK_ID, TrainerConfig
 from transformer_nmt.data.batching import Batch, collate
 from transformer_nmt.train import distributed
 from transformer_nmt.train.loss import label_smoothed_nll_loss
@@ -34,12 +34,35 @@ from transformer_nmt.train.state import TrainState
 log = logging.getLogger("transformer_nmt.train.loop")
 
 
-def _dummy_batch() -> Batch:
-    """A one-sentence batch with an empty source and target (1 source, 1 target token)."""
-    empty = np.zeros(0, dtype=np.int64)
-    batch = collate([(0, empty, empty)])
+DUMMY_SENTENCES = 2
+"""Sentences of the zero-weight dummy batch: more than one, so that its shape falls in the
+compiled graph's dynamic range (torch.compile specialises sizes 0 and 1)."""
+
+
+def _dummy_batch(pad_to_multiple: int = 8) -> Batch:
+    """The zero-weight batch of a rank without data for a micro-step: ``DUMMY_SENTENCES``
+    sentences of ``max(pad_to_multiple, 2) - 1`` tokens (+ eos), so shape
+    (2, ``max(pad_to_multiple, 2)``) on both sides with every target position real: no size
+    0 or 1 that the compiled step would specialise on, a length real batches have."""
+    length = max(int(pad_to_multiple), 2) - 1
+    tokens = np.full(length, UNK_ID, dtype=np.int64)
+    batch = collate([(i, tokens, tokens) for i in range(DUMMY_SENTENCES)],
+                    pad_to_multiple=pad_to_multiple)
     assert batch is not None
     return batch
+
+
+def mark_dynamic_batch(src_tokens: torch.Tensor, tgt_in: torch.Tensor,
+                       keep: torch.Tensor) -> None:
+    """Mark the batch and length dimensions of the model's inputs (B, S), (B, T) and the
+    target-token count (N,) dynamic, so that ``torch.compile`` traces one graph for all
+    batch shapes instead of one per shape (``maybe_mark_dynamic``: no error where the graph
+    needs a fixed size; no effect on an uncompiled model)."""
+    mark = torch._dynamo.maybe_mark_dynamic
+    for t in (src_tokens, tgt_in):
+        mark(t, 0)
+        mark(t, 1)
+    mark(keep, 0)
 
 
 def forward_backward(
@@ -51,6 +74,7 @@ def forward_backward(
     world_size: int,
     autocast: Any = contextlib.nullcontext,
     scaler: Any = None,
+    pad_to_multiple: int = 1,
 ) -> dict[str, Any]:
     """Accumulate the gradient of one optimizer step over its micro-batches.
 
@@ -65,6 +89,8 @@ def forward_backward(
         world_size: data-parallel ranks (the loss factor that cancels DDP's mean).
         autocast: a callable returning the autocast context.
         scaler: an fp16 GradScaler (or None / a disabled one).
+        pad_to_multiple: the batches' length multiple (``trainer.pad_to_multiple``), which
+            shapes the dummy batch.
 
     Returns:
         ``counts``: (5,) float64 on ``device``, global sums over all ranks in the order of
@@ -94,7 +120,7 @@ def forward_backward(
     for i, batch in enumerate(micro_batches):
         dummy = batch is None
         if dummy:
-            batch = _dummy_batch()
+            batch = _dummy_batch(pad_to_multiple)
         # real target positions as flat indices, found on the host (a bool mask on the
         # device would be read back to size the selection)
         keep = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
@@ -104,6 +130,7 @@ def forward_backward(
         keep = keep.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
         batch = batch.to(device)
+        mark_dynamic_batch(batch.src_tokens, batch.tgt_in, keep)
         last = i == len(micro_batches) - 1
         sync_ctx = contextlib.nullcontext() if (last or no_sync is None) else no_sync()
         with sync_ctx:
