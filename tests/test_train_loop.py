@@ -400,6 +400,51 @@ def test_at_most_one_host_sync_per_step_outside_logging(tmp_path, data_overrides
     assert max(per_step) <= 1, (per_step, reads[marks[0]:marks[-1]])
 
 
+COUNTING_WORKER = """
+import itertools, json, os, sys
+import torch
+import transformer_nmt.train.loop as loop
+from transformer_nmt.cli import compose
+
+reads, marks = [], []
+for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+    def wrap(original, name=name):
+        def wrapper(self, *args, **kwargs):
+            reads.append(name)
+            return original(self, *args, **kwargs)
+        return wrapper
+    setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name)))
+real_fb = loop.forward_backward
+def marking_fb(*args, **kwargs):
+    marks.append(len(reads))
+    return real_fb(*args, **kwargs)
+loop.forward_backward = marking_fb
+summary = loop.train(compose(sys.argv[2:]))
+per_step = [b - a for a, b in itertools.pairwise(marks)]
+with open(os.path.join(sys.argv[1], f"reads_{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"per_step": per_step, "steps": summary["steps"]}, f)
+"""
+
+
+def test_at_most_one_host_sync_per_step_on_two_ranks(tmp_path, data_overrides, tiny):
+    """World size 2 (torchrun, gloo): the stop flags travel in the step's all-reduce of the
+    losses and are read with its figures, so each rank still reads the device once per step
+    (it read twice when the flags had an all-reduce and a tolist() of their own)."""
+    worker = tmp_path / "count_reads.py"
+    worker.write_text(COUNTING_WORKER)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(worker), str(tmp_path), *data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
+         "trainer.max_steps=6", "trainer.update_freq=2", "trainer.log_every_steps=1000",
+         "trainer.validate_every_steps=null", "trainer.save_every_minutes=null"],
+        env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"reads_{rank}.json").read_text())
+        assert got["steps"] == 6 and len(got["per_step"]) == 5
+        assert max(got["per_step"]) <= 1, (rank, got)
+
+
 # ------------------------------------------------------------------- fp16 loss scaling
 
 

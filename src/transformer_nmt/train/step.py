@@ -109,7 +109,7 @@ def forward_backward(
                               (tgt_lens * tgt_lens).sum(), (src_lens * tgt_lens).sum()])
     else:
         counts = torch.zeros(5, dtype=torch.float64)
-    counts = counts.to(device)
+    counts = to_device(counts, device)  # from pinned memory: no wait for the copy
     distributed.all_reduce_sum(counts)  # once per step: the global normaliser
     # The factor stays on the device: reading ntokens_global here would stall every step.
     factor = (world_size / counts[0].clamp(min=1.0)).to(torch.float32)  # 0-dim
@@ -156,6 +156,14 @@ COUNT_NAMES = ("ntokens", "src_tokens", "src_sq", "tgt_sq", "src_tgt")
 """The global sums in ``forward_backward(...)["counts"]``, in order."""
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``; to a GPU from page-locked memory without blocking (a copy
+    from pageable memory makes the host wait for it)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def grad_norm_(params: list[torch.nn.Parameter], clip_norm: float) -> torch.Tensor:
     """Global L2 norm of the gradients (clipped to ``clip_norm`` when > 0), a float32 0-dim
     tensor on the parameters' device (not read back: no synchronisation); inf/nan if any is."""
@@ -168,11 +176,16 @@ def grad_norm_(params: list[torch.nn.Parameter], clip_norm: float) -> torch.Tens
 
 
 def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any],
-                 t_cfg: TrainerConfig, run_dir: Path) -> tuple[float, float, bool]:
+                 t_cfg: TrainerConfig, run_dir: Path,
+                 flags: list[int] | None = None) -> tuple[float, float, bool]:
     """After one step's backward: unscale and clip, read the step's figures (its one host
-    synchronisation: counts, losses and gradient norm together), then apply the optimizer
-    update, or skip the step (an fp16 overflow while the loss scale calibrates, or a
-    non-finite loss or gradient, counted towards ``max_bad_steps``).
+    synchronisation: counts, losses, gradient norm and the ranks' stop flags together), then
+    apply the optimizer update, or skip the step (an fp16 overflow while the loss scale
+    calibrates, or a non-finite loss or gradient, counted towards ``max_bad_steps``).
+
+    ``flags``: this rank's small non-negative integers (the loop's stop and save decisions),
+    summed over the ranks in the all-reduce of the losses (the step's second and last
+    collective) and left as ints in ``out["flags"]``.
 
     Returns:
         ``(loss_sum, lr, stepped)``: the step's summed label-smoothed loss over all ranks,
@@ -184,12 +197,17 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
     """
     s.scaler.unscale_(s.optimizer)
     grad_norm_t = grad_norm_(s.params, float(t_cfg.clip_norm))
-    losses = distributed.all_reduce_sum(torch.stack([out["loss_sum"], out["nll_sum"]]))
-    # The step's one host-device synchronisation: counts, losses and norm together.
+    flags = list(flags or [])
+    host_flags = to_device(torch.tensor(flags, dtype=torch.float32), s.device)  # (F,)
+    losses = distributed.all_reduce_sum(
+        torch.cat([torch.stack([out["loss_sum"], out["nll_sum"]]), host_flags]))
+    # The step's one host-device synchronisation: counts, losses, norm and flags together.
     read = torch.cat([out["counts"], losses.to(torch.float64),
                       grad_norm_t.to(torch.float64).reshape(1)]).tolist()
     counts = dict(zip(COUNT_NAMES, (int(x) for x in read[:5])))
-    loss_sum, nll_sum, grad_norm = read[5], read[6], read[7]
+    loss_sum, nll_sum = read[5], read[6]
+    out["flags"] = [round(x) for x in read[7:7 + len(flags)]]
+    grad_norm = read[-1]
     lr = s.scheduler.get_last_lr()[0]
     state.tokens_seen += counts["ntokens"]
     state.src_tokens_seen += counts["src_tokens"]
