@@ -437,7 +437,7 @@ def test_at_most_one_host_sync_per_step_on_two_ranks(tmp_path, data_overrides, t
          str(worker), str(tmp_path), *data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
          "trainer.max_steps=6", "trainer.update_freq=2", "trainer.log_every_steps=1000",
          "trainer.validate_every_steps=null", "trainer.save_every_minutes=null"],
-        env=_env(), capture_output=True, text=True, timeout=300)
+        env=_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         got = json.loads((tmp_path / f"reads_{rank}.json").read_text())
