@@ -124,6 +124,18 @@ class TooLong(Choice):
     """leave it out of the batches, with a logged count"""
 
 
+class GradCompression(Choice):
+    """trainer.grad_compression: the dtype of DDP's gradient all-reduce."""
+
+    auto = "auto"
+    """bf16 when the job spans several nodes on CUDA (``WORLD_SIZE > LOCAL_WORLD_SIZE``),
+    none otherwise"""
+    none = "none"
+    """float32, as the gradients are"""
+    bf16 = "bf16"
+    """DDP's bf16 compression hook: half the bytes, mantissa rounded to 8 bits (CUDA)"""
+
+
 class TrainPrecision(Choice):
     """trainer.precision: arithmetic of the training step."""
 
@@ -289,6 +301,10 @@ class TrainerConfig:
     clip_norm: float = 0.0
     """Gradient-norm clipping threshold; 0 = off."""
 
+    grad_compression: GradCompression = GradCompression.auto
+    """Gradient all-reduce in bf16 across nodes (see :class:`GradCompression`)."""
+    bucket_cap_mb: float = 25.0
+    """DDP's gradient bucket size in MB (PyTorch's default)."""
     precision: TrainPrecision = TrainPrecision.auto
     """``auto`` (bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU), ``fp32``,
     ``bf16`` or ``fp16`` (dynamic loss scaling)."""

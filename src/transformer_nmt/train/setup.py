@@ -58,6 +58,9 @@ class Setup:
     params: list[torch.nn.Parameter] = field(default_factory=list)
     pad_to_multiple: int = 1
     """The batches' length multiple (``trainer.pad_to_multiple`` resolved for the device)."""
+    grads_in_buckets: bool = False
+    """The gradients are views of DDP's buckets (``gradient_as_bucket_view``): they are
+    zeroed in place, never set to None (which would detach them from the buckets)."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of the run's precision."""
@@ -123,7 +126,10 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     optimizer = build_optimizer(model, t_cfg)
     scheduler = build_scheduler(optimizer, int(cfg.model.d_model), t_cfg)
     scaler = grad_scaler(precision == "fp16")
-    train_model = wrap_model(model, info, compile=compile_enabled(t_cfg.compile, device))
+    train_model = wrap_model(
+        model, info, compile=compile_enabled(t_cfg.compile, device),
+        grad_compression=resolve_grad_compression(str(t_cfg.grad_compression), device),
+        bucket_cap_mb=float(t_cfg.bucket_cap_mb))
     seed_everything(seed + info.rank)
     return Setup(
         device=device, precision=precision, model=model, train_model=train_model,
@@ -133,6 +139,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         steps_per_epoch=steps_per_epoch,
         params=[p for p in model.parameters() if p.requires_grad],
         pad_to_multiple=pad_to_multiple,
+        grads_in_buckets=info.distributed,
     )
 
 
@@ -147,15 +154,42 @@ def resolve_pad_to_multiple(setting: int | None, device: torch.device) -> int:
     return (8 if device.type == "cuda" else 1) if setting is None else int(setting)
 
 
+def resolve_grad_compression(setting: str, device: torch.device,
+                              env: dict[str, str] | None = None) -> str:
+    """``trainer.grad_compression`` resolved to ``none`` or ``bf16``: ``auto`` is bf16 when
+    the torchrun environment (``env``, default ``os.environ``) spans several nodes
+    (``WORLD_SIZE > LOCAL_WORLD_SIZE``) on CUDA.
+
+    Raises:
+        ValueError: ``bf16`` asked for off CUDA (DDP's bf16 hook needs NCCL).
+    """
+    import os
+
+    env = os.environ if env is None else env
+    if setting == "auto":
+        world = int(env.get("WORLD_SIZE") or 1)
+        local = int(env.get("LOCAL_WORLD_SIZE") or world)
+        return "bf16" if device.type == "cuda" and world > local else "none"
+    if setting == "bf16" and device.type != "cuda":
+        raise ValueError("trainer.grad_compression=bf16 needs CUDA (DDP's bf16 hook runs on "
+                         f"NCCL); this run is on {device.type}: use none or auto")
+    return setting
+
+
 def compile_enabled(setting: bool | None, device: torch.device) -> bool:
     """``trainer.compile`` resolved: None (the default) means on for CUDA, off elsewhere."""
     return device.type == "cuda" if setting is None else bool(setting)
 
 
 def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: bool,
-               backend: Any = "inductor") -> torch.nn.Module:
+               backend: Any = "inductor", grad_compression: str = "none",
+               bucket_cap_mb: float = 25.0) -> torch.nn.Module:
     """The module the training loop calls: ``model`` wrapped in DDP (several ranks), then
     compiled (``compile``, with ``torch.compile``'s ``backend``).
+
+    DDP: gradient buckets of ``bucket_cap_mb`` MB, the gradients views of them
+    (``gradient_as_bucket_view``: no copy in or out), and with ``grad_compression="bf16"``
+    DDP's ``bf16_compress_hook`` (the buckets all-reduced in bf16, half the bytes).
 
     The training step marks the batch, length and target-token dimensions of its inputs
     dynamic (:func:`transformer_nmt.train.step.mark_dynamic_batch`), so one graph serves
@@ -184,8 +218,13 @@ def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: b
             model,
             device_ids=[info.local_rank] if model_device(model).type == "cuda" else None,
             gradient_as_bucket_view=True,
+            bucket_cap_mb=bucket_cap_mb,
             **no_buffer_sync,
         )
+        if grad_compression == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
     return torch.compile(wrapped, backend=backend) if compile else wrapped
 
 

@@ -165,14 +165,16 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def grad_norm_(params: list[torch.nn.Parameter], clip_norm: float) -> torch.Tensor:
-    """Global L2 norm of the gradients (clipped to ``clip_norm`` when > 0), a float32 0-dim
-    tensor on the parameters' device (not read back: no synchronisation); inf/nan if any is."""
+    """Global L2 norm of the gradients (clipped to ``clip_norm`` when > 0; with clipping off
+    the gradients are not touched), a float32 0-dim tensor on the parameters' device (not read
+    back: no synchronisation); inf/nan if any is."""
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
         device = params[0].device if params else torch.device("cpu")
         return torch.zeros((), dtype=torch.float32, device=device)
-    max_norm = clip_norm if clip_norm > 0 else float("inf")
-    return torch.nn.utils.clip_grad_norm_(with_grad, max_norm).float()
+    if clip_norm <= 0:  # the norm only: clip_grad_norm_ would multiply every gradient by 1
+        return torch.nn.utils.get_total_norm([p.grad for p in with_grad]).float()
+    return torch.nn.utils.clip_grad_norm_(with_grad, clip_norm).float()
 
 
 def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any],
@@ -219,7 +221,7 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
         s.scaler.step(s.optimizer)
         s.scaler.update()
         s.scheduler.step()
-        s.optimizer.zero_grad(set_to_none=True)
+        s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
         state.step += 1
         state.bad_steps_in_row = 0
         window.loss += loss_sum
@@ -230,7 +232,7 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
     if loss_overflow(s.scaler, loss_sum, grad_norm):
         # fp16: the dynamic loss scaler calibrating (scale halved by update()); not a
         # bad step unless the scale collapses
-        s.optimizer.zero_grad(set_to_none=True)
+        s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
         s.scaler.update()
         state.skipped_steps += 1
         state.overflow_steps += 1
@@ -240,7 +242,7 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
         if scale < MIN_LOSS_SCALE:
             raise _loss_scale_error(state, scale, run_dir)
         return loss_sum, lr, False
-    s.optimizer.zero_grad(set_to_none=True)
+    s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
     s.scaler.update()
     state.skipped_steps += 1
     state.bad_steps_in_row += 1
