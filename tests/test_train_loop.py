@@ -263,6 +263,12 @@ def test_dry_run_leaves_the_real_run_alone(tmp_path, data_overrides, tiny):
     assert (run / "dry_run" / "train_summary.json").is_file()
     assert step_checkpoints(run) == [] and not (run / "train_summary.json").exists()
     assert not (run / "dry_run" / "checkpoints").exists()  # trainer.no_save: nothing written
+    # the bill, from the steps it took: 1 measured after the warm-up step
+    projection = json.loads((run / "dry_run" / "projection.json").read_text())
+    assert summary["projection"] == projection and projection["measured_steps"] == 1
+    assert projection["tokens_per_s"] > 0 and projection["total_steps"] == cfg.trainer.max_steps
+    assert projection["projected_wall_hours"] == pytest.approx(
+        cfg.trainer.max_steps * projection["seconds_per_step"] / 3600)
 
 
 def test_missing_data_fails_with_one_line_naming_the_file(tmp_path, data_overrides, tiny):
@@ -565,3 +571,27 @@ def test_golden_loss_curve_of_the_reversal_task(tmp_path, synthetic_corpus, tiny
             f"step {step}: loss {got!r}, golden {want!r} (rtol {rtol}, torch {torch.__version__}"
             f", golden from {golden['torch']})"
         )
+
+
+def test_dry_run_projection_arithmetic():
+    """The bill of a dry run: the warm-up step left out, medians of the rest, MFU against
+    world size x peak, wall time = steps x step time, device-hours = that x world size."""
+    from transformer_nmt.model.flops import peak_flops
+    from transformer_nmt.train.dryrun import project
+
+    out = project([30.0, 0.5, 0.4, 0.6], [99.0, 50_000.0, 40_000.0, 60_000.0],
+                  total_steps=100_000, world_size=8, flops_per_token=2.0e9,
+                  peak_flops_per_device=989e12, peak_memory_bytes=3 * 2**30)
+    assert out["measured_steps"] == 3 and out["seconds_per_step"] == 0.5
+    assert out["tokens_per_s"] == 100_000.0 and out["tokens_per_s_per_device"] == 12_500.0
+    assert out["mfu"] == pytest.approx(100_000 * 2.0e9 / (8 * 989e12))
+    assert out["peak_memory_gib"] == 3.0
+    assert out["projected_wall_hours"] == pytest.approx(100_000 * 0.5 / 3600)
+    assert out["projected_device_hours"] == pytest.approx(8 * 100_000 * 0.5 / 3600)
+    assert "projection" in out["note"]
+    cpu = project([1.0], [10.0], total_steps=None, world_size=1, flops_per_token=1.0,
+                  peak_flops_per_device=peak_flops("cpu (x86_64, 2 threads)", "fp32"),
+                  peak_memory_bytes=None)
+    assert cpu["measured_steps"] == 1 and cpu["mfu"] is None
+    assert cpu["projected_wall_hours"] is None and cpu["peak_memory_gib"] is None
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
