@@ -197,3 +197,31 @@ def test_compile_is_on_by_default_on_cuda_only():
     assert compile_enabled(None, torch.device("cpu")) is False
     assert compile_enabled(False, torch.device("cuda", 0)) is False
     assert compile_enabled(True, torch.device("cpu")) is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_step_on_cuda_with_inductor_recompiles_at_most_once(synthetic_corpus, tiny_model):
+    """The GPU path as trained: Inductor, bf16 autocast, lengths rounded to 8; 200 real
+    batches with dummies compile at most ``1 + MAX_RECOMPILES`` graphs."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from transformer_nmt.runtime import autocast_context
+    from transformer_nmt.train.step import forward_backward
+
+    cfg, batches = _real_batches(synthetic_corpus, tiny_model, pad_to_multiple=8)
+    cuda = torch.device("cuda", 0)
+    info = distributed.DistInfo(rank=0, world_size=1, local_rank=0, device=cuda)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, vocab_size=cfg.data.vocab_size).to(cuda).train()
+    compiled = wrap_model(model, info, compile=True, backend=counter)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for batch in batches:
+        forward_backward(compiled, [batch], epsilon=0.1, device=cuda, world_size=1,
+                         autocast=lambda: autocast_context("bf16", cuda), pad_to_multiple=8)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    assert 1 <= counter.frame_count <= 1 + MAX_RECOMPILES, counter.frame_count

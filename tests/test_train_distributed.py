@@ -260,3 +260,41 @@ def test_update_leaves_gradients_alone_without_clipping_and_zeroes_bucket_views(
         assert all(p.grad is g and not g.any() for p, g in zip(params, grads))
     else:
         assert all(p.grad is None for p in params)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ddp_on_nccl_takes_the_bf16_hook_and_one_step_matches_uncompressed(monkeypatch):
+    """One NCCL process: DDP accepts the bf16 hook, and a step with it gives the gradient of
+    the uncompressed step to bf16 precision."""
+    import socket
+
+    import torch.distributed as dist
+
+    from transformer_nmt.config import ModelConfig
+    from transformer_nmt.model.transformer import Transformer
+    from transformer_nmt.train.setup import wrap_model
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        info = type("Info", (), {"distributed": True, "local_rank": 0})()
+        grads = {}
+        for compression in ("none", "bf16"):
+            torch.manual_seed(0)
+            model = Transformer(ModelConfig(name="t", encoder_layers=1, decoder_layers=1,
+                                            d_model=64, d_ff=128, heads=4), vocab_size=300).cuda()
+            ddp = wrap_model(model, info, compile=False, grad_compression=compression)
+            torch.manual_seed(1)
+            src = torch.randint(4, 300, (8, 12), device="cuda")
+            tgt = torch.randint(4, 300, (8, 10), device="cuda")
+            ddp(src, tgt).logsumexp(-1).sum().backward()
+            grads[compression] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        scale = float(grads["none"].abs().max())
+        torch.testing.assert_close(grads["bf16"], grads["none"], rtol=2**-7, atol=scale * 2**-8)
+    finally:
+        dist.destroy_process_group()

@@ -595,3 +595,35 @@ def test_dry_run_projection_arithmetic():
     assert cpu["measured_steps"] == 1 and cpu["mfu"] is None
     assert cpu["projected_wall_hours"] is None and cpu["peak_memory_gib"] is None
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_steps_wait_for_the_device_once_per_step(tmp_path, data_overrides, tiny,
+                                                     monkeypatch):
+    """On the GPU, with CUDA's own detector of synchronising calls (one warning each):
+    between two steps' forward_backward calls (no logging, validation or checkpoint) the host
+    waits for the device at most once."""
+    import warnings
+
+    marks: list[int] = []
+    real_fb = train_mod.forward_backward
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        def marking_fb(*args, **kwargs):
+            marks.append(len(caught))
+            return real_fb(*args, **kwargs)
+
+        monkeypatch.setattr(train_mod, "forward_backward", marking_fb)
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            summary = train(compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
+                                     "trainer.max_steps=6", "trainer.update_freq=2",
+                                     "trainer.compile=false", "trainer.log_every_steps=1000",
+                                     "trainer.validate_every_steps=null"]))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert summary["steps"] == 6 and len(marks) == 6
+    per_step = [b - a for a, b in itertools.pairwise(marks)]
+    assert max(per_step) <= 1, (per_step, [str(w.message) for w in caught][:10])

@@ -211,3 +211,28 @@ def test_loss_keeps_no_float32_copy_of_the_logits_for_the_backward():
     assert saved, "no saved tensors seen"
     big = [(shape, dtype) for shape, dtype in saved if len(shape) == 2]
     assert big == [((64, 300), torch.bfloat16)], saved
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_chunked_loss_on_cuda_in_bf16_matches_float64_and_keeps_no_float32_copy():
+    """On the GPU, WMT-sized rows (V = 37,000): the values and gradient of the plain formula
+    in float64, and the allocator's peak above the bf16 logits and their gradient stays
+    below one (N, V) float32 buffer."""
+    torch.manual_seed(8)
+    n, v = 512, 37_000
+    logits = (torch.randn(n, v, device="cuda") * 4).bfloat16().requires_grad_()
+    target = torch.randint(4, v, (n,), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=None)
+    loss.backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before - logits.grad.numel() * 2
+    assert extra < n * v * 4, f"{extra / 2**20:.0f} MiB above the logits and their gradient"
+    exact = logits.detach().double().requires_grad_()
+    ref = F.cross_entropy(exact, target, label_smoothing=0.1, reduction="sum")
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(logits.grad.double(), exact.grad, rtol=0, atol=1e-2)
