@@ -122,3 +122,11 @@ def test_gpu_presets_collate_in_prefetching_workers(experiment):
     assert t.num_workers >= 2 and t.prefetch_factor >= 2
     cuda = torch.device("cuda", 0)
     assert compile_enabled(t.compile, cuda) and resolve_pad_to_multiple(t.pad_to_multiple, cuda) == 8
+
+
+def test_loader_workers_are_capped_at_the_cpus_left_to_them():
+    from transformer_nmt.train.setup import loader_workers
+
+    assert loader_workers(4, cpus=16) == 4
+    assert loader_workers(4, cpus=2) == 1  # the training thread keeps one core
+    assert loader_workers(0, cpus=16) == 0 and loader_workers(2, cpus=1) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +106,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     pin = device.type == "cuda"
     # Private generators: creating a loader iterator must not draw from the global torch RNG.
     train_loader = build_dataloader(
-        train_set, sampler, int(t_cfg.num_workers), pin,
+        train_set, sampler, loader_workers(int(t_cfg.num_workers)), pin,
         generator=torch.Generator().manual_seed(seed),
         pad_to_multiple=pad_to_multiple, max_length=_max_length(cfg),
         prefetch_factor=int(t_cfg.prefetch_factor))
@@ -147,6 +148,18 @@ def _max_length(cfg: Config) -> int | None:
     """The longest row the model takes (learned positions: ``model.max_positions``; None for
     the sinusoidal table, which grows)."""
     return int(cfg.model.max_positions) if str(cfg.model.positions) == "learned" else None
+
+
+def loader_workers(requested: int, cpus: int | None = None) -> int:
+    """``trainer.num_workers``, capped at the CPUs this process may use minus one (the
+    training thread's): more workers than cores only contend with it."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(requested, max(cpus - 1, 0))
+    if workers < requested:
+        log.info("DataLoader workers: %d (trainer.num_workers=%d, %d CPUs available)",
+                 workers, requested, cpus)
+    return workers
 
 
 def resolve_pad_to_multiple(setting: int | None, device: torch.device) -> int:
