@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -117,3 +118,24 @@ def test_table3_variants_are_overrides():
          "model.positions=learned", "trainer.label_smoothing=0.2"]
     )
     assert cfg.model.heads == 16 and cfg.model.positions == "learned"
+
+
+@pytest.mark.parametrize("experiment", ["wmt14_en_de_base", "wmt14_en_de_big",
+                                        "wmt14_en_fr_base", "wmt14_en_fr_big"])
+def test_gpu_presets_collate_in_prefetching_workers(experiment):
+    """The GPU experiments collate and pin in DataLoader workers that prefetch, not on the
+    training thread between steps; on CUDA the lengths are rounded and the step compiled."""
+    from transformer_nmt.train.setup import compile_enabled, resolve_pad_to_multiple
+
+    t = compose([f"experiment={experiment}"]).trainer
+    assert t.num_workers >= 2 and t.prefetch_factor >= 2
+    cuda = torch.device("cuda", 0)
+    assert compile_enabled(t.compile, cuda) and resolve_pad_to_multiple(t.pad_to_multiple, cuda) == 8
+
+
+def test_loader_workers_are_capped_at_the_cpus_left_to_them():
+    from transformer_nmt.train.setup import loader_workers
+
+    assert loader_workers(4, cpus=16) == 4
+    assert loader_workers(4, cpus=2) == 1  # the training thread keeps one core
+    assert loader_workers(0, cpus=16) == 0 and loader_workers(2, cpus=1) == 0

@@ -13,11 +13,11 @@ from transformer_nmt.data.batching import (
     Batch,
     LengthBucketSampler,
     ParallelDataset,
-    build_dataloader,
     collate,
     make_batches,
     padding_efficiency,
 )
+from transformer_nmt.data.loader import build_dataloader
 
 
 class FakeTokens:
@@ -330,7 +330,7 @@ def test_pinned_batches_move_to_gpu():
 
 
 def test_loader_workers_survive_stop_signals():
-    """SLURM signals every process of the job: the workers must leave SIGTERM/SIGUSR1/SIGINT to
+    """SLURM signals every process of the job: the workers must leave the stop signals to
     the training process, which checkpoints, instead of dying and failing the loader."""
     import os
     import signal
@@ -341,9 +341,31 @@ def test_loader_workers_survive_stop_signals():
     it = iter(loader)
     first = next(it)
     for worker in it._workers:
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
             os.kill(worker.pid, sig)
     rest = list(it)
     assert all(w.exitcode in (None, 0) for w in it._workers)
     seen = sorted(int(i) for b in [first, *rest] for i in b.ids)
     assert seen == list(range(len(ds)))
+
+
+def test_lengths_rounded_to_a_multiple_stay_within_the_budget():
+    """pad_to_multiple=8: every collated length is a multiple of 8 (capped at max_length),
+    nothing real changes, and the sampler budgets the rounded lengths, so no padded batch
+    exceeds max_tokens."""
+    ds = ParallelDataset(FakeTokens([[10, 11, 12], [13]]), FakeTokens([[20], [21] * 9]))
+    batch = collate([ds[0], ds[1]], pad_to_multiple=8)
+    plain = collate([ds[0], ds[1]])
+    assert batch.src_tokens.shape == (2, 8) and batch.tgt_out.shape == (2, 16)
+    assert torch.equal(batch.src_tokens[:, :4], plain.src_tokens)
+    assert bool(batch.src_tokens[:, 4:].eq(PAD_ID).all())
+    assert torch.equal(batch.tgt_out[:, :10], plain.tgt_out) and batch.ntokens == plain.ntokens
+    assert collate([ds[0], ds[1]], pad_to_multiple=8, max_length=12).tgt_out.shape == (2, 12)
+
+    corpus = random_corpus(300, seed=21)
+    max_tokens = 200
+    sampler = LengthBucketSampler(corpus.src_sizes, corpus.tgt_sizes, max_tokens, seed=3,
+                                  pad_to_multiple=8)
+    for indices in sampler:
+        b = collate([corpus[i] for i in indices], pad_to_multiple=8)
+        assert b.src_tokens.numel() <= max_tokens and b.tgt_out.numel() <= max_tokens

@@ -217,3 +217,25 @@ def test_submitit_tasks_get_the_torchrun_environment(monkeypatch):
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("5", "8", "5")
     assert os.environ["MASTER_ADDR"] == "gpu-node-07" and int(os.environ["MASTER_PORT"]) > 0
     assert export_submitit_environment() is False  # RANK set: torchrun's (or ours) wins
+
+
+def test_submitit_export_keeps_a_master_port_already_set(monkeypatch):
+    """A job script that exports MASTER_ADDR / MASTER_PORT (or a leftover WORLD_SIZE) made
+    submitit's export raise "already set"; the set address and port are kept, the ranks and
+    sizes come from SLURM."""
+    pytest.importorskip("submitit")
+    from transformer_nmt.cli.train import export_submitit_environment
+
+    for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(k, "")
+        monkeypatch.delenv(k)
+    env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "9",
+           "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "8",
+           "SLURM_JOB_NODELIST": "gpu-node-[07-08]", "SLURM_NODEID": "1",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NODELIST": "gpu-node-[07-08]",
+           "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29611", "WORLD_SIZE": "3"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert export_submitit_environment() is True
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("9", "16", "1")
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("10.0.0.7", "29611")

@@ -15,7 +15,7 @@ LAYERS = [
     {"decode"},
     {"checkpoint"},
     {"model", "data"},
-    {"config", "fileio", "runtime", "errors"},
+    {"config", "choices", "fileio", "runtime", "errors"},
 ]
 
 

@@ -112,3 +112,25 @@ def test_cuda_rng_state_is_the_current_devices_and_resumes_on_fewer_gpus(monkeyp
     runtime.set_rng_state(old)
     assert resuming.set_calls == [0]
     assert torch.equal(resuming.states[0], torch.zeros(8, dtype=torch.uint8))
+
+
+def test_sigusr2_stops_like_sigterm_then_goes_to_the_handler_before_ours():
+    """Hydra's submitit launcher signals SIGUSR2 before the time limit; its handler (here a
+    stand-in) requeues the job. Ours records the stop; submitit's runs only when
+    hand_over() is called after the stop checkpoint, and only for SIGUSR2."""
+    calls: list[int] = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
+    try:
+        flag = runtime.StopFlag()
+        flag.install()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert flag.requested == signal.SIGUSR2 and calls == []
+        flag.restore()
+        assert flag.hand_over() is True and calls == [signal.SIGUSR2]
+        sigint = runtime.StopFlag()  # Python's SIGINT handler would raise KeyboardInterrupt
+        sigint.install()
+        sigint.requested = signal.SIGINT
+        sigint.restore()
+        assert sigint.hand_over() is False and runtime.StopFlag().hand_over() is False
+    finally:
+        signal.signal(signal.SIGUSR2, previous)

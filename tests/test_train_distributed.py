@@ -125,3 +125,176 @@ def assert_same_training(ddp_dir: Path, one_dir: Path, max_steps: int, world_siz
     exp_b = b["optimizer"]["state"]
     for k in exp_a:
         assert torch.allclose(exp_a[k]["exp_avg"], exp_b[k]["exp_avg"], rtol=1e-4, atol=1e-7)
+
+
+# ------------------------------------------------------------- gradient all-reduce, update
+
+
+def _bf16_hook_worker(rank: int, port: int, out_dir: str) -> None:
+    """One rank: the tiny model's gradient of one batch, all-reduced by DDP's bf16 hook (as
+    DDP calls it on a bucket) and by the float32 all-reduce."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from transformer_nmt.config import ModelConfig
+    from transformer_nmt.model.transformer import Transformer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(name="t", encoder_layers=1, decoder_layers=1,
+                                        d_model=16, d_ff=32, heads=2), vocab_size=40)
+        torch.manual_seed(1 + rank)  # each rank its own batch
+        src, tgt = torch.randint(4, 40, (3, 7)), torch.randint(4, 40, (3, 6))
+        model(src, tgt).logsumexp(-1).sum().backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])  # the bucket
+
+        class Bucket:  # what DDP hands a communication hook
+            def buffer(self):
+                return grad.clone()
+
+        compressed = default_hooks.bf16_compress_hook(None, Bucket()).wait()
+        exact = grad.clone()
+        dist.all_reduce(exact)
+        exact /= 2
+        torch.save({"bf16": compressed, "fp32": exact}, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bf16_gradient_compression_equals_fp32_all_reduce_within_bf16(tmp_path):
+    """DDP refuses the bf16 hook on gloo, so the hook itself runs on two gloo ranks on a real
+    gradient: the mean it returns equals the float32 mean to bf16's precision (8-bit mantissa,
+    relative 2^-8 per rounding: the two ranks' values and their sum)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_bf16_hook_worker, args=(port, str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"{rank}.pt")
+        assert got["bf16"].dtype == torch.float32 and got["bf16"].shape == got["fp32"].shape
+        assert not torch.equal(got["bf16"], got["fp32"])  # it was compressed
+        scale = got["fp32"].abs().max()
+        torch.testing.assert_close(got["bf16"], got["fp32"], rtol=2**-7, atol=float(scale) * 2**-8)
+
+
+def test_ddp_gets_the_bucket_size_and_the_bf16_hook(monkeypatch):
+    """What wrap_model asks of DDP (a stand-in: the real one refuses the bf16 hook off NCCL),
+    and when the hook is on: auto means across nodes on CUDA."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from transformer_nmt.config import ModelConfig
+    from transformer_nmt.model.transformer import Transformer
+    from transformer_nmt.train.setup import resolve_grad_compression, wrap_model
+
+    made = []
+
+    class StandInDDP(torch.nn.Module):
+        def __init__(self, module, **kwargs):
+            super().__init__()
+            self.module, self.kwargs, self.hooks = module, kwargs, []
+            made.append(self)
+
+        def register_comm_hook(self, state, hook):
+            self.hooks.append(hook)
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", StandInDDP)
+    info = type("Info", (), {"distributed": True, "local_rank": 0})()
+    model = Transformer(ModelConfig(name="t", encoder_layers=1, decoder_layers=1, d_model=16,
+                                    d_ff=32, heads=2), vocab_size=40)
+    wrap_model(model, info, compile=False, grad_compression="bf16", bucket_cap_mb=50.0)
+    wrap_model(model, info, compile=False)
+    assert made[0].kwargs["bucket_cap_mb"] == 50.0 and made[0].kwargs["gradient_as_bucket_view"]
+    assert made[0].hooks == [default_hooks.bf16_compress_hook] and made[1].hooks == []
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    two_nodes = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}
+    assert resolve_grad_compression("auto", cuda, two_nodes) == "bf16"
+    assert resolve_grad_compression("auto", cuda, {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == "none"
+    assert resolve_grad_compression("auto", cpu, two_nodes) == "none"
+    assert resolve_grad_compression("none", cuda, two_nodes) == "none"
+    with pytest.raises(ValueError, match="grad_compression=bf16 needs CUDA"):
+        resolve_grad_compression("bf16", cpu, {})
+
+
+@pytest.mark.parametrize("grads_in_buckets", [False, True])
+def test_update_leaves_gradients_alone_without_clipping_and_zeroes_bucket_views(grads_in_buckets):
+    """clip_norm 0: the norm is read, the gradients are not multiplied (by 1, as
+    clip_grad_norm_ does); after the update DDP's bucket views are zeroed in place, not
+    dropped (set_to_none would detach them from the buckets)."""
+    from types import SimpleNamespace
+
+    from transformer_nmt.config import TrainerConfig
+    from transformer_nmt.runtime import grad_scaler
+    from transformer_nmt.train.metrics import Window
+    from transformer_nmt.train.state import TrainState
+    from transformer_nmt.train.step import apply_update, grad_norm_
+
+    model = torch.nn.Linear(3, 2)
+    model(torch.ones(4, 3)).sum().backward()
+    params = list(model.parameters())
+    versions = [p.grad._version for p in params]
+    norm = grad_norm_(params, 0.0)
+    assert [p.grad._version for p in params] == versions  # not written
+    assert norm.item() == pytest.approx(torch.cat([p.grad.reshape(-1) for p in params]).norm().item())
+    grad_norm_(params, 1e-3)
+    assert [p.grad._version for p in params] != versions  # clipping does write
+
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    grads = [p.grad for p in params]
+    s = SimpleNamespace(scaler=grad_scaler(False), optimizer=optimizer, params=params,
+                        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: 1.0),
+                        device=torch.device("cpu"), grads_in_buckets=grads_in_buckets)
+    out = {"counts": torch.tensor([4.0, 4, 4, 4, 4], dtype=torch.float64),
+           "loss_sum": torch.tensor(1.0), "nll_sum": torch.tensor(1.0)}
+    _, _, stepped = apply_update(s, TrainState(world_size=1), Window(), out, TrainerConfig(),
+                                 Path("."), flags=[0, 1])
+    assert stepped and out["flags"] == [0, 1]
+    if grads_in_buckets:
+        assert all(p.grad is g and not g.any() for p, g in zip(params, grads))
+    else:
+        assert all(p.grad is None for p in params)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ddp_on_nccl_takes_the_bf16_hook_and_one_step_matches_uncompressed(monkeypatch):
+    """One NCCL process: DDP accepts the bf16 hook, and a step with it gives the gradient of
+    the uncompressed step to bf16 precision."""
+    import socket
+
+    import torch.distributed as dist
+
+    from transformer_nmt.config import ModelConfig
+    from transformer_nmt.model.transformer import Transformer
+    from transformer_nmt.train.setup import wrap_model
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        info = type("Info", (), {"distributed": True, "local_rank": 0})()
+        grads = {}
+        for compression in ("none", "bf16"):
+            torch.manual_seed(0)
+            model = Transformer(ModelConfig(name="t", encoder_layers=1, decoder_layers=1,
+                                            d_model=64, d_ff=128, heads=4), vocab_size=300).cuda()
+            ddp = wrap_model(model, info, compile=False, grad_compression=compression)
+            torch.manual_seed(1)
+            src = torch.randint(4, 300, (8, 12), device="cuda")
+            tgt = torch.randint(4, 300, (8, 10), device="cuda")
+            ddp(src, tgt).logsumexp(-1).sum().backward()
+            grads[compression] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        scale = float(grads["none"].abs().max())
+        torch.testing.assert_close(grads["bf16"], grads["none"], rtol=2**-7, atol=scale * 2**-8)
+    finally:
+        dist.destroy_process_group()

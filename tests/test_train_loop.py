@@ -263,6 +263,12 @@ def test_dry_run_leaves_the_real_run_alone(tmp_path, data_overrides, tiny):
     assert (run / "dry_run" / "train_summary.json").is_file()
     assert step_checkpoints(run) == [] and not (run / "train_summary.json").exists()
     assert not (run / "dry_run" / "checkpoints").exists()  # trainer.no_save: nothing written
+    # the bill, from the steps it took: 1 measured after the warm-up step
+    projection = json.loads((run / "dry_run" / "projection.json").read_text())
+    assert summary["projection"] == projection and projection["measured_steps"] == 1
+    assert projection["tokens_per_s"] > 0 and projection["total_steps"] == cfg.trainer.max_steps
+    assert projection["projected_wall_hours"] == pytest.approx(
+        cfg.trainer.max_steps * projection["seconds_per_step"] / 3600)
 
 
 def test_missing_data_fails_with_one_line_naming_the_file(tmp_path, data_overrides, tiny):
@@ -322,6 +328,38 @@ def test_init_from_starts_a_new_run_from_a_model_file(tmp_path, data_overrides, 
         setup(wider, info)
 
 
+def test_sigusr2_checkpoints_then_hands_over_to_submitit(tmp_path, data_overrides, tiny,
+                                                        monkeypatch):
+    """SIGUSR2 (Hydra's submitit launcher) stops at the step boundary with a checkpoint and a
+    summary, then submitit's handler (a stand-in recording what exists when it runs) gets
+    the signal to requeue the job."""
+    run_dir = tmp_path / "run"
+    seen: list[tuple[int, bool, bool]] = []
+
+    def submitit_stand_in(signum, frame):
+        seen.append((signum, latest_checkpoint(run_dir) is not None,
+                     (run_dir / "train_summary.json").is_file()))
+
+    previous = signal.signal(signal.SIGUSR2, submitit_stand_in)
+    real_fb, calls = train_mod.forward_backward, []
+
+    def signalling_fb(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return real_fb(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "forward_backward", signalling_fb)
+    try:
+        summary = train(compose([*data_overrides, *tiny, f"run_dir={run_dir}",
+                                 "trainer.max_steps=50", "trainer.validate_every_steps=null"]))
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert summary["stopped_by"] == "signal SIGUSR2" and summary["steps"] == 3
+    assert load_checkpoint(latest_checkpoint(run_dir))["train_state"]["step"] == 3
+    assert seen == [(signal.SIGUSR2, True, True)]
+
+
 # ------------------------------------------------------------------- host-device syncs
 
 
@@ -366,6 +404,51 @@ def test_at_most_one_host_sync_per_step_outside_logging(tmp_path, data_overrides
     assert summary["steps"] == 6 and len(marks) == 6
     per_step = [b - a for a, b in itertools.pairwise(marks)]
     assert max(per_step) <= 1, (per_step, reads[marks[0]:marks[-1]])
+
+
+COUNTING_WORKER = """
+import itertools, json, os, sys
+import torch
+import transformer_nmt.train.loop as loop
+from transformer_nmt.cli import compose
+
+reads, marks = [], []
+for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+    def wrap(original, name=name):
+        def wrapper(self, *args, **kwargs):
+            reads.append(name)
+            return original(self, *args, **kwargs)
+        return wrapper
+    setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name)))
+real_fb = loop.forward_backward
+def marking_fb(*args, **kwargs):
+    marks.append(len(reads))
+    return real_fb(*args, **kwargs)
+loop.forward_backward = marking_fb
+summary = loop.train(compose(sys.argv[2:]))
+per_step = [b - a for a, b in itertools.pairwise(marks)]
+with open(os.path.join(sys.argv[1], f"reads_{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"per_step": per_step, "steps": summary["steps"]}, f)
+"""
+
+
+def test_at_most_one_host_sync_per_step_on_two_ranks(tmp_path, data_overrides, tiny):
+    """World size 2 (torchrun, gloo): the stop flags travel in the step's all-reduce of the
+    losses and are read with its figures, so each rank still reads the device once per step
+    (it read twice when the flags had an all-reduce and a tolist() of their own)."""
+    worker = tmp_path / "count_reads.py"
+    worker.write_text(COUNTING_WORKER)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(worker), str(tmp_path), *data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
+         "trainer.max_steps=6", "trainer.update_freq=2", "trainer.log_every_steps=1000",
+         "trainer.validate_every_steps=null", "trainer.save_every_minutes=null"],
+        env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"reads_{rank}.json").read_text())
+        assert got["steps"] == 6 and len(got["per_step"]) == 5
+        assert max(got["per_step"]) <= 1, (rank, got)
 
 
 # ------------------------------------------------------------------- fp16 loss scaling
@@ -488,3 +571,59 @@ def test_golden_loss_curve_of_the_reversal_task(tmp_path, synthetic_corpus, tiny
             f"step {step}: loss {got!r}, golden {want!r} (rtol {rtol}, torch {torch.__version__}"
             f", golden from {golden['torch']})"
         )
+
+
+def test_dry_run_projection_arithmetic():
+    """The bill of a dry run: the warm-up step left out, medians of the rest, MFU against
+    world size x peak, wall time = steps x step time, device-hours = that x world size."""
+    from transformer_nmt.model.flops import peak_flops
+    from transformer_nmt.train.dryrun import project
+
+    out = project([30.0, 0.5, 0.4, 0.6], [99.0, 50_000.0, 40_000.0, 60_000.0],
+                  total_steps=100_000, world_size=8, flops_per_token=2.0e9,
+                  peak_flops_per_device=989e12, peak_memory_bytes=3 * 2**30)
+    assert out["measured_steps"] == 3 and out["seconds_per_step"] == 0.5
+    assert out["tokens_per_s"] == 100_000.0 and out["tokens_per_s_per_device"] == 12_500.0
+    assert out["mfu"] == pytest.approx(100_000 * 2.0e9 / (8 * 989e12))
+    assert out["peak_memory_gib"] == 3.0
+    assert out["projected_wall_hours"] == pytest.approx(100_000 * 0.5 / 3600)
+    assert out["projected_device_hours"] == pytest.approx(8 * 100_000 * 0.5 / 3600)
+    assert "projection" in out["note"]
+    cpu = project([1.0], [10.0], total_steps=None, world_size=1, flops_per_token=1.0,
+                  peak_flops_per_device=peak_flops("cpu (x86_64, 2 threads)", "fp32"),
+                  peak_memory_bytes=None)
+    assert cpu["measured_steps"] == 1 and cpu["mfu"] is None
+    assert cpu["projected_wall_hours"] is None and cpu["peak_memory_gib"] is None
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_steps_wait_for_the_device_once_per_step(tmp_path, data_overrides, tiny,
+                                                     monkeypatch):
+    """On the GPU, with CUDA's own detector of synchronising calls (one warning each):
+    between two steps' forward_backward calls (no logging, validation or checkpoint) the host
+    waits for the device at most once."""
+    import warnings
+
+    marks: list[int] = []
+    real_fb = train_mod.forward_backward
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        def marking_fb(*args, **kwargs):
+            marks.append(len(caught))
+            return real_fb(*args, **kwargs)
+
+        monkeypatch.setattr(train_mod, "forward_backward", marking_fb)
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            summary = train(compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
+                                     "trainer.max_steps=6", "trainer.update_freq=2",
+                                     "trainer.compile=false", "trainer.log_every_steps=1000",
+                                     "trainer.validate_every_steps=null"]))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert summary["steps"] == 6 and len(marks) == 6
+    per_step = [b - a for a, b in itertools.pairwise(marks)]
+    assert max(per_step) <= 1, (per_step, [str(w.message) for w in caught][:10])

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from transformer_nmt.config import PAD_ID
 from transformer_nmt.train.loss import label_smoothed_nll_loss
@@ -147,3 +148,91 @@ def test_loss_rejects_bad_shapes():
         label_smoothed_nll_loss(torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long), 0.1)
     with pytest.raises(ValueError, match="epsilon"):
         label_smoothed_nll_loss(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 1.0)
+
+
+def _previous_loss():
+    """The loss before chunking (scripts/bench_loss.py keeps it for the benchmark)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_loss.py"
+    spec = importlib.util.spec_from_file_location("bench_loss", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.previous_loss
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_chunked_loss_equals_the_previous_function_and_the_float64_formula(dtype):
+    """Chunks of 3 rows (uneven: 40 = 13 x 3 + 1) give what one pass over all rows gave
+    (the previous function, float32 log-softmax of the whole (N, V)) and what the plain
+    formula gives in float64, for the values and the gradient."""
+    torch.manual_seed(7)
+    n, v = 40, 97
+    logits = (torch.randn(n, v) * 4).to(dtype)
+    target = torch.randint(4, v, (n,))
+    chunked = logits.clone().requires_grad_()
+    loss, nll = label_smoothed_nll_loss(chunked, target, 0.1, ignore_index=None,
+                                        chunk_elements=3 * v)
+    (0.7 * loss + 0.3 * nll).backward()
+    before = logits.clone().requires_grad_()
+    prev_loss, prev_nll = _previous_loss()(before, target, 0.1)
+    (0.7 * prev_loss + 0.3 * prev_nll).backward()
+    exact = logits.double().requires_grad_()
+    ref_loss = F.cross_entropy(exact, target, label_smoothing=0.1, reduction="sum")
+    ref_nll = F.cross_entropy(exact, target, reduction="sum")
+    (0.7 * ref_loss + 0.3 * ref_nll).backward()
+
+    assert torch.equal(loss, prev_loss) and torch.equal(nll, prev_nll)  # the same arithmetic
+    assert chunked.grad.dtype == dtype
+    atol = 1e-2 if dtype == torch.bfloat16 else 1e-6  # bf16: 8 bits of mantissa
+    torch.testing.assert_close(chunked.grad, before.grad, rtol=0, atol=atol)
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-6)
+    torch.testing.assert_close(chunked.grad.double(), exact.grad, rtol=0, atol=atol)
+
+
+def test_loss_keeps_no_float32_copy_of_the_logits_for_the_backward():
+    """What the loss saves for its backward: the bf16 logits and (N,) vectors, never an
+    (N, V) float32 tensor (the previous version kept the log-probabilities: 4 bytes per
+    logit on top of the logits' 2)."""
+    saved: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    logits = torch.randn(64, 300).bfloat16().requires_grad_()
+    target = torch.randint(4, 300, (64,))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=None,
+                                          chunk_elements=1000)
+    loss.backward()
+    assert saved, "no saved tensors seen"
+    big = [(shape, dtype) for shape, dtype in saved if len(shape) == 2]
+    assert big == [((64, 300), torch.bfloat16)], saved
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_chunked_loss_on_cuda_in_bf16_matches_float64_and_keeps_no_float32_copy():
+    """On the GPU, WMT-sized rows (V = 37,000): the values and gradient of the plain formula
+    in float64, and the allocator's peak above the bf16 logits and their gradient stays
+    below one (N, V) float32 buffer."""
+    torch.manual_seed(8)
+    n, v = 512, 37_000
+    logits = (torch.randn(n, v, device="cuda") * 4).bfloat16().requires_grad_()
+    target = torch.randint(4, v, (n,), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=None)
+    loss.backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before - logits.grad.numel() * 2
+    assert extra < n * v * 4, f"{extra / 2**20:.0f} MiB above the logits and their gradient"
+    exact = logits.detach().double().requires_grad_()
+    ref = F.cross_entropy(exact, target, label_smoothing=0.1, reduction="sum")
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(logits.grad.double(), exact.grad, rtol=0, atol=1e-2)

@@ -287,6 +287,8 @@ RESUME_HARMLESS_KEYS: tuple[str, ...] = (
     "trainer.precision", "trainer.tf32", "trainer.compile",
     # batch targets: the max_tokens and update_freq they derive are compared themselves
     "trainer.tokens_per_step", "trainer.tokens_per_step_tolerance", "trainer.auto_max_tokens",
+    # data loading and gradient communication (not what is computed)
+    "trainer.prefetch_factor", "trainer.grad_compression", "trainer.bucket_cap_mb",
     # paths and sources of files whose content is checked otherwise (the vocabulary's
     # SHA-256 is compared on resume); init_from is ignored once a run has checkpoints
     "data.root", "data.mirror", "data.url", "trainer.init_from",

@@ -24,12 +24,29 @@ every entry point calls before doing any work.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+from transformer_nmt.choices import (
+    Choice,
+    Corpus,
+    DecodePrecision,
+    EncodingErrors,
+    Engine,
+    GradCompression,
+    Init,
+    LenpenForm,
+    Norm,
+    Positions,
+    ShareEmbeddings,
+    SpmModelType,
+    Stopping,
+    TooLong,
+    TrainPrecision,
+    UnicodeForm,
+)
 from transformer_nmt.errors import UserError
 
 # Special ids shared by SentencePiece, binarization, the model and decoding
@@ -38,129 +55,6 @@ PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
-
-
-class Choice(str, Enum):
-    """A config choice: member name == value, so OmegaConf accepts the value as written.
-
-    ``str()`` and f-strings give the bare value (``post``, not ``Norm.post``), so messages,
-    file names and SentencePiece arguments read as before.
-    """
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-
-class Corpus(Choice):
-    """data.corpus: where the parallel text comes from."""
-
-    multi30k = "multi30k"
-    wmt14 = "wmt14"
-    custom = "custom"
-
-
-class EncodingErrors(Choice):
-    """data.encoding_errors: what invalid UTF-8 gets."""
-
-    strict = "strict"
-    replace = "replace"
-
-
-class UnicodeForm(Choice):
-    """data.unicode_form: normalisation applied to every line (``none``: unchanged)."""
-
-    NFC = "NFC"
-    NFKC = "NFKC"
-    NFD = "NFD"
-    NFKD = "NFKD"
-    none = "none"
-
-
-class SpmModelType(Choice):
-    """data.spm_model_type: the SentencePiece algorithm."""
-
-    bpe = "bpe"
-    unigram = "unigram"
-
-
-class Norm(Choice):
-    """model.norm: where LayerNorm sits (section 3.1: post)."""
-
-    post = "post"
-    pre = "pre"
-
-
-class ShareEmbeddings(Choice):
-    """model.share_embeddings: which embedding matrices are one (section 3.4: all)."""
-
-    all = "all"
-    decoder = "decoder"
-    none = "none"
-
-
-class Positions(Choice):
-    """model.positions: section 3.5 (sinusoidal) or Table 3 row E (learned)."""
-
-    sinusoidal = "sinusoidal"
-    learned = "learned"
-
-
-class Init(Choice):
-    """model.init: the weight initialisation (docs/model.md, "Initialisation")."""
-
-    xavier = "xavier"
-    fairseq = "fairseq"
-
-
-class TooLong(Choice):
-    """trainer.too_long: a training pair that alone exceeds ``max_tokens``."""
-
-    error = "error"
-    """refuse to start, naming the pair (``nmt-prepare`` filters such pairs out)"""
-    skip = "skip"
-    """leave it out of the batches, with a logged count"""
-
-
-class TrainPrecision(Choice):
-    """trainer.precision: arithmetic of the training step."""
-
-    auto = "auto"
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class DecodePrecision(Choice):
-    """decode.precision: arithmetic of decoding."""
-
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class LenpenForm(Choice):
-    """decode.lenpen_form: the length penalty lp(|Y|)."""
-
-    gnmt = "gnmt"
-    fairseq = "fairseq"
-
-
-class Stopping(Choice):
-    """decode.stopping: when a sentence's beam search ends."""
-
-    bound = "bound"
-    beam = "beam"
-
-
-class Engine(Choice):
-    """decode.engine: our beam search, or CTranslate2 (float32 / int8) through an export."""
-
-    native = "native"
-    ctranslate2 = "ctranslate2"
-    ctranslate2_int8 = "ctranslate2_int8"
 
 
 @dataclass
@@ -303,12 +197,22 @@ class TrainerConfig:
     clip_norm: float = 0.0
     """Gradient-norm clipping threshold; 0 = off."""
 
+    grad_compression: GradCompression = GradCompression.auto
+    """Gradient all-reduce in bf16 across nodes (see :class:`GradCompression`)."""
+    bucket_cap_mb: float = 25.0
+    """DDP's gradient bucket size in MB (PyTorch's default)."""
     precision: TrainPrecision = TrainPrecision.auto
     """``auto`` (bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU), ``fp32``,
     ``bf16`` or ``fp16`` (dynamic loss scaling)."""
     tf32: bool = True
-    compile: bool = False
-    """torch.compile the model."""
+    compile: bool | None = None
+    """torch.compile the model; None (default): on when training on CUDA, off elsewhere
+    (on a CPU compilation costs more than it saves, docs/benchmarks.md)."""
+    pad_to_multiple: int | None = None
+    """Round the padded source and target lengths of training batches up to a multiple of
+    this (tensor-core-sized matrices, fewer shapes for the compiled step); 1 = no rounding;
+    None (default): 8 when training on CUDA, 1 elsewhere (on a CPU the extra padding is
+    only extra work)."""
     max_bad_steps: int = 10
     """Stop after this many consecutive steps with a non-finite loss or gradient (fp16
     loss-scaler overflows do not count: they stop training only when the scale falls
@@ -318,7 +222,9 @@ class TrainerConfig:
 
     seed: int = 1
     num_workers: int = 0
-    """DataLoader worker processes."""
+    """DataLoader worker processes (collation and pinning off the training thread)."""
+    prefetch_factor: int = 4
+    """Batches each DataLoader worker prepares ahead (with ``num_workers > 0``)."""
 
     save_every_steps: int | None = None
     save_every_epochs: int | None = None
@@ -544,13 +450,13 @@ def validate(cfg: Config) -> None:
     except ValueError as e:
         errors.extend(line.strip() for line in str(e).splitlines()[1:])
     t = cfg.trainer
-    for key in ("max_tokens", "update_freq", "warmup_steps", "keep_last"):
+    for key in ("max_tokens", "update_freq", "warmup_steps", "keep_last", "prefetch_factor"):
         if getattr(t, key) <= 0:
             errors.append(f"trainer.{key}={getattr(t, key)} must be positive")
     if not 0.0 <= t.label_smoothing < 1.0:
         errors.append(f"trainer.label_smoothing={t.label_smoothing} must be in [0, 1)")
     for key in ("max_time_minutes", "save_every_steps", "save_every_epochs",
-                "validate_every_steps", "validate_every_epochs"):
+                "validate_every_steps", "validate_every_epochs", "pad_to_multiple"):
         if getattr(t, key) is not None and getattr(t, key) <= 0:
             errors.append(f"trainer.{key}={getattr(t, key)} must be positive (or null)")
     if t.tokens_per_step is not None and t.tokens_per_step <= 0:

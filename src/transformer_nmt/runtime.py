@@ -20,8 +20,12 @@ import torch
 
 from transformer_nmt.errors import UserError
 
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
-"""Signals that make training checkpoint and exit at the next step boundary (SIGINT: Ctrl-C)."""
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
+"""Signals that make training checkpoint and exit at the next step boundary (SIGINT: Ctrl-C;
+SIGUSR2: Hydra's submitit launcher before the time limit)."""
+HANDED_OVER_SIGNALS = ("SIGUSR2",)
+"""Stop signals whose earlier handler still runs once the stop checkpoint is written
+(:meth:`StopFlag.hand_over`): submitit's SIGUSR2 handler requeues the job."""
 INTERRUPT_EXIT = 130
 """Exit status after a second Ctrl-C (128 + SIGINT, what shells report for an interrupt)."""
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -120,7 +124,8 @@ def device_name(device: torch.device) -> str:
 
 
 class StopFlag:
-    """Installs SIGTERM / SIGUSR1 / SIGINT handlers that only record that a stop was requested.
+    """Installs SIGTERM / SIGUSR1 / SIGUSR2 / SIGINT handlers that only record that a stop was
+    requested.
 
     ``requested`` is 0, or the number of the first signal received (the cause: under
     ``torchrun`` a Ctrl-C reaches the agent too, which then sends SIGTERM to its workers). A second SIGINT (Ctrl-C
@@ -132,6 +137,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.requested = 0
         self.previous: dict[int, Any] = {}
+        self._replaced: dict[int, Any] = {}
         self._interrupts = 0
 
     def _handler(self, signum: int, frame: Any) -> None:
@@ -164,8 +170,20 @@ class StopFlag:
         """Put the previous handlers back."""
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        self._replaced.update(self.previous)
         self.previous.clear()
 
+    def hand_over(self) -> bool:
+        """After :meth:`restore` and the stop checkpoint: call the handler that was installed
+        before ours for the signal received, when that signal is one of
+        :data:`HANDED_OVER_SIGNALS` and the handler is a Python function (submitit's SIGUSR2
+        handler, which requeues the job and exits). Returns whether it was called."""
+        handler = self._replaced.get(self.requested)
+        if (not self.requested or not callable(handler)
+                or signal.Signals(self.requested).name not in HANDED_OVER_SIGNALS):
+            return False
+        handler(self.requested, None)
+        return True
 
 def _cuda_rng_state() -> torch.Tensor | list:
     """The RNG state of this process's current CUDA device ([] without CUDA).

@@ -63,6 +63,10 @@ def export_submitit_environment() -> bool:
     with submitit's own helper, so :func:`transformer_nmt.train.distributed.init_distributed` reads
     them as it reads torchrun's.
 
+    A ``MASTER_ADDR`` / ``MASTER_PORT`` already set (by a job script, or a job started from
+    another job) is kept, where submitit's ``export`` would refuse to run; the ranks and
+    sizes always come from the SLURM job.
+
     Returns:
         True when the environment was set; False outside submitit or under torchrun.
     """
@@ -70,7 +74,9 @@ def export_submitit_environment() -> bool:
         return False
     from submitit.helpers import TorchDistributedEnvironment
 
-    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    kept = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT") if os.environ.get(k)}
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    os.environ.update(kept)
     return True
 
 

@@ -69,14 +69,12 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
 
@@ -174,6 +172,14 @@ def _too_long_error(
         f"{int(src_len[i])} (eos included){tgt_part}{more}. Raise max_tokens, filter "
         f"long sentences when cleaning, or pass skip_too_long=True"
     )
+
+
+def _rounded(lengths: np.ndarray, multiple: int, max_tokens: int) -> np.ndarray:
+    """``lengths`` rounded up to a multiple of ``multiple``, none beyond
+    ``max(length, max_tokens)``."""
+    if multiple <= 1:
+        return lengths
+    return np.maximum(np.minimum(-(-lengths // multiple) * multiple, max_tokens), lengths)
 
 
 def _bucket(
@@ -313,6 +319,9 @@ class LengthBucketSampler:
         max_positions: leave out (logged) sentences longer than the model's position
             table on either side (size + 1 > ``max_positions``), the rule ``nmt-prepare``
             applies to the training split; None = no such limit.
+        pad_to_multiple: the batches are collated with lengths rounded up to a multiple of
+            it (:func:`collate`); the budget counts the rounded lengths, so a batch stays
+            within ``max_tokens`` once padded.
 
     Raises:
         ValueError: bad ``max_tokens``/``rank``/``world_size``/``seed``, sizes of
@@ -333,6 +342,7 @@ class LengthBucketSampler:
         size_multiple: int = 8,
         skip_too_long: bool = False,
         max_positions: int | None = None,
+        pad_to_multiple: int = 1,
     ):
         if int(max_tokens) < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
@@ -380,8 +390,13 @@ class LengthBucketSampler:
             keep = np.setdiff1d(keep, bad, assume_unique=True)
 
         rng = np.random.default_rng([_COMPOSE_TAG, self.seed]) if shuffle else None
+        self.pad_to_multiple = max(int(pad_to_multiple), 1)
+        # budget the lengths collate(pad_to_multiple=...) pads to (a sentence that fits alone
+        # still fits alone)
+        budget_src, budget_tgt = (_rounded(x, self.pad_to_multiple, self.max_tokens)
+                                  for x in (src_len, tgt_len))
         self._order, self._bounds = _bucket(
-            src_len, tgt_len, keep, self.max_tokens, rng, size_multiple
+            budget_src, budget_tgt, keep, self.max_tokens, rng, size_multiple
         )
         self._src_len = src_len
         self._tgt_len = tgt_len
@@ -551,14 +566,31 @@ def _pad_rows(seqs: list[np.ndarray], lengths: np.ndarray, width: int, offset: i
     return out
 
 
+def _round_up(width: int, multiple: int, max_length: int | None) -> int:
+    """``width`` rounded up to a multiple of ``multiple``, not beyond ``max_length`` (never
+    below ``width``)."""
+    rounded = -(-width // multiple) * multiple
+    if max_length is not None:
+        rounded = min(rounded, max(width, max_length))
+    return rounded
+
+
 def collate(
     samples: Sequence[tuple[int, np.ndarray, np.ndarray | None]],
+    pad_to_multiple: int = 1,
+    max_length: int | None = None,
 ) -> Batch | None:
     """Pad ``(i, src_ids, tgt_ids)`` samples into a :class:`Batch`.
 
     Source rows are ``src + [eos]``; target rows are ``[bos] + tgt`` (``tgt_in``) and
     ``tgt + [eos]`` (``tgt_out``); all right-padded with PAD_ID. An empty sample list
     (the ``[]`` batch a rank gets when it has no data left in an epoch) gives None.
+
+    ``pad_to_multiple``: the padded source and target lengths are rounded up to a multiple
+    of it (training uses 8, ``trainer.pad_to_multiple``: fewer distinct shapes for
+    ``torch.compile`` and tensor-core-sized matrices), but not beyond ``max_length`` (the
+    model's ``max_positions``) when given. The extra positions are padding: nothing the
+    model computes for real positions changes.
 
     Raises:
         ValueError: when some samples have a target and others do not.
@@ -571,7 +603,9 @@ def collate(
     b = len(samples)
     rows = np.arange(b)
 
-    src_tokens = _pad_rows(srcs, src_sizes, int(src_sizes.max()) + 1, 0)  # (B, S)
+    multiple = max(int(pad_to_multiple), 1)
+    src_width = _round_up(int(src_sizes.max()) + 1, multiple, max_length)
+    src_tokens = _pad_rows(srcs, src_sizes, src_width, 0)  # (B, S)
     src_tokens[rows, src_sizes] = EOS_ID
 
     has_tgt = [s[2] is not None for s in samples]
@@ -583,7 +617,7 @@ def collate(
     if all(has_tgt):
         tgts = [np.asarray(s[2], dtype=np.int64) for s in samples]
         tgt_sizes = np.fromiter((len(t) for t in tgts), dtype=np.int64, count=b)
-        width = int(tgt_sizes.max()) + 1
+        width = _round_up(int(tgt_sizes.max()) + 1, multiple, max_length)
         tgt_in_np = _pad_rows(tgts, tgt_sizes, width, 1)  # (B, T)
         tgt_in_np[:, 0] = BOS_ID
         tgt_out_np = _pad_rows(tgts, tgt_sizes, width, 0)  # (B, T)
@@ -601,49 +635,3 @@ def collate(
         ntokens=ntokens,
         nsentences=b,
     )
-
-
-def build_dataloader(
-    dataset: ParallelDataset,
-    sampler: LengthBucketSampler,
-    num_workers: int = 0,
-    pin_memory: bool = False,
-    generator: torch.Generator | None = None,
-) -> DataLoader:
-    """A ``DataLoader`` over ``dataset`` with ``sampler`` as its batch sampler.
-
-    ``generator``: a private RNG for the loader (worker seeds). The training loop passes one
-    so that creating a loader iterator never draws from the global torch RNG: dropout after
-    a resume then matches an uninterrupted run.
-
-    It yields :class:`Batch` objects, or None for the ``[]`` padding batches of a rank
-    with no data left (the training loop treats None as "no data on this rank in this
-    micro-step" and still joins the gradient all-reduce).
-
-    The loader draws batch indices from the sampler ahead of consumption (prefetching
-    with ``num_workers > 0``), so the sampler's own ``state_dict()["position"]`` can run
-    ahead; the training loop counts consumed batches itself and saves that count as the
-    position (see the module docstring). Call ``sampler.set_epoch(e)`` before
-    iterating the loader for epoch ``e``.
-    """
-    return DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        collate_fn=collate,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        generator=generator,
-        worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
-    )
-
-
-WORKER_IGNORED_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
-"""Signals a DataLoader worker ignores: SLURM and Ctrl-C signal every process of the job or
-terminal, and a worker that died of them would fail the main process before it checkpoints."""
-
-
-def ignore_stop_signals(worker_id: int) -> None:
-    """``worker_init_fn``: leave the stop signals to the training process (it checkpoints and
-    exits; the workers end with it)."""
-    for name in WORKER_IGNORED_SIGNALS:
-        signal.signal(getattr(signal, name), signal.SIG_IGN)

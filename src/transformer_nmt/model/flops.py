@@ -34,6 +34,26 @@ FORMULA = (
 """The formula in one line, as written into train_summary.json."""
 
 
+PEAK_FLOPS = {
+    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
+}
+"""Dense peak FLOP/s per GPU of the SXM parts by precision (NVIDIA's data sheets, no
+sparsity; fp32 is TF32 tensor-core math, what ``trainer.tf32=true`` uses): the MFU
+denominator."""
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    """Peak FLOP/s of one device named ``device_name`` (``torch.cuda.get_device_name``) at
+    ``precision`` (``bf16``, ``fp16``, ``fp32``), or None for a device not in
+    :data:`PEAK_FLOPS` (CPUs included)."""
+    for family, peaks in PEAK_FLOPS.items():
+        if family in device_name:
+            return peaks.get(precision)
+    return None
+
+
 @dataclass
 class TokenCounts:
     """Sums over sentences of source lengths s_i and target lengths t_i (non-pad tokens)."""

@@ -695,7 +695,10 @@ class Transformer(nn.Module):
         t = tgt_tokens.size(1)
         offset = cache.length if cache is not None else 0
         if offset == 0:
-            self_mask, self_causal = None, t > 1
+            # causal also for t = 1 (a 1 x 1 causal mask allows the one key): a constant, where
+            # ``t > 1`` under torch.compile with a dynamic length is symbolic, which SDPA's
+            # is_causal does not take (a graph break)
+            self_mask, self_causal = None, True
         elif t == 1:
             self_mask, self_causal = None, False  # one new query sees every cached key
         else:

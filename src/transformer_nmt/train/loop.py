@@ -11,7 +11,7 @@ non-finite steps), :mod:`~transformer_nmt.train.state` holds the counters and li
 
 Checkpoints (rank 0 writes; parts in :mod:`transformer_nmt.checkpoint`) restore a run
 bit-for-bit on the same world size; an unreadable newest checkpoint is skipped for the one
-before it. SIGTERM / SIGUSR1 / SIGINT (Ctrl-C) stop the run at the next step boundary with a
+before it. SIGTERM / SIGUSR1 / SIGUSR2 / SIGINT (Ctrl-C) stop the run at the next step boundary with a
 checkpoint; a run resumed after it finished does nothing. The prepared data is read, never
 made (``nmt-prepare``).
 See docs/training.md.
@@ -27,10 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from transformer_nmt.config import Config
-from transformer_nmt.runtime import StopFlag, device_name
+from transformer_nmt.runtime import STOP_SIGNALS, StopFlag, device_name
 from transformer_nmt.train import distributed, resume
 from transformer_nmt.train.metrics import MetricsLog, Window, log_train_line
 from transformer_nmt.train.setup import setup
@@ -104,6 +102,7 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
     last_valid: dict[str, float] = {}
     stop_flag = StopFlag()
     stop_flag.install()
+    stop_signals = [int(getattr(signal, name)) for name in STOP_SIGNALS if hasattr(signal, name)]
     total_steps = (int(t_cfg.max_steps) if t_cfg.max_steps is not None
                    else int(t_cfg.max_epochs) * s.steps_per_epoch if t_cfg.max_epochs is not None
                    else None)
@@ -146,8 +145,16 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
             # -- forward / backward over the micro-batches, then the update ----------------
             t0 = time.perf_counter()
             out = forward_backward(s.train_model, micro_batches, epsilon=epsilon, device=s.device,
-                                   world_size=info.world_size, autocast=s.autocast, scaler=s.scaler)
-            loss_sum, lr, stepped = apply_update(s, state, window, out, t_cfg, run_dir)
+                                   world_size=info.world_size, autocast=s.autocast, scaler=s.scaler,
+                                   pad_to_multiple=s.pad_to_multiple)
+            # decisions every rank must agree on (time is read on rank 0), summed over the
+            # ranks in the step's own all-reduce: no collective or host read of their own
+            elapsed = seconds_before + time.perf_counter() - loop_start
+            flags = [*(int(stop_flag.requested == sig) for sig in stop_signals),
+                     int(info.is_main and save_every_s is not None
+                         and time.monotonic() - last_save_time >= save_every_s),
+                     int(info.is_main and max_time_s is not None and elapsed >= max_time_s)]
+            loss_sum, lr, stepped = apply_update(s, state, window, out, t_cfg, run_dir, flags)
             if stepped:
                 bar.update(1)
             window.steps += 1
@@ -166,16 +173,9 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
                     log_train_line(state.step, total_steps, record)
                 window = Window(grad_norm=window.grad_norm)
 
-            # -- decisions every rank must agree on (time is read on rank 0) --------------------
-            flags = [stop_flag.requested,
-                     int(info.is_main and save_every_s is not None
-                         and time.monotonic() - last_save_time >= save_every_s),
-                     int(info.is_main and max_time_s is not None
-                         and state.train_seconds >= max_time_s)]
-            if info.distributed:  # one process decides alone: no device round trip
-                flags = distributed.all_reduce_max(
-                    torch.tensor(flags, dtype=torch.int64, device=s.device)).tolist()
-            signal_num, save_for_time, out_of_time = flags
+            # -- the decisions, as every rank read them in apply_update -------------------------
+            *signalled, save_for_time, out_of_time = out["flags"]
+            signal_num = next((sig for sig, n in zip(stop_signals, signalled) if n), 0)
             stopped_by = reached_limit(t_cfg, state)
             if stopped_by is None and out_of_time:
                 stopped_by = "max_time"
@@ -217,4 +217,7 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
         metrics.close()
 
     state.train_seconds = seconds_before + time.perf_counter() - loop_start
-    return write_summary(cfg, s, state, info, stopped_by, last_valid, resumed_from)
+    summary = write_summary(cfg, s, state, info, stopped_by, last_valid, resumed_from)
+    # submitit's SIGUSR2 handler (requeue the job, exit) runs once the stop checkpoint is written
+    stop_flag.hand_over()
+    return summary

@@ -14,14 +14,19 @@ Positions whose reference is ``ignore_index`` (padding) contribute nothing to ei
 Both returned values are **sums** over the non-padding positions: the training loop divides
 them once by the global count of non-padding target tokens of the optimizer step.
 
-The gradient is computed analytically in one pass over the (N, V) log-probabilities
-(:class:`_LabelSmoothedCrossEntropy`): for weights ``g_loss`` and ``g_nll`` of the two sums,
+The gradient is computed analytically (:class:`_LabelSmoothedCrossEntropy`): for weights
+``g_loss`` and ``g_nll`` of the two sums,
 
     d/d logits = (g_loss + g_nll) * softmax(logits) - g_loss * eps / V
                  - (g_loss * (1 - eps) + g_nll) * onehot(y)
 
 on real positions and zero on padding, instead of the chain of log_softmax, gather and sum
-backward kernels (each of which reads or writes a full (N, V) buffer).
+backward kernels (each of which reads or writes a full (N, V) buffer). Both passes go over
+the logits in chunks of rows converted to float32 one at a time (:data:`CHUNK_ELEMENTS`):
+the forward keeps no (N, V) buffer of its own, so the logits (bf16 under autocast) are read
+once forward, read once backward and their gradient written once, with no (N, V) float32
+buffer (the previous version kept an (N, V) float32 copy of the log-probabilities;
+``scripts/bench_loss.py`` measures both, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -31,35 +36,51 @@ import torch.nn.functional as F
 
 from transformer_nmt.config import PAD_ID
 
+CHUNK_ELEMENTS = 1 << 22
+"""Elements of the (N, V) logits converted to float32 at a time (4M: 16 MB of float32, a
+chunk of 113 rows at V = 37,000): the chunk's float32 temporaries stay in cache (a GPU's L2,
+a CPU's last-level cache) instead of making (N, V) float32 copies in main memory."""
+
+
+def _chunks(n: int, vocab: int, chunk_elements: int) -> list[tuple[int, int]]:
+    rows = max(1, chunk_elements // max(vocab, 1))
+    return [(i, min(i + rows, n)) for i in range(0, n, rows)]
+
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed cross-entropy and NLL with the analytic backward above.
 
-    forward(logits (N, V) any float dtype, target (N,) long, epsilon, ignore_index)
-    -> (loss_sum, nll_sum), both 0-dim float32. The float32 log-probabilities are kept for
-    the backward, which turns them into the gradient in place: the graph can be
-    back-propagated through once (``retain_graph=True`` is refused).
+    forward(logits (N, V) any float dtype, target (N,) long, epsilon, ignore_index,
+    chunk_elements) -> (loss_sum, nll_sum), both 0-dim float32. Both passes walk the logits
+    in chunks of rows (about ``chunk_elements`` elements each) converted to float32 one at a
+    time: the forward reads the logits once (log-softmax, gather, sum per chunk) and keeps
+    nothing of size (N, V) but the logits themselves; the backward reads them once more
+    (softmax per chunk) and writes their gradient once, in the logits' dtype. The graph can
+    be back-propagated through once (``retain_graph=True`` is refused).
     """
 
     @staticmethod
-    def forward(ctx, logits, target, epsilon, ignore_index):  # type: ignore[override]
-        vocab = logits.size(-1)
-        lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V) float32
+    def forward(ctx, logits, target, epsilon, ignore_index, chunk_elements):  # type: ignore[override]
+        n, vocab = logits.shape
         if ignore_index is None:  # the caller guarantees real targets only: no mask, no sync
             keep, all_real = target, True
         else:
             keep = target != ignore_index  # (N,) bool
             all_real = bool(keep.all())
         safe_target = target if all_real else target.masked_fill(~keep, 0)
-        nll = -lprobs.gather(dim=-1, index=safe_target.unsqueeze(-1)).squeeze(-1)  # (N,)
-        smooth = -lprobs.sum(dim=-1)  # (N,) sum over classes of -log p(v)
+        nll = torch.empty(n, dtype=torch.float32, device=logits.device)  # (N,) -log p(y)
+        smooth = torch.empty(n, dtype=torch.float32, device=logits.device)  # (N,) sum_v -log p(v)
+        for a, b in _chunks(n, vocab, chunk_elements):
+            lprobs = F.log_softmax(logits[a:b].float(), dim=-1)  # (rows, V) float32, one chunk
+            nll[a:b] = lprobs.gather(-1, safe_target[a:b].unsqueeze(-1)).squeeze(-1).neg_()
+            smooth[a:b] = lprobs.sum(dim=-1).neg_()
         if not all_real:
             nll = nll.masked_fill(~keep, 0.0)
             smooth = smooth.masked_fill(~keep, 0.0)
         nll_sum = nll.sum()
         loss_sum = (1.0 - epsilon) * nll_sum + (epsilon / vocab) * smooth.sum()
-        ctx.save_for_backward(lprobs, safe_target, keep)
-        ctx.epsilon, ctx.all_real, ctx.logits_dtype = epsilon, all_real, logits.dtype
+        ctx.save_for_backward(logits, safe_target, keep)
+        ctx.epsilon, ctx.all_real, ctx.chunk_elements = epsilon, all_real, chunk_elements
         ctx.consumed = False
         return loss_sum, nll_sum
 
@@ -71,19 +92,22 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
                 "(retain_graph=True is not supported)"
             )
         ctx.consumed = True
-        lprobs, target, keep = ctx.saved_tensors
-        eps, vocab = ctx.epsilon, lprobs.size(-1)
-        g_loss = g_loss.float() if g_loss is not None else torch.zeros((), device=lprobs.device)
-        g_nll = g_nll.float() if g_nll is not None else torch.zeros((), device=lprobs.device)
-        grad = lprobs.exp_().mul_(g_loss + g_nll)  # (N, V): softmax * (g_loss + g_nll)
-        grad.sub_(g_loss * (eps / vocab))
+        logits, target, keep = ctx.saved_tensors
+        eps, (n, vocab) = ctx.epsilon, logits.shape
+        g_loss = g_loss.float() if g_loss is not None else torch.zeros((), device=logits.device)
+        g_nll = g_nll.float() if g_nll is not None else torch.zeros((), device=logits.device)
+        g_sum = g_loss + g_nll
+        uniform = g_loss * (eps / vocab)
         at_target = -(g_loss * (1.0 - eps) + g_nll)  # 0-dim
-        grad.scatter_add_(
-            -1, target.unsqueeze(-1), at_target.expand(target.size(0), 1).contiguous()
-        )
-        if not ctx.all_real:
-            grad.mul_(keep.unsqueeze(-1))
-        return grad.to(ctx.logits_dtype), None, None, None
+        grad = torch.empty_like(logits)  # (N, V) in the logits' dtype, written once
+        for a, b in _chunks(n, vocab, ctx.chunk_elements):
+            g = torch.softmax(logits[a:b].float(), dim=-1)  # (rows, V) float32, one chunk
+            g.mul_(g_sum).sub_(uniform)
+            g.scatter_add_(-1, target[a:b].unsqueeze(-1), at_target.expand(b - a, 1).contiguous())
+            if not ctx.all_real:
+                g.mul_(keep[a:b].unsqueeze(-1))
+            grad[a:b] = g
+        return grad, None, None, None, None
 
 
 def label_smoothed_nll_loss(
@@ -91,13 +115,15 @@ def label_smoothed_nll_loss(
     target: torch.Tensor,
     epsilon: float,
     ignore_index: int | None = PAD_ID,
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed label-smoothed cross-entropy and summed NLL over the non-padding positions.
 
-    Computed in float32 whatever the dtype of ``logits`` (bf16/fp16 under autocast), with
-    ``log_softmax`` + ``gather`` + ``sum``: no (N, V) one-hot target is built. The backward
-    is the fused analytic gradient of the module docstring (one pass over (N, V)); the
-    gradient flows to ``logits`` only, once per graph.
+    Computed in float32 arithmetic whatever the dtype of ``logits`` (bf16/fp16 under
+    autocast), chunk by chunk of rows: no (N, V) float32 copy and no one-hot target is built;
+    the forward reads the logits once, the backward (the fused analytic gradient of the module
+    docstring) reads them once and writes their gradient once. The gradient flows to
+    ``logits`` only, once per graph.
 
     Args:
         logits: (N, V) unnormalised scores (any floating dtype).
@@ -105,6 +131,8 @@ def label_smoothed_nll_loss(
         epsilon: smoothing mass eps_ls in [0, 1), spread uniformly over all V classes.
         ignore_index: id of the padding token; None when ``target`` holds real tokens only
             (the training step selects them first), which skips the mask and its host sync.
+        chunk_elements: about this many logits are converted to float32 at a time
+            (:data:`CHUNK_ELEMENTS`); the result does not depend on it beyond round-off.
 
     Returns:
         ``(loss_sum, nll_sum)``: 0-dim float32 tensors, summed (not averaged) over the
@@ -122,4 +150,5 @@ def label_smoothed_nll_loss(
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"label_smoothed_nll_loss: epsilon={epsilon} must be in [0, 1)")
     ignore = None if ignore_index is None else int(ignore_index)
-    return _LabelSmoothedCrossEntropy.apply(logits, target, float(epsilon), ignore)
+    return _LabelSmoothedCrossEntropy.apply(logits, target, float(epsilon), ignore,
+                                            max(int(chunk_elements), 1))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,8 +16,9 @@ from torch.utils.data import DataLoader
 
 from transformer_nmt import checkpoint as ckpt_lib
 from transformer_nmt.config import Config
-from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset, build_dataloader
+from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset
 from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
+from transformer_nmt.data.loader import build_dataloader
 from transformer_nmt.errors import UserError
 from transformer_nmt.fileio import spm_model_path
 from transformer_nmt.model.transformer import Transformer
@@ -57,6 +59,11 @@ class Setup:
     """The vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`), saved in checkpoints."""
     steps_per_epoch: int
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    pad_to_multiple: int = 1
+    """The batches' length multiple (``trainer.pad_to_multiple`` resolved for the device)."""
+    grads_in_buckets: bool = False
+    """The gradients are views of DDP's buckets (``gradient_as_bucket_view``): they are
+    zeroed in place, never set to None (which would detach them from the buckets)."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The autocast context of the run's precision."""
@@ -89,6 +96,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     valid_set = load_split(cfg, cfg.data.valid_split)
     seed = int(t_cfg.seed)
     max_positions = int(cfg.model.max_positions)
+    pad_to_multiple = resolve_pad_to_multiple(t_cfg.pad_to_multiple, device)
 
     def make_sampler(max_tokens: int) -> LengthBucketSampler:
         try:
@@ -96,6 +104,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
                 train_set.src_sizes, train_set.tgt_sizes, max_tokens, shuffle=True,
                 seed=seed, rank=info.rank, world_size=info.world_size,
                 skip_too_long=t_cfg.too_long == "skip", max_positions=max_positions,
+                pad_to_multiple=pad_to_multiple,
             )
         except ValueError as e:  # a pair alone longer than max_tokens, too_long=error
             raise UserError(f"training split {cfg.data.train_split!r} of {cfg.data.name}: {e} "
@@ -125,8 +134,11 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
             f"validate on: {_left_out(valid_sampler, len(valid_set), cfg)}")
     pin = device.type == "cuda"
     # Private generators: creating a loader iterator must not draw from the global torch RNG.
-    train_loader = build_dataloader(train_set, sampler, int(t_cfg.num_workers), pin,
-                                    generator=torch.Generator().manual_seed(seed))
+    train_loader = build_dataloader(
+        train_set, sampler, loader_workers(int(t_cfg.num_workers)), pin,
+        generator=torch.Generator().manual_seed(seed),
+        pad_to_multiple=pad_to_multiple, max_length=_max_length(cfg),
+        prefetch_factor=int(t_cfg.prefetch_factor))
     valid_loader = build_dataloader(valid_set, valid_sampler, 0, pin,
                                     generator=torch.Generator().manual_seed(seed))
     steps_per_epoch = math.ceil(len(sampler) / int(t_cfg.update_freq))
@@ -144,7 +156,10 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     optimizer = build_optimizer(model, t_cfg)
     scheduler = build_scheduler(optimizer, int(cfg.model.d_model), t_cfg)
     scaler = grad_scaler(precision == "fp16")
-    train_model = wrap_model(model, info, compile=bool(t_cfg.compile))
+    train_model = wrap_model(
+        model, info, compile=compile_enabled(t_cfg.compile, device),
+        grad_compression=resolve_grad_compression(str(t_cfg.grad_compression), device),
+        bucket_cap_mb=float(t_cfg.bucket_cap_mb))
     seed_everything(seed + info.rank)
     return Setup(
         device=device, precision=precision, model=model, train_model=train_model,
@@ -153,6 +168,8 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         tokenizer=tokenizer, vocab_size=vocab_size, vocab=vocab_identity(tokenizer.model_path),
         steps_per_epoch=steps_per_epoch,
         params=[p for p in model.parameters() if p.requires_grad],
+        pad_to_multiple=pad_to_multiple,
+        grads_in_buckets=info.distributed,
     )
 
 
@@ -191,9 +208,70 @@ def _left_out(sampler: LengthBucketSampler, pairs: int, cfg: Config) -> str:
             "side); raise these limits")
 
 
-def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: bool) -> torch.nn.Module:
+def _max_length(cfg: Config) -> int | None:
+    """The longest row the model takes (learned positions: ``model.max_positions``; None for
+    the sinusoidal table, which grows)."""
+    return int(cfg.model.max_positions) if str(cfg.model.positions) == "learned" else None
+
+
+def loader_workers(requested: int, cpus: int | None = None) -> int:
+    """``trainer.num_workers``, capped at the CPUs this process may use minus one (the
+    training thread's): more workers than cores only contend with it."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(requested, max(cpus - 1, 0))
+    if workers < requested:
+        log.info("DataLoader workers: %d (trainer.num_workers=%d, %d CPUs available)",
+                 workers, requested, cpus)
+    return workers
+
+
+def resolve_pad_to_multiple(setting: int | None, device: torch.device) -> int:
+    """``trainer.pad_to_multiple`` resolved: None (the default) means 8 on CUDA, 1 elsewhere."""
+    return (8 if device.type == "cuda" else 1) if setting is None else int(setting)
+
+
+def resolve_grad_compression(setting: str, device: torch.device,
+                              env: dict[str, str] | None = None) -> str:
+    """``trainer.grad_compression`` resolved to ``none`` or ``bf16``: ``auto`` is bf16 when
+    the torchrun environment (``env``, default ``os.environ``) spans several nodes
+    (``WORLD_SIZE > LOCAL_WORLD_SIZE``) on CUDA.
+
+    Raises:
+        ValueError: ``bf16`` asked for off CUDA (DDP's bf16 hook needs NCCL).
+    """
+    import os
+
+    env = os.environ if env is None else env
+    if setting == "auto":
+        world = int(env.get("WORLD_SIZE") or 1)
+        local = int(env.get("LOCAL_WORLD_SIZE") or world)
+        return "bf16" if device.type == "cuda" and world > local else "none"
+    if setting == "bf16" and device.type != "cuda":
+        raise ValueError("trainer.grad_compression=bf16 needs CUDA (DDP's bf16 hook runs on "
+                         f"NCCL); this run is on {device.type}: use none or auto")
+    return setting
+
+
+def compile_enabled(setting: bool | None, device: torch.device) -> bool:
+    """``trainer.compile`` resolved: None (the default) means on for CUDA, off elsewhere."""
+    return device.type == "cuda" if setting is None else bool(setting)
+
+
+def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: bool,
+               backend: Any = "inductor", grad_compression: str = "none",
+               bucket_cap_mb: float = 25.0) -> torch.nn.Module:
     """The module the training loop calls: ``model`` wrapped in DDP (several ranks), then
-    compiled (``compile``).
+    compiled (``compile``, with ``torch.compile``'s ``backend``).
+
+    DDP: gradient buckets of ``bucket_cap_mb`` MB, the gradients views of them
+    (``gradient_as_bucket_view``: no copy in or out), and with ``grad_compression="bf16"``
+    DDP's ``bf16_compress_hook`` (the buckets all-reduced in bf16, half the bytes).
+
+    The training step marks the batch, length and target-token dimensions of its inputs
+    dynamic (:func:`transformer_nmt.train.step.mark_dynamic_batch`), so one graph serves
+    every batch shape (tests/test_train_compile.py counts the recompilations over real
+    batches); on CUDA the lengths are also multiples of 8 (``trainer.pad_to_multiple``).
 
     DDP comes first so that the compiled graph is split at DDP's gradient buckets
     (``torch._dynamo.config.optimize_ddp``) and the all-reduce of each bucket overlaps the
@@ -217,9 +295,14 @@ def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: b
             model,
             device_ids=[info.local_rank] if model_device(model).type == "cuda" else None,
             gradient_as_bucket_view=True,
+            bucket_cap_mb=bucket_cap_mb,
             **no_buffer_sync,
         )
-    return torch.compile(wrapped) if compile else wrapped
+        if grad_compression == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    return torch.compile(wrapped, backend=backend) if compile else wrapped
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from transformer_nmt import checkpoint as ckpt_lib
-from transformer_nmt.config import PAD_ID, TrainerConfig
+from transformer_nmt.config import PAD_ID, UNK_ID, TrainerConfig
 from transformer_nmt.data.batching import Batch, collate
 from transformer_nmt.train import distributed
 from transformer_nmt.train.loss import label_smoothed_nll_loss
@@ -34,12 +34,35 @@ from transformer_nmt.train.state import TrainState
 log = logging.getLogger("transformer_nmt.train.loop")
 
 
-def _dummy_batch() -> Batch:
-    """A one-sentence batch with an empty source and target (1 source, 1 target token)."""
-    empty = np.zeros(0, dtype=np.int64)
-    batch = collate([(0, empty, empty)])
+DUMMY_SENTENCES = 2
+"""Sentences of the zero-weight dummy batch: more than one, so that its shape falls in the
+compiled graph's dynamic range (torch.compile specialises sizes 0 and 1)."""
+
+
+def _dummy_batch(pad_to_multiple: int = 8) -> Batch:
+    """The zero-weight batch of a rank without data for a micro-step: ``DUMMY_SENTENCES``
+    sentences of ``max(pad_to_multiple, 2) - 1`` tokens (+ eos), so shape
+    (2, ``max(pad_to_multiple, 2)``) on both sides with every target position real: no size
+    0 or 1 that the compiled step would specialise on, a length real batches have."""
+    length = max(int(pad_to_multiple), 2) - 1
+    tokens = np.full(length, UNK_ID, dtype=np.int64)
+    batch = collate([(i, tokens, tokens) for i in range(DUMMY_SENTENCES)],
+                    pad_to_multiple=pad_to_multiple)
     assert batch is not None
     return batch
+
+
+def mark_dynamic_batch(src_tokens: torch.Tensor, tgt_in: torch.Tensor,
+                       keep: torch.Tensor) -> None:
+    """Mark the batch and length dimensions of the model's inputs (B, S), (B, T) and the
+    target-token count (N,) dynamic, so that ``torch.compile`` traces one graph for all
+    batch shapes instead of one per shape (``maybe_mark_dynamic``: no error where the graph
+    needs a fixed size; no effect on an uncompiled model)."""
+    mark = torch._dynamo.maybe_mark_dynamic
+    for t in (src_tokens, tgt_in):
+        mark(t, 0)
+        mark(t, 1)
+    mark(keep, 0)
 
 
 def forward_backward(
@@ -51,6 +74,7 @@ def forward_backward(
     world_size: int,
     autocast: Any = contextlib.nullcontext,
     scaler: Any = None,
+    pad_to_multiple: int = 1,
 ) -> dict[str, Any]:
     """Accumulate the gradient of one optimizer step over its micro-batches.
 
@@ -65,6 +89,8 @@ def forward_backward(
         world_size: data-parallel ranks (the loss factor that cancels DDP's mean).
         autocast: a callable returning the autocast context.
         scaler: an fp16 GradScaler (or None / a disabled one).
+        pad_to_multiple: the batches' length multiple (``trainer.pad_to_multiple``), which
+            shapes the dummy batch.
 
     Returns:
         ``counts``: (5,) float64 on ``device``, global sums over all ranks in the order of
@@ -83,7 +109,7 @@ def forward_backward(
                               (tgt_lens * tgt_lens).sum(), (src_lens * tgt_lens).sum()])
     else:
         counts = torch.zeros(5, dtype=torch.float64)
-    counts = counts.to(device)
+    counts = to_device(counts, device)  # from pinned memory: no wait for the copy
     distributed.all_reduce_sum(counts)  # once per step: the global normaliser
     # The factor stays on the device: reading ntokens_global here would stall every step.
     factor = (world_size / counts[0].clamp(min=1.0)).to(torch.float32)  # 0-dim
@@ -94,7 +120,7 @@ def forward_backward(
     for i, batch in enumerate(micro_batches):
         dummy = batch is None
         if dummy:
-            batch = _dummy_batch()
+            batch = _dummy_batch(pad_to_multiple)
         # real target positions as flat indices, found on the host (a bool mask on the
         # device would be read back to size the selection)
         keep = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
@@ -104,6 +130,7 @@ def forward_backward(
         keep = keep.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
         batch = batch.to(device)
+        mark_dynamic_batch(batch.src_tokens, batch.tgt_in, keep)
         last = i == len(micro_batches) - 1
         sync_ctx = contextlib.nullcontext() if (last or no_sync is None) else no_sync()
         with sync_ctx:
@@ -129,23 +156,38 @@ COUNT_NAMES = ("ntokens", "src_tokens", "src_sq", "tgt_sq", "src_tgt")
 """The global sums in ``forward_backward(...)["counts"]``, in order."""
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``; to a GPU from page-locked memory without blocking (a copy
+    from pageable memory makes the host wait for it)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def grad_norm_(params: list[torch.nn.Parameter], clip_norm: float) -> torch.Tensor:
-    """Global L2 norm of the gradients (clipped to ``clip_norm`` when > 0), a float32 0-dim
-    tensor on the parameters' device (not read back: no synchronisation); inf/nan if any is."""
+    """Global L2 norm of the gradients (clipped to ``clip_norm`` when > 0; with clipping off
+    the gradients are not touched), a float32 0-dim tensor on the parameters' device (not read
+    back: no synchronisation); inf/nan if any is."""
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
         device = params[0].device if params else torch.device("cpu")
         return torch.zeros((), dtype=torch.float32, device=device)
-    max_norm = clip_norm if clip_norm > 0 else float("inf")
-    return torch.nn.utils.clip_grad_norm_(with_grad, max_norm).float()
+    if clip_norm <= 0:  # the norm only: clip_grad_norm_ would multiply every gradient by 1
+        return torch.nn.utils.get_total_norm([p.grad for p in with_grad]).float()
+    return torch.nn.utils.clip_grad_norm_(with_grad, clip_norm).float()
 
 
 def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any],
-                 t_cfg: TrainerConfig, run_dir: Path) -> tuple[float, float, bool]:
+                 t_cfg: TrainerConfig, run_dir: Path,
+                 flags: list[int] | None = None) -> tuple[float, float, bool]:
     """After one step's backward: unscale and clip, read the step's figures (its one host
-    synchronisation: counts, losses and gradient norm together), then apply the optimizer
-    update, or skip the step (an fp16 overflow while the loss scale calibrates, or a
-    non-finite loss or gradient, counted towards ``max_bad_steps``).
+    synchronisation: counts, losses, gradient norm and the ranks' stop flags together), then
+    apply the optimizer update, or skip the step (an fp16 overflow while the loss scale
+    calibrates, or a non-finite loss or gradient, counted towards ``max_bad_steps``).
+
+    ``flags``: this rank's small non-negative integers (the loop's stop and save decisions),
+    summed over the ranks in the all-reduce of the losses (the step's second and last
+    collective) and left as ints in ``out["flags"]``.
 
     Returns:
         ``(loss_sum, lr, stepped)``: the step's summed label-smoothed loss over all ranks,
@@ -157,12 +199,17 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
     """
     s.scaler.unscale_(s.optimizer)
     grad_norm_t = grad_norm_(s.params, float(t_cfg.clip_norm))
-    losses = distributed.all_reduce_sum(torch.stack([out["loss_sum"], out["nll_sum"]]))
-    # The step's one host-device synchronisation: counts, losses and norm together.
+    flags = list(flags or [])
+    host_flags = to_device(torch.tensor(flags, dtype=torch.float32), s.device)  # (F,)
+    losses = distributed.all_reduce_sum(
+        torch.cat([torch.stack([out["loss_sum"], out["nll_sum"]]), host_flags]))
+    # The step's one host-device synchronisation: counts, losses, norm and flags together.
     read = torch.cat([out["counts"], losses.to(torch.float64),
                       grad_norm_t.to(torch.float64).reshape(1)]).tolist()
     counts = dict(zip(COUNT_NAMES, (int(x) for x in read[:5])))
-    loss_sum, nll_sum, grad_norm = read[5], read[6], read[7]
+    loss_sum, nll_sum = read[5], read[6]
+    out["flags"] = [round(x) for x in read[7:7 + len(flags)]]
+    grad_norm = read[-1]
     lr = s.scheduler.get_last_lr()[0]
     state.tokens_seen += counts["ntokens"]
     state.src_tokens_seen += counts["src_tokens"]
@@ -174,7 +221,7 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
         s.scaler.step(s.optimizer)
         s.scaler.update()
         s.scheduler.step()
-        s.optimizer.zero_grad(set_to_none=True)
+        s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
         state.step += 1
         state.bad_steps_in_row = 0
         window.loss += loss_sum
@@ -185,7 +232,7 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
     if loss_overflow(s.scaler, loss_sum, grad_norm):
         # fp16: the dynamic loss scaler calibrating (scale halved by update()); not a
         # bad step unless the scale collapses
-        s.optimizer.zero_grad(set_to_none=True)
+        s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
         s.scaler.update()
         state.skipped_steps += 1
         state.overflow_steps += 1
@@ -195,7 +242,7 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
         if scale < MIN_LOSS_SCALE:
             raise _loss_scale_error(state, scale, run_dir)
         return loss_sum, lr, False
-    s.optimizer.zero_grad(set_to_none=True)
+    s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
     s.scaler.update()
     state.skipped_steps += 1
     state.bad_steps_in_row += 1
