@@ -1013,3 +1013,13 @@ def test_24_15_translate_into_a_closed_pipe_and_ctrl_c_exit_quietly(translate_ru
     assert "Traceback" not in err and err.strip().splitlines()[-1] == (
         "interrupted: stopped before the end (no output file is left half-written)")
     assert not out.exists() and not list(tmp_path.glob(".out.de*"))
+
+
+def test_permission_denied_is_one_line_naming_the_path():
+    """A stage that must write into a read-only data root or run folder (root ignores file
+    modes, so the error is raised by hand) ends with one line naming the path, exit 2."""
+    from transformer_nmt.cli import _UserExit, user_errors
+
+    with pytest.raises(_UserExit, match=r"Permission denied: '/data/spm/x/spm.model'"), \
+            user_errors():
+        raise PermissionError(13, "Permission denied", "/data/spm/x/spm.model")

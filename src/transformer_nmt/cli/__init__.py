@@ -29,8 +29,9 @@ from transformer_nmt import config as _config  # registers the schema
 from transformer_nmt.config import Config
 from transformer_nmt.errors import UserError
 
-USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
-"""Exceptions reported as ``error: ...`` with exit status 2 (``DataError`` is a UserError)."""
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError, PermissionError)
+"""Exceptions reported as ``error: ...`` with exit status 2 (``DataError`` is a UserError;
+``PermissionError``: a read-only data root or run folder, named by the message)."""
 USER_EXIT = 2
 INTERRUPTED_EXIT = 130
 """Exit status after Ctrl-C (128 + SIGINT), with one line and no traceback (:func:`run_app`)."""
