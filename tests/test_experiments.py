@@ -8,11 +8,18 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from transformer_nmt.cli import CONFIG_DIR, compose
+from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.train.dryrun import dry_run
 
 WMT14 = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("wmt14_*.yaml"))
+STEPPED = ("wmt14_en_de_base", "wmt14_en_fr_base")
+"""Presets that take a real dry-run step (the base network on both language pairs); the big
+ones (the same code with other sizes, dropout or batch target) are composed, validated and
+built on the meta device, their parameters counted: a big model's CPU step costs about 25 s,
+and the GPU check (scripts/gpu_check.py) trains big at its preset's size on a GPU."""
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +43,13 @@ def test_wmt14_experiment_dry_run(experiment, slice_files, tmp_path):
     full_vocab = cfg.data.vocab_size
     tgt = cfg.data.tgt_lang
     run_dir = tmp_path / "run"
+    if experiment not in STEPPED:
+        with torch.device("meta"):
+            params = sum(p.numel() for p in Transformer(cfg.model, full_vocab).parameters())
+        assert 205e6 < params < 220e6, params
+        assert cfg.trainer.max_steps == 300_000 or experiment.endswith("ott2018")
+        assert cfg.model.d_model == 1024 and cfg.model.heads == 16
+        return
     overrides = [
         f"experiment={experiment}",
         "data.corpus=custom",

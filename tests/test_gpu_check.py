@@ -112,21 +112,22 @@ def test_smoke_runs_every_command(tmp_path, multi30k_mirror):
     assert status == {
         "GPU tests (pytest -m gpu)": "skipped",
         "base, bf16 training": "passed",
-        "base, fp16 training": "passed",
+        "base, fp16 training": "skipped",  # fp32 on the CPU: the bf16 command again
         "base, bf16, compiled, update_freq 2": "passed",
-        "resume the bf16 run from its GPU checkpoint": "passed",
+        "resume the bf16 run from its GPU checkpoint": "skipped",  # the SIGTERM check resumes
         "SIGTERM: stop checkpoint, then resume": "passed",
         "2-process DDP (NCCL), bf16": "passed",
-        "2-process DDP (NCCL), fp16": "passed",
+        "2-process DDP (NCCL), fp16": "skipped",
         "big at the WMT14 preset's max_tokens and vocabulary: peak memory": "passed",
         "beam 4 decoding of test_2016_flickr": "passed",
         "training benchmark vs fairseq and Marian": "skipped",
     }
     figures = {c["name"]: c["figures"] for c in report["checks"]}
     assert figures["base, bf16 training"]["last_loss"] < figures["base, bf16 training"]["first_loss"]
-    assert figures["2-process DDP (NCCL), fp16"]["world_size"] == 2
+    assert figures["2-process DDP (NCCL), bf16"]["world_size"] == 2
     for name, fig in figures.items():  # every training check reports its speed
-        if name.startswith(("base", "resume", "SIGTERM", "2-process", "big")):
+        if status[name] == "passed" and name.startswith(("base", "resume", "SIGTERM", "2-process",
+                                                         "big")):
             assert fig["target_tokens_per_s"] > 0 and "mfu" in fig and "peak_gpu_mem_gib" in fig
     assert figures["SIGTERM: stop checkpoint, then resume"]["stopped_by"] == "signal SIGTERM"
     big = figures["big at the WMT14 preset's max_tokens and vocabulary: peak memory"]
