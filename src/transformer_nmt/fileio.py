@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gzip
+import hashlib
 import os
 import shutil
 import tempfile
@@ -153,6 +154,18 @@ def open_binary(path: str | os.PathLike) -> IO[bytes]:
     with open(path, "rb") as f:
         magic = f.read(2)
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def file_digest(path: str | os.PathLike, decompressed: bool = False,
+                chunk: int = 1 << 20) -> str:
+    """SHA-256 (hex, as ``sha256sum`` prints it) of a file's bytes, read in ``chunk``-byte
+    blocks; ``decompressed``: of a gzip file's content (:func:`open_binary`), so that a
+    ``.gz`` and its plain copy compare equal."""
+    h = hashlib.sha256()
+    with (open_binary(path) if decompressed else open(path, "rb")) as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def iter_lines(

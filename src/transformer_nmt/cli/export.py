@@ -53,11 +53,10 @@ class InteropConfig(Config):
 
 
 def register_interop_schema() -> None:
-    """Make ``config_schema`` carry the export options (in the nmt-export/nmt-import process)."""
+    """Make ``config_schema`` carry the export options. Called by the nmt-export and
+    nmt-import entry points only, never on import: a process that merely imports this module
+    (a test, a script) keeps the pipeline's schema for every other command."""
     ConfigStore.instance().store(name="config_schema", node=InteropConfig)
-
-
-register_interop_schema()
 
 
 def default_output(cfg: InteropConfig) -> Path:
@@ -107,6 +106,7 @@ def app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
+    register_interop_schema()
     run_app(app, "export")
 
 

@@ -17,7 +17,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
-from transformer_nmt.cli.export import InteropConfig
+from transformer_nmt.cli.export import InteropConfig, register_interop_schema
 from transformer_nmt.config import to_plain
 
 
@@ -60,6 +60,7 @@ def app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
+    register_interop_schema()
     run_app(app, "import_model")
 
 

@@ -15,7 +15,6 @@ which :class:`SentencePieceTokenizer` also applies to new input (the form is kep
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -31,19 +30,9 @@ from omegaconf import DictConfig
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
 from transformer_nmt.data.clean import normalize
 from transformer_nmt.data.corpora import DataError, read_lines
-from transformer_nmt.fileio import atomic_write, spm_model_path
+from transformer_nmt.fileio import atomic_write, file_digest, spm_model_path
 
 log = logging.getLogger(__name__)
-
-
-def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """SHA-256 (hex, as ``sha256sum`` prints it) of a file's bytes, read in ``chunk``-byte
-    blocks (hardware-accelerated on current x86 and ARM CPUs, docs/reliability.md)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def vocab_identity(model_path: str | os.PathLike) -> dict:

@@ -41,6 +41,7 @@ from transformer_nmt.config import Corpus, DataConfig
 from transformer_nmt.fileio import (  # noqa: F401  (DataError, read_lines: re-exported)
     DataError,
     atomic_write,
+    file_digest,
     is_up_to_date,
     open_binary,
     read_lines,
@@ -107,23 +108,12 @@ def keep_references(data_cfg: DataConfig, sources: list[SplitSource]) -> list[Pa
         if source.split not in tests:
             continue
         dest = reference_path(data_cfg, source.split, data_cfg.tgt_lang)
-        if not dest.is_file() or _content_digest(dest) != _content_digest(source.tgt):
+        if not dest.is_file() or file_digest(dest, decompressed=True) != file_digest(source.tgt, decompressed=True):
             with open_binary(source.tgt) as inp, atomic_write(dest, "wb") as f:
                 shutil.copyfileobj(inp, f, length=1 << 20)
             log.info("official reference %s -> %s", source.tgt, dest)
         out.append(dest)
     return out
-
-
-def _content_digest(path: Path) -> str:
-    """SHA-256 of a file's content (of a ``.gz`` file: decompressed)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open_binary(path) as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def splits(data_cfg: DataConfig) -> list[str]:

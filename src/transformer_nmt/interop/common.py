@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -294,12 +293,3 @@ def _load(checkpoint: str | Path):
     ckpt = load_checkpoint(checkpoint)
     model, _ = load_model(checkpoint, "cpu")
     return ckpt, config_of(ckpt), model
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

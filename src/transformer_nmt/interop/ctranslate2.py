@@ -32,6 +32,7 @@ from transformer_nmt.config import (
     Config,
     DecodeConfig,
 )
+from transformer_nmt.fileio import file_digest
 from transformer_nmt.interop.common import (
     ENGINES,
     LAYER_NORM_EPS,
@@ -44,7 +45,6 @@ from transformer_nmt.interop.common import (
     _load,
     _piece_vocab,
     check_exportable,
-    file_sha256,
     require,
 )
 
@@ -181,7 +181,7 @@ def cache_key(checkpoint: str | Path, spm_path: str | Path, quantization: str = 
     import json
 
     ctranslate2 = require("ctranslate2")
-    parts = {"checkpoint": file_sha256(checkpoint), "spm": file_sha256(spm_path),
+    parts = {"checkpoint": file_digest(checkpoint), "spm": file_digest(spm_path),
              "quantization": quantization, "ctranslate2": ctranslate2.__version__,
              "converter": CONVERTER_VERSION}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

@@ -23,6 +23,7 @@ from typing import Any
 
 from transformer_nmt.data.batching import LengthBucketSampler
 from transformer_nmt.errors import UserError
+from transformer_nmt.train.data import real_tokens_per_step
 
 log = logging.getLogger("transformer_nmt.train.loop")
 
@@ -145,8 +146,7 @@ def plan_batch(t_cfg: Any, model_cfg: Any, make_sampler: Callable[[int], LengthB
     target = t_cfg.tokens_per_step
     if target is None:
         uf = int(t_cfg.update_freq)
-        s, t = sampler.real_tokens_per_batch
-        return BatchPlan(max_tokens, uf, s * uf * world_size, t * uf * world_size, sampler)
+        return BatchPlan(max_tokens, uf, *real_tokens_per_step(sampler, uf, world_size), sampler)
     target = float(target)
     if device_cap:
         s, t = sampler.real_tokens_per_batch
@@ -156,9 +156,8 @@ def plan_batch(t_cfg: Any, model_cfg: Any, make_sampler: Callable[[int], LengthB
         scaled = max(int(min_tokens), scaled // 8 * 8)
         if scaled < max_tokens:
             max_tokens, sampler = scaled, make_sampler(scaled)
-    per_batch = sampler.real_tokens_per_batch
-    uf = derive_update_freq(per_batch, target, world_size)
-    per_step = (per_batch[0] * uf * world_size, per_batch[1] * uf * world_size)
+    uf = derive_update_freq(sampler.real_tokens_per_batch, target, world_size)
+    per_step = real_tokens_per_step(sampler, uf, world_size)
     check_tokens_per_step(per_step, target, float(t_cfg.tokens_per_step_tolerance),
                           max_tokens=max_tokens, update_freq=uf, world_size=world_size)
     return BatchPlan(max_tokens, uf, per_step[0], per_step[1], sampler)
