@@ -28,8 +28,7 @@ VOCAB = 37_000
 
 
 def _config() -> dict:
-    from transformer_nmt.cli import compose
-    from transformer_nmt.config import to_plain
+    from transformer_nmt.config import compose, to_plain
 
     cfg = compose(["model=big", "data.vocab_size=37000", "trainer.save_every_steps=1000"])
     return to_plain(cfg)
@@ -61,7 +60,7 @@ def make(folder: Path, n: int) -> int:
 def child(folder: Path, n: int) -> None:
     """Average the last ``n`` checkpoints of ``folder`` (run in its own process)."""
     from transformer_nmt.checkpoint import average_run
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
 
     cfg = compose(["model=big", "data.vocab_size=37000", f"run_dir={folder}",
                    f"average.last={n}"])

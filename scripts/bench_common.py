@@ -177,7 +177,7 @@ def median(values: list[float]) -> float:
 
 def data_cfg(name: str = "multi30k_en_de"):
     """The composed DataConfig of ``data=<name>`` (paths under data/)."""
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
 
     return compose([f"data={name}"]).data
 

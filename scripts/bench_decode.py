@@ -204,7 +204,7 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads)
     ours_retain = args.worker == "ours" and not args.system_malloc
     if ours_retain or (args.worker != "ours" and args.peers_retain_freed_memory):
-        from transformer_nmt.cli import retain_freed_memory
+        from transformer_nmt.runtime import retain_freed_memory
 
         retain_freed_memory()  # as nmt-translate / nmt-evaluate do
     model, tokenizer = load(args)
@@ -286,7 +286,7 @@ def profile_ours(args) -> None:
     """torch.profiler over our beam search on the first ``args.profile`` sentences."""
     from torch.profiler import ProfilerActivity, profile
 
-    from transformer_nmt.cli import retain_freed_memory
+    from transformer_nmt.runtime import retain_freed_memory
 
     torch.set_num_threads(args.threads)
     retain_freed_memory()
@@ -331,10 +331,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lenpen", type=float, default=0.6)
     p.add_argument("--system-malloc", action="store_true",
                    help="run ours with glibc's default malloc settings instead of those of "
-                        "nmt-translate (transformer_nmt.cli.retain_freed_memory)")
+                        "nmt-translate (transformer_nmt.runtime.retain_freed_memory)")
     p.add_argument("--peers-retain-freed-memory", action="store_true",
                    help="run the peers with the glibc malloc settings our entry points use "
-                        "(transformer_nmt.cli.retain_freed_memory) too")
+                        "(transformer_nmt.runtime.retain_freed_memory) too")
     p.add_argument("--stopping", default="beam", choices=["beam", "bound"],
                    help="our stopping rule: beam = the peers' (K finished hypotheses), "
                         "bound = our exact default")

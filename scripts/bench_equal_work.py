@@ -73,7 +73,7 @@ def data_overrides(args) -> list[str]:
 
 
 def data_config(args):
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
 
     return compose(data_overrides(args)).data
 

@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from transformer_nmt.cli import retain_freed_memory
 from transformer_nmt.config import BOS_ID, ModelConfig
 from transformer_nmt.model.transformer import DecoderCache, Transformer
+from transformer_nmt.runtime import retain_freed_memory
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
 

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
 import json, resource, sys, time
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.data.prepare import prepare
 t = time.perf_counter()
 summary = prepare(compose(sys.argv[1:]))

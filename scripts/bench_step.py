@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.data.batching import LengthBucketSampler, collate
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.train.data import load_split

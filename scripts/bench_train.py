@@ -144,7 +144,7 @@ def marian_worker(args) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     device = torch.device(args.device)
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
 
     cfg = compose(["experiment=multi30k_en_de"])
     train_set = load_split(cfg, cfg.data.train_split)
@@ -229,7 +229,7 @@ def profile_ours(args) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
     from transformer_nmt.data.batching import LengthBucketSampler, collate
     from transformer_nmt.model.transformer import Transformer
     from transformer_nmt.train.data import load_split
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     toolkits = args.toolkits.split(",")
     dcfg = bc.data_cfg()
     vocab = int(dcfg.vocab_size)
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
     from transformer_nmt.train.data import load_split
 
     train_set = load_split(compose(["experiment=multi30k_en_de"]), "train")

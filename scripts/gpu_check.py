@@ -63,7 +63,7 @@ collapsed to one output for every input scores about 0)."""
 
 def preset_figures(experiment: str = BIG_PRESET) -> tuple[int, int]:
     """``(trainer.max_tokens, data.vocab_size)`` of ``experiment`` as its preset composes."""
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
 
     cfg = compose([f"experiment={experiment}"])
     return int(cfg.trainer.max_tokens), int(cfg.data.vocab_size)
@@ -415,7 +415,7 @@ def bench_python(path: Path = BENCH_PYTHON) -> Path | None:
 def train_with_vocab(vocab: int, overrides: list[str]) -> None:
     """nmt-train's run of ``overrides`` with the model built for at least ``vocab`` classes
     (``train(..., model_vocab_size=)``, what a dry run does)."""
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
     from transformer_nmt.train.loop import train
 
     train(compose(overrides), model_vocab_size=vocab)

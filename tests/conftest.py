@@ -104,7 +104,7 @@ def synthetic_corpus(tmp_path_factory: pytest.TempPathFactory) -> SyntheticCorpu
     test) as ``data=custom`` under the name ``reverse``, prepared once per session by
     :func:`transformer_nmt.data.prepare.prepare` (what ``nmt-prepare`` runs) with a 200-piece
     vocabulary. The overrides come after any ``experiment=`` and override its data group."""
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
     from transformer_nmt.data.prepare import prepare
 
     base = tmp_path_factory.mktemp("reverse")

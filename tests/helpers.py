@@ -10,8 +10,7 @@ from pathlib import Path
 import torch
 
 from transformer_nmt.checkpoint import save_checkpoint
-from transformer_nmt.cli import compose
-from transformer_nmt.config import to_plain
+from transformer_nmt.config import compose, to_plain
 from transformer_nmt.model.transformer import Transformer
 
 TINY_MODEL = (

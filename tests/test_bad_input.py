@@ -24,7 +24,7 @@ import torch
 
 from transformer_nmt import checkpoint, fileio
 from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.data import bpe
 from transformer_nmt.data.binarize import TokenDataset
 from transformer_nmt.data.corpora import DataError, read_lines

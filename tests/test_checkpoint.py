@@ -15,7 +15,7 @@ from helpers import make_cfg, new_model, write_checkpoint
 from transformer_nmt import checkpoint as ck
 from transformer_nmt import runtime
 from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.data.batching import LengthBucketSampler
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.runtime import grad_scaler

@@ -31,7 +31,7 @@ from transformer_nmt.checkpoint import (
     load_checkpoint,
     step_checkpoints,
 )
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.data.batching import LengthBucketSampler
 from transformer_nmt.data.binarize import TokenDataset
 from transformer_nmt.fileio import bin_prefix

@@ -9,8 +9,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from transformer_nmt.cli import CONFIG_DIR, compose
-from transformer_nmt.config import to_plain
+from transformer_nmt.config import CONFIG_DIR, compose, to_plain
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 

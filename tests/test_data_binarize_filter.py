@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.data.batching import LengthBucketSampler
 from transformer_nmt.data.binarize import TokenDataset, filter_long_pairs, max_train_tokens
 from transformer_nmt.fileio import bin_prefix

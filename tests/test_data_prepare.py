@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from transformer_nmt.cli import compose
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, to_plain
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, compose, to_plain
 from transformer_nmt.data import binarize, bpe, clean, corpora
 from transformer_nmt.data.binarize import TokenDataset
 from transformer_nmt.data.bpe import SentencePieceTokenizer

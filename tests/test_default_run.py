@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from transformer_nmt.checkpoint import checkpoint_step, load_checkpoint
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 
 BIN = Path(sys.executable).parent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.evaluate.paper import PAPER_TABLE2
 from transformer_nmt.evaluate.report import write_report
 

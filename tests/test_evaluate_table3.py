@@ -14,9 +14,10 @@ import pytest
 import torch
 from helpers import TINY_MODEL
 
-from transformer_nmt.cli import CONFIG_DIR, compose
+from transformer_nmt.config import CONFIG_DIR, apply_row, compose
+from transformer_nmt.errors import Table3Error
 from transformer_nmt.evaluate.paper import PAPER_TABLE3
-from transformer_nmt.evaluate.table3 import Table3Error, apply_row, setting
+from transformer_nmt.evaluate.table3 import setting
 from transformer_nmt.model.transformer import Transformer
 
 BIN = Path(sys.executable).parent
@@ -200,7 +201,7 @@ def test_slurm_launcher_submits_one_multi_gpu_job_per_row(tmp_path, monkeypatch)
 
 def test_submitit_tasks_get_the_torchrun_environment(monkeypatch):
     pytest.importorskip("submitit")
-    from transformer_nmt.cli.train import export_submitit_environment
+    from transformer_nmt.train.distributed import export_submitit_environment
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "CUDA_VISIBLE_DEVICES"):
@@ -224,7 +225,7 @@ def test_submitit_export_keeps_a_master_port_already_set(monkeypatch):
     submitit's export raise "already set"; the set address and port are kept, the ranks and
     sizes come from SLURM."""
     pytest.importorskip("submitit")
-    from transformer_nmt.cli.train import export_submitit_environment
+    from transformer_nmt.train.distributed import export_submitit_environment
 
     for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
         monkeypatch.setenv(k, "")

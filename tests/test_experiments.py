@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_nmt.cli import CONFIG_DIR, compose
+from transformer_nmt.config import CONFIG_DIR, compose
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.train.dryrun import dry_run
 

@@ -35,7 +35,7 @@ def test_pass_rule_rejects_a_collapsed_model():
 
 
 def test_big_check_uses_the_presets_max_tokens_and_vocabulary():
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
 
     cfg = compose(["experiment=wmt14_en_de_big"])
     assert gpu_check.preset_figures() == (cfg.trainer.max_tokens, cfg.data.vocab_size)

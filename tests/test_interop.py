@@ -24,8 +24,7 @@ pytest.importorskip("safetensors")
 
 from transformer_nmt import checkpoint as ck_lib
 from transformer_nmt.checkpoint import load_checkpoint, load_model, save_checkpoint
-from transformer_nmt.cli import compose
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, to_plain
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, compose, to_plain
 from transformer_nmt.data.bpe import SentencePieceTokenizer
 from transformer_nmt.decode.beam_search import max_output_lengths
 from transformer_nmt.decode.translate import translate_lines

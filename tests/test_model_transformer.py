@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from transformer_nmt.cli import CONFIG_DIR
-from transformer_nmt.config import BOS_ID, PAD_ID, ModelConfig
+from transformer_nmt.config import BOS_ID, CONFIG_DIR, PAD_ID, ModelConfig
 from transformer_nmt.model.transformer import (
     MultiHeadAttention,
     Transformer,

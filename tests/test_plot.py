@@ -17,8 +17,15 @@ import pytest
 import torch
 
 from transformer_nmt.checkpoint import average_checkpoints, save_checkpoint
-from transformer_nmt.cli import compose
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig, ModelConfig, to_plain
+from transformer_nmt.config import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    DecodeConfig,
+    ModelConfig,
+    compose,
+    to_plain,
+)
 from transformer_nmt.data.bpe import SentencePieceTokenizer, train_spm
 from transformer_nmt.decode.translate import translate_lines
 from transformer_nmt.evaluate.bleu import sacrebleu_score
@@ -328,8 +335,8 @@ def plot_cfg(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from transformer_nmt.cli import CONFIG_DIR
     from transformer_nmt.cli import plot as plot_cli  # noqa: F401  registers nmt_plot
+    from transformer_nmt.config import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return hydra_compose(config_name="nmt_plot", overrides=overrides)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.data.batching import LengthBucketSampler
 from transformer_nmt.data.binarize import TokenDataset
 from transformer_nmt.errors import UserError

@@ -116,7 +116,7 @@ break in every decoder layer and a recompilation when the sizes first changed.""
 
 
 def _real_batches(synthetic_corpus, tiny_model, pad_to_multiple: int):
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
     from transformer_nmt.data.batching import LengthBucketSampler, collate
     from transformer_nmt.train.data import load_split
 

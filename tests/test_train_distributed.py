@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from transformer_nmt.checkpoint import latest_checkpoint, load_checkpoint
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.data.batching import LengthBucketSampler
 from transformer_nmt.data.binarize import TokenDataset
 from transformer_nmt.fileio import bin_prefix

@@ -25,7 +25,7 @@ from transformer_nmt.checkpoint import (
     load_model,
     step_checkpoints,
 )
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.data.batching import LengthBucketSampler
 from transformer_nmt.data.binarize import TokenDataset
 from transformer_nmt.fileio import bin_prefix
@@ -410,7 +410,7 @@ COUNTING_WORKER = """
 import itertools, json, os, sys
 import torch
 import transformer_nmt.train.loop as loop
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 
 reads, marks = [], []
 for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):

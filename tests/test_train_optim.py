@@ -8,7 +8,7 @@ from itertools import pairwise
 import pytest
 import torch
 
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.train.optim import build_optimizer, build_scheduler, inverse_sqrt_lr
 
 

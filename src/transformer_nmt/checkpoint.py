@@ -40,7 +40,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.config import Config, ModelConfig, to_plain
-from transformer_nmt.errors import MissingFileError, UserError
+from transformer_nmt.errors import MissingFileError, UnreadableCheckpointError, UserError
 from transformer_nmt.fileio import atomic_path
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,6 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
     return path
-
-
-class UnreadableCheckpointError(UserError, RuntimeError):
-    """A checkpoint file that ``torch.load`` cannot read (empty, truncated, not a checkpoint);
-    the message names the file and its size."""
 
 
 def unreadable(path: str | Path, error: BaseException) -> UnreadableCheckpointError:

@@ -2,6 +2,7 @@
 
 The console scripts (:mod:`transformer_nmt.cli`) print such an error as one line
 ``error: <message>`` and exit with status 2; any other exception keeps its traceback.
+Every kind is defined here; the modules that raise them import them from here.
 """
 
 from __future__ import annotations
@@ -11,9 +12,40 @@ class UserError(ValueError):
     """A mistake in the input or the command; the message names the file, key and values."""
 
 
+class ConfigError(UserError):
+    """An invalid configuration found after composition (reported as one ``error:`` line)."""
+
+
+class Table3Error(UserError):
+    """A Table 3 row that cannot be applied to the experiment (names the row, key and values)."""
+
+
+class DataError(UserError):
+    """Bad or missing input data; the message names the file, line and values at fault."""
+
+
 class NoSpaceError(UserError):
     """A write failed because the device is full; the message names the file being written."""
 
 
 class MissingFileError(UserError, FileNotFoundError):
     """A file the command needs does not exist; the message names it."""
+
+
+class MissingDataError(MissingFileError):
+    """The prepared data training reads (SentencePiece model, binarized splits) is missing."""
+
+
+class UnreadableCheckpointError(UserError, RuntimeError):
+    """A checkpoint file that ``torch.load`` cannot read (empty, truncated, not a checkpoint);
+    the message names the file and its size."""
+
+
+class ExportError(UserError):
+    """A model or folder that cannot be converted exactly (export or import); the message
+    says why."""
+
+
+class NotWritableError(ExportError):
+    """The folder an export should go to cannot be created or written (permissions, a
+    read-only file system)."""

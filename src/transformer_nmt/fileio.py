@@ -32,11 +32,7 @@ from typing import IO, Any
 from omegaconf import DictConfig
 
 from transformer_nmt.config import DataConfig
-from transformer_nmt.errors import UserError
-
-
-class DataError(UserError):
-    """Bad or missing input data; the message names the file, line and values at fault."""
+from transformer_nmt.errors import DataError, UserError  # noqa: F401  (DataError: re-exported)
 
 
 def _umask() -> int:

@@ -8,6 +8,7 @@ Shared by training (:mod:`transformer_nmt.train.loop`) and decoding
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import platform
 import random
@@ -245,3 +246,35 @@ def set_rng_state(state: dict[str, Any]) -> None:
     )
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+_M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
+_M_MMAP_MAX = -4
+
+
+def retain_freed_memory() -> bool:
+    """Let glibc malloc keep freed memory for reuse instead of handing it back to the OS.
+
+    CPU tensors come from malloc. By default glibc serves large blocks (above a threshold
+    that adapts up to 32 MiB) with fresh ``mmap`` pages and unmaps them when freed, and
+    trims the heap's free top; a decoding step that allocates its (rows, vocabulary)
+    log-probabilities, K/V and activations anew then pays a page fault (the kernel zeroing
+    4 KiB) for every page of them, every step. With ``M_MMAP_MAX`` 0 (large blocks from the
+    heap) and ``M_TRIM_THRESHOLD`` -1 (never trim), freed blocks are reused without faults;
+    the process keeps its peak heap until it exits. The same as running with
+    ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1`` in the environment, or preloading
+    jemalloc / tcmalloc. ``nmt-translate`` and ``nmt-evaluate`` call it (docs/benchmarks.md:
+    beam-search page faults and time with and without).
+
+    Returns:
+        True when applied; False where the C library is not glibc (macOS, musl), where
+        nothing changes.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    ok = libc.mallopt(_M_MMAP_MAX, 0) == 1
+    return ok and libc.mallopt(_M_TRIM_THRESHOLD, -1) == 1

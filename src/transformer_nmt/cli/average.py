@@ -11,7 +11,8 @@ import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt.checkpoint import average_run
-from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
+from transformer_nmt.cli import run_app, user_errors
+from transformer_nmt.config import CONFIG_DIR, typed_config
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")

@@ -11,8 +11,10 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory, run_app, typed_config, user_errors
+from transformer_nmt.cli import run_app, user_errors
+from transformer_nmt.config import CONFIG_DIR, typed_config
 from transformer_nmt.evaluate.evaluate import evaluate
+from transformer_nmt.runtime import retain_freed_memory
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")

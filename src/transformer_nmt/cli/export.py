@@ -21,8 +21,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
-from transformer_nmt.config import Config
+from transformer_nmt.cli import run_app, user_errors
+from transformer_nmt.config import CONFIG_DIR, Config, typed_config
 
 log = logging.getLogger(__name__)
 

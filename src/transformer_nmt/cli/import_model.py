@@ -16,9 +16,9 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
+from transformer_nmt.cli import run_app, user_errors
 from transformer_nmt.cli.export import InteropConfig, register_interop_schema
-from transformer_nmt.config import to_plain
+from transformer_nmt.config import CONFIG_DIR, to_plain, typed_config
 
 
 def run_import(cfg: InteropConfig):

@@ -20,7 +20,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.cli import CONFIG_DIR, typed_config
+from transformer_nmt.config import CONFIG_DIR, typed_config
 from transformer_nmt.plot.make import PlotAppConfig
 
 

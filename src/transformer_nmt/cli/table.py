@@ -8,7 +8,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
+from transformer_nmt.cli import run_app, user_errors
+from transformer_nmt.config import CONFIG_DIR, typed_config
 from transformer_nmt.evaluate.report import write_report
 
 

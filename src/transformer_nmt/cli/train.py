@@ -18,17 +18,16 @@ development set; rows already done are skipped)::
     nmt-train -m experiment=wmt14_en_de_base 'table3=glob(*)' hydra/launcher=slurm_torchrun
 
 Under Hydra's submitit SLURM launcher each task gets the torchrun environment from SLURM
-(:func:`export_submitit_environment`).
+(:func:`transformer_nmt.train.distributed.export_submitit_environment`).
 """
 
 from __future__ import annotations
 
-import os
-
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
+from transformer_nmt.cli import run_app, user_errors
+from transformer_nmt.config import CONFIG_DIR, typed_config
 
 
 # An absolute config path (the repository's configs/, or $NMT_CONFIG_DIR): a path relative
@@ -39,6 +38,8 @@ def app(cfg: DictConfig) -> None:
     train (or dry-run: prepare a slice, then train a few steps); a Table 3 row is evaluated
     after training."""
     with user_errors():
+        from transformer_nmt.train.distributed import export_submitit_environment
+
         cfg = typed_config(cfg)
         export_submitit_environment()
         if cfg.trainer.dry_run:
@@ -46,38 +47,11 @@ def app(cfg: DictConfig) -> None:
 
             dry_run(cfg)
             return
+        from transformer_nmt.evaluate.table3 import evaluate_after_training
         from transformer_nmt.train.loop import train
 
         train(cfg)
-        if cfg.table3.variant and cfg.table3.evaluate and int(os.environ.get("RANK", "0")) == 0:
-            from transformer_nmt.cli import retain_freed_memory
-            from transformer_nmt.evaluate.table3 import evaluate_row
-
-            retain_freed_memory()
-            evaluate_row(cfg)
-
-
-def export_submitit_environment() -> bool:
-    """Under Hydra's submitit SLURM launcher (one task per GPU, no torchrun), set ``RANK``,
-    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` from the SLURM job
-    with submitit's own helper, so :func:`transformer_nmt.train.distributed.init_distributed` reads
-    them as it reads torchrun's.
-
-    A ``MASTER_ADDR`` / ``MASTER_PORT`` already set (by a job script, or a job started from
-    another job) is kept, where submitit's ``export`` would refuse to run; the ranks and
-    sizes always come from the SLURM job.
-
-    Returns:
-        True when the environment was set; False outside submitit or under torchrun.
-    """
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or "RANK" in os.environ:
-        return False
-    from submitit.helpers import TorchDistributedEnvironment
-
-    kept = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT") if os.environ.get(k)}
-    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    os.environ.update(kept)
-    return True
+        evaluate_after_training(cfg)
 
 
 def main() -> None:

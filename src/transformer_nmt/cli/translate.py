@@ -14,9 +14,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import CONFIG_DIR, retain_freed_memory, run_app, typed_config, user_errors
+from transformer_nmt.cli import run_app, user_errors
+from transformer_nmt.config import CONFIG_DIR, typed_config
 from transformer_nmt.decode.translate import translate
 from transformer_nmt.interop.ctranslate2 import decode_engine
+from transformer_nmt.runtime import retain_freed_memory
 
 
 def _log_to_stderr() -> None:

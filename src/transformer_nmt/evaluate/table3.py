@@ -2,7 +2,7 @@
 
 A row is a config of the ``table3`` group (``configs/table3/<variant>.yaml``,
 :class:`transformer_nmt.config.Table3Config`): multipliers of the experiment's own values
-(``scale``) and absolute values (``fixed``). :func:`apply_row` turns it into model and
+(``scale``) and absolute values (``fixed``). :func:`transformer_nmt.config.apply_row` turns it into model and
 trainer settings, so the same row file gives the paper's values on ``wmt14_en_de_base``
 (tested against :data:`PAPER_TABLE3`) and the same relative change on the CPU proxy
 (``experiment=table3_proxy``, the ``tiny`` model). The scaling rule:
@@ -26,84 +26,14 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from transformer_nmt.errors import UserError
 
 if TYPE_CHECKING:
     from transformer_nmt.config import Config, ModelConfig
 
 log = logging.getLogger(__name__)
-
-SCALABLE = ("heads", "d_k", "layers", "d_model", "d_ff", "max_steps")
-"""Keys of ``table3.scale``."""
-SETTABLE = ("heads", "dropout", "label_smoothing", "positions")
-"""Keys of ``table3.fixed``."""
-
-
-class Table3Error(UserError):
-    """A row that cannot be applied to the experiment (names the row, key and values)."""
-
-
-def _whole(row: str, key: str, base: Any, factor: float) -> int:
-    value = float(base) * float(factor)
-    if round(value) < 1 or abs(value - round(value)) > 1e-3 * max(1.0, abs(value)):
-        raise Table3Error(
-            f"table3={row}: {key} {base} x {factor:g} = {value:g} is not a positive whole number; "
-            f"this row does not scale to the experiment's {key}={base}")
-    return round(value)
-
-
-def apply_row(cfg: Config) -> Config:
-    """Write the row ``cfg.table3`` into ``cfg.model`` / ``cfg.trainer`` (in place) and return cfg.
-
-    A config without a row (``table3.variant`` None), or one whose row was applied already
-    (the entry points apply it in ``cli.typed_config``), is returned unchanged. Multipliers act on
-    the composed experiment's values; ``d_k`` scales the effective size (d_model / heads when
-    unset), and a row that changes heads or d_model leaves d_k / d_v to follow d_model / heads
-    unless the experiment set them.
-
-    Raises:
-        Table3Error: an unknown key, or a product that is not a positive whole number (names
-            the row, the key and the values).
-    """
-    t = cfg.table3
-    if not t.variant or getattr(t, "_applied", False):  # never scale twice
-        return cfg
-    row = str(t.variant)
-    scale, values = dict(t.scale or {}), dict(t.fixed or {})
-    for key in scale:
-        if key not in SCALABLE:
-            raise Table3Error(f"table3={row}: table3.scale.{key} is not one of {list(SCALABLE)}")
-    for key in values:
-        if key not in SETTABLE:
-            raise Table3Error(f"table3={row}: table3.fixed.{key} is not one of {list(SETTABLE)}")
-    m, tr = cfg.model, cfg.trainer
-    d_k_base = m.d_k or m.d_model // m.heads
-    if "layers" in scale:
-        m.encoder_layers = _whole(row, "encoder_layers", m.encoder_layers, scale["layers"])
-        m.decoder_layers = _whole(row, "decoder_layers", m.decoder_layers, scale["layers"])
-    for key in ("heads", "d_model", "d_ff"):
-        if key in scale:
-            setattr(m, key, _whole(row, key, getattr(m, key), scale[key]))
-    if "d_k" in scale:
-        m.d_k = _whole(row, "d_k", d_k_base, scale["d_k"])
-    if "max_steps" in scale and t.scale_steps and tr.max_steps is not None:
-        tr.max_steps = _whole(row, "max_steps", tr.max_steps, scale["max_steps"])
-    for key, value in values.items():
-        if key == "label_smoothing":
-            tr.label_smoothing = float(value)
-        elif key == "dropout":
-            m.dropout = float(value)
-        elif key == "positions":
-            from transformer_nmt.config import Positions
-
-            m.positions = Positions(value)
-        else:
-            setattr(m, key, int(value))
-    object.__setattr__(t, "_applied", True)
-    return cfg
 
 
 def setting(model_cfg: ModelConfig | dict[str, Any],
@@ -186,3 +116,15 @@ def evaluate_row(cfg: Config) -> dict[str, Any] | None:
                  cfg.table3.variant, cfg.run_dir)
         return None
     return evaluate(evaluation_config(cfg))
+
+
+def evaluate_after_training(cfg: Config) -> dict[str, Any] | None:
+    """``nmt-train``'s last act for a Table 3 row (``table3.variant`` set, ``table3.evaluate``
+    true): rank 0 evaluates it (:func:`evaluate_row`); None on other ranks, without a row,
+    or when its results.json is current."""
+    if not (cfg.table3.variant and cfg.table3.evaluate and int(os.environ.get("RANK", "0")) == 0):
+        return None
+    from transformer_nmt.runtime import retain_freed_memory
+
+    retain_freed_memory()  # beam search allocates large tensors at every step
+    return evaluate_row(cfg)

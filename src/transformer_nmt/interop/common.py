@@ -28,7 +28,7 @@ from transformer_nmt.config import (
     ModelConfig,
     to_plain,
 )
-from transformer_nmt.errors import UserError
+from transformer_nmt.errors import ExportError, NotWritableError  # noqa: F401  (re-exported)
 
 SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
 """Pieces of our special ids in the shared SentencePiece model (bpe.py trains it so)."""
@@ -42,15 +42,6 @@ LAYER_NORM_EPS = 1e-5
 SIDECAR = "transformer_nmt.json"
 """File in an exported folder recording what import needs beyond the weights (the text
 normalisation of our tokenizer, the run's model config)."""
-
-
-class ExportError(UserError):
-    """A model or folder that cannot be converted exactly; the message says why."""
-
-
-class NotWritableError(ExportError):
-    """The folder an export should go to cannot be created or written (permissions, a
-    read-only file system)."""
 
 
 def require(module: str):

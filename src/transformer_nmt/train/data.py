@@ -11,14 +11,10 @@ from pathlib import Path
 from transformer_nmt.config import Config
 from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset
 from transformer_nmt.data.binarize import TokenDataset
-from transformer_nmt.errors import MissingFileError
+from transformer_nmt.errors import MissingDataError
 from transformer_nmt.fileio import bin_prefix, spm_model_path
 
 log = logging.getLogger("transformer_nmt.train.loop")
-
-
-class MissingDataError(MissingFileError):
-    """The prepared data training reads (SentencePiece model, binarized splits) is missing."""
 
 
 def required_files(cfg: Config) -> list[Path]:

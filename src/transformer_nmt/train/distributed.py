@@ -239,3 +239,26 @@ def cleanup() -> None:
     """Destroy the process group if one was created."""
     if is_initialized():
         dist.destroy_process_group()
+
+
+def export_submitit_environment() -> bool:
+    """Under Hydra's submitit SLURM launcher (one task per GPU, no torchrun), set ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` from the SLURM job
+    with submitit's own helper, so :func:`init_distributed` reads
+    them as it reads torchrun's.
+
+    A ``MASTER_ADDR`` / ``MASTER_PORT`` already set (by a job script, or a job started from
+    another job) is kept, where submitit's ``export`` would refuse to run; the ranks and
+    sizes always come from the SLURM job.
+
+    Returns:
+        True when the environment was set; False outside submitit or under torchrun.
+    """
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or "RANK" in os.environ:
+        return False
+    from submitit.helpers import TorchDistributedEnvironment
+
+    kept = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT") if os.environ.get(k)}
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    os.environ.update(kept)
+    return True

@@ -1,0 +1,59 @@
+"""The config layer: the typed schema of every config group, its checks, and composition.
+
+``schema``: the dataclasses of every config group (``data``, ``model``, ``trainer``,
+``decode``, ...) and the special token ids, registered in Hydra's ConfigStore on import;
+``validate``: the checks typing cannot express; ``table3``: a Table 3 row applied to the
+experiment's config; ``compose``: ``configs/config.yaml`` + overrides -> the typed, validated
+:class:`Config` (:func:`typed_config` for the entry points, :func:`compose` for tests and
+scripts). The closed sets of values are the Enums of :mod:`transformer_nmt.choices`,
+re-exported here.
+"""
+
+from transformer_nmt.choices import (
+    Choice,
+    Corpus,
+    DecodePrecision,
+    EncodingErrors,
+    Engine,
+    GradCompression,
+    Init,
+    LenpenForm,
+    Norm,
+    Positions,
+    ShareEmbeddings,
+    SpmModelType,
+    Stopping,
+    TooLong,
+    TrainPrecision,
+    UnicodeForm,
+)
+from transformer_nmt.config.compose import CONFIG_DIR, check_known_keys, compose, typed_config
+from transformer_nmt.config.schema import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    AverageConfig,
+    Config,
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    Table3Config,
+    TrainerConfig,
+    TranslateConfig,
+    register_configs,
+    to_plain,
+)
+from transformer_nmt.config.table3 import apply_row
+from transformer_nmt.config.validate import TABLES, validate, validate_model_config
+from transformer_nmt.errors import ConfigError
+
+__all__ = [
+    "BOS_ID", "CONFIG_DIR", "EOS_ID", "PAD_ID", "TABLES", "UNK_ID",
+    "AverageConfig", "Choice", "Config", "ConfigError", "Corpus", "DataConfig", "DecodeConfig",
+    "DecodePrecision", "EncodingErrors", "Engine", "GradCompression", "Init", "LenpenForm",
+    "ModelConfig", "Norm", "Positions", "ShareEmbeddings", "SpmModelType", "Stopping",
+    "Table3Config", "TooLong", "TrainPrecision", "TrainerConfig", "TranslateConfig",
+    "UnicodeForm", "apply_row", "check_known_keys", "compose", "register_configs", "to_plain",
+    "typed_config", "validate", "validate_model_config",
+]
