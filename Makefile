@@ -4,7 +4,7 @@
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make all                the whole default job: train (data first), average, evaluate, table
 #                           (runs/results.md; the committed docs/results.md is rebuilt only when
-#                           asked: make table ARGS=table_output=docs/results.md)
+#                           asked: make table ARGS=table.output=docs/results.md)
 # test, data, train, average, eval and table run `make install` first when the environment is
 # missing or older than pyproject.toml (stamp file $(VENV)/.installed).
 #   make table3 EXP=wmt14_en_de_base [ARGS="hydra/launcher=slurm_torchrun ..."]   the paper's Table 3 sweep
@@ -89,8 +89,8 @@ table3-proxy: $(STAMP)
 	$(BIN)/nmt-prepare $(TABLE3_PROXY)
 	$(BIN)/nmt-train -m $(TABLE3_PROXY) table3=base trainer.seed=1,2,3 $(ARGS)
 	$(BIN)/nmt-train -m $(TABLE3_PROXY) 'table3=glob(*,exclude=base)' $(ARGS)
-	$(BIN)/nmt-table 'tables=[table3]' 'results_glob=runs/table3_proxy/**/results.json' \
-		table_output=docs/table3_proxy.md table3_plot=docs/table3_proxy.png
+	$(BIN)/nmt-table 'table.tables=[table3]' 'table.results_glob=runs/table3_proxy/**/results.json' \
+		table.output=docs/table3_proxy.md table.table3_plot=docs/table3_proxy.png
 
 plots: $(STAMP)
 	$(BIN)/nmt-plot experiment=$(EXP) $(ARGS)

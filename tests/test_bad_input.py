@@ -898,8 +898,8 @@ def test_24_15_table_skips_a_truncated_or_mistyped_results_file(tmp_path, caplog
     for name, text in files.items():
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "results.json").write_text(text)
-    cfg = compose([f"results_glob={tmp_path}/runs/*/results.json",
-                   f"table_output={tmp_path}/results.md"])
+    cfg = compose([f"table.results_glob={tmp_path}/runs/*/results.json",
+                   f"table.output={tmp_path}/results.md"])
     with caplog.at_level(logging.WARNING, logger="transformer_nmt.evaluate.report"):
         text = write_report(cfg).read_text(encoding="utf-8")
     assert "34.47" in text or "34.5" in text
@@ -914,9 +914,10 @@ def test_24_15_table_skips_a_truncated_or_mistyped_results_file(tmp_path, caplog
 
 
 def test_24_15_plot_bleu_sentences_below_one_is_refused(tmp_path):
-    from transformer_nmt.plot.make import PlotAppConfig, make_plots
+    from transformer_nmt.config import Config
+    from transformer_nmt.plot.make import make_plots
 
-    cfg = PlotAppConfig()
+    cfg = Config()
     cfg.plot.bleu_sentences = 0
     cfg.run_dir = str(tmp_path)
     with pytest.raises(ValueError) as e:

@@ -57,8 +57,8 @@ def test_report_tables(tmp_path):
         path = tmp_path / "runs" / name / "results.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(result))
-    cfg = compose([f"results_glob={tmp_path}/runs/*/results.json",
-                   f"table_output={tmp_path}/docs/results.md"])
+    cfg = compose([f"table.results_glob={tmp_path}/runs/*/results.json",
+                   f"table.output={tmp_path}/docs/results.md"])
     text = write_report(cfg).read_text(encoding="utf-8")
 
     # Table 2: paper numbers beside ours, every BLEU column named.
@@ -104,8 +104,8 @@ def test_table3_seeds_are_averaged_and_rows_differenced_against_the_base(tmp_pat
         path = tmp_path / "runs" / "table3_proxy" / "table3" / name / "results.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(r))
-    cfg = compose([f"results_glob={tmp_path}/runs/**/results.json", "tables=[table3]",
-                   f"table_output={tmp_path}/t3.md"])
+    cfg = compose([f"table.results_glob={tmp_path}/runs/**/results.json", "table.tables=[table3]",
+                   f"table.output={tmp_path}/t3.md"])
     text = write_report(cfg).read_text(encoding="utf-8")
     assert "### table3_proxy (dev set: valid; seed noise of the base row: ± 2.00 BLEU)" in text
     assert "| base | base model |" in text and "| 3 | 100000 |" in text
@@ -132,8 +132,8 @@ def test_table2_admits_only_comparable_runs(tmp_path):
         path = tmp_path / "runs" / name / "results.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(result))
-    cfg = compose([f"results_glob={tmp_path}/runs/*/results.json",
-                   f"table_output={tmp_path}/results.md"])
+    cfg = compose([f"table.results_glob={tmp_path}/runs/*/results.json",
+                   f"table.output={tmp_path}/results.md"])
     text = write_report(cfg).read_text(encoding="utf-8")
     table2, others = text.split("## Other runs")[0], text.split("## Other runs")[1]
     assert "ours: ok |" in table2
@@ -153,7 +153,7 @@ def test_default_table_goes_under_runs_and_docs_results_md_is_nmt_table_output()
 
     from transformer_nmt.evaluate.report import build_report
 
-    assert compose([]).table_output == "runs/results.md"
+    assert compose([]).table.output == "runs/results.md"
     repo = Path(__file__).resolve().parents[1]
     make_table = (repo / "Makefile").read_text().split("\ntable:")[1].split("\n\n")[0]
     assert "docs/" not in make_table

@@ -358,7 +358,7 @@ def _fake_run(folder: Path, checkpoint: Path) -> dict[Path, bytes]:
 
 
 def test_24_01_export_never_replaces_a_folder_it_did_not_write(post_norm, spm_model, tmp_path):
-    from transformer_nmt.cli.export import ExportConfig
+    from transformer_nmt.config import ExportConfig
 
     assert ExportConfig().overwrite is False
     run = tmp_path / "run"
@@ -399,7 +399,7 @@ def test_24_01_16_nmt_export_onto_its_run_is_one_line_and_keeps_the_run(post_nor
 def test_24_02_16_nmt_import_into_a_trained_run_is_refused(hf_dir, post_norm, tmp_path):
     run = tmp_path / "run"
     before = _fake_run(run, post_norm)
-    proc = _cli("import_model", f"source={hf_dir}", f"run_dir={run}", f"data.root={tmp_path}",
+    proc = _cli("import_model", f"export.source={hf_dir}", f"run_dir={run}", f"data.root={tmp_path}",
                 "data.name=imported")
     assert _one_error_line(proc) == (
         f"error: {run} already holds checkpoints (checkpoint_7.pt in {run / 'checkpoints'}); "

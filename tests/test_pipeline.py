@@ -44,8 +44,8 @@ def _chain(tmp_path: Path, data: list[str], model: list[str], split: str, n_test
         "average.last=2",
         "decode.max_len_b=5",
         "decode.max_len_a=0.5",
-        f"results_glob={tmp_path / 'runs' / '*' / 'results.json'}",
-        f"table_output={tmp_path / 'results.md'}",
+        f"table.results_glob={tmp_path / 'runs' / '*' / 'results.json'}",
+        f"table.output={tmp_path / 'results.md'}",
     ]
     _run("nmt-prepare", common, tmp_path)
     name = next(o.split("=", 1)[1] for o in [*data, "data.name=multi30k_en_de"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 
 from transformer_nmt.checkpoint import average_checkpoints, save_checkpoint
 from transformer_nmt.config import (
@@ -331,15 +332,8 @@ def test_checkpoint_bleu_scores_each_checkpoint_and_caches(run, tmp_path, monkey
 
 
 def plot_cfg(overrides: list[str]):
-    """The composed nmt-plot config (its own primary config, registered by cli/plot.py)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from transformer_nmt.cli import plot as plot_cli  # noqa: F401  registers nmt_plot
-    from transformer_nmt.config import CONFIG_DIR
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return hydra_compose(config_name="nmt_plot", overrides=overrides)
+    """The composed nmt-plot config (the pipeline's, with its ``plot`` group)."""
+    return compose(overrides)
 
 
 def test_nmt_plot_command(run, tmp_path):
@@ -378,17 +372,20 @@ def test_make_plots_several_runs_and_errors(run, tmp_path):
     write_jsonl(other / "metrics.jsonl", [train_rec(s, 3.0) for s in range(10, 110, 10)])
     base = [f"data.root={cfg.data.root}", f"run_dir={run_dir}", "decode.device=cpu",
             f"plot.dir={tmp_path / 'out'}"]
-    written = pmake.make_plots(plot_cfg([*base, f"runs=[{run_dir},{other}]",
+    written = pmake.make_plots(plot_cfg([*base, f"plot.runs=[{run_dir},{other}]",
                                         "plot.kinds=[curves]", "plot.format=svg"]))
     assert written == [tmp_path / "out" / "curves_tiny_vs_other.svg"]
     assert written[0].read_text().lstrip().startswith("<?xml")
     for args, error, message in (
-        ([f"runs=[{tmp_path / 'nowhere'}]"], FileNotFoundError, "run folder"),
-        ([f"runs=[{tmp_path}]", "plot.kinds=[curves]"], FileNotFoundError, "metrics.jsonl"),
-        (["plot.kinds=[curves,pictures]"], ValueError, "unknown ['pictures']"),
-        (["plot.format=jpg"], ValueError, "plot.format='jpg'"),
+        ([f"plot.runs=[{tmp_path / 'nowhere'}]"], FileNotFoundError, "run folder"),
+        ([f"plot.runs=[{tmp_path}]", "plot.kinds=[curves]"], FileNotFoundError, "metrics.jsonl"),
         (["plot.sentence=A dog.", "plot.kinds=[]", "plot.layer=5"], ValueError,
          "plot.layer=5 is out of range: the model has 2 layers"),
     ):
         with pytest.raises(error, match=re.escape(message)):
             pmake.make_plots(plot_cfg([*base, *args]))
+    for args, message in ((["plot.kinds=[curves,pictures]"], "Invalid value 'pictures'"),
+                          (["plot.format=jpg"], "Invalid value 'jpg'")):
+        with pytest.raises(ConfigCompositionException) as e:  # refused when composed
+            plot_cfg([*base, *args])
+        assert message in str(e.value.__cause__)

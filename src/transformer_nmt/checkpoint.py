@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from transformer_nmt.config import Config, ModelConfig, to_plain
 from transformer_nmt.errors import MissingFileError, UnreadableCheckpointError, UserError
@@ -106,7 +106,7 @@ def training_checkpoint(
     sampler: dict[str, int],
     rng: list[dict[str, Any]],
     train_state: dict[str, Any],
-    config: Config | DictConfig | dict[str, Any],
+    config: Config | dict[str, Any],
     vocab_size: int,
     vocab: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -116,10 +116,10 @@ def training_checkpoint(
         model: the plain Transformer (not the DDP / compiled wrapper).
         sampler: ``{"epoch", "position", "seed"}`` as counted by the training loop.
         rng: every rank's :func:`transformer_nmt.runtime.rng_state`, indexed by rank.
-        config: the run config (DictConfig, structured config or plain dict).
+        config: the run config (typed or its plain dict).
         vocab: the vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`).
     """
-    if OmegaConf.is_config(config) or not isinstance(config, dict):
+    if not isinstance(config, dict):
         config = to_plain(config)
     return {
         "model": model.state_dict(),
@@ -161,8 +161,8 @@ UNREADABLE_SUFFIX = ".unreadable"
 """Appended to the name of a step checkpoint that cannot be read when a run resumes."""
 
 
-def _model_summary(model_cfg: ModelConfig | DictConfig | dict[str, Any]) -> str:
-    """``d_model=512, 6+6 layers`` of a model config (DictConfig or plain dict)."""
+def _model_summary(model_cfg: ModelConfig | dict[str, Any]) -> str:
+    """``d_model=512, 6+6 layers`` of a model config (typed or a checkpoint's plain dict)."""
     get = model_cfg.get if hasattr(model_cfg, "get") else lambda k, d=None: getattr(model_cfg, k, d)
     return (f"d_model={get('d_model')}, d_ff={get('d_ff')}, heads={get('heads')}, "
             f"{get('encoder_layers')}+{get('decoder_layers')} encoder+decoder layers")
@@ -502,7 +502,7 @@ def average_run(cfg: Config) -> Path:
             raise MissingFileError(f"average.checkpoints: not found: {missing}")
         metas = [_load_mmap(p) for p in paths]
     else:
-        n = int(cfg.average.last)
+        n = cfg.average.last
         if n < 1:
             raise UserError(f"average.last must be at least 1, got {n}")
         available = step_checkpoints(cfg.run_dir)
@@ -540,9 +540,35 @@ def average_run(cfg: Config) -> Path:
     return out
 
 
-def config_of(checkpoint: dict[str, Any]) -> DictConfig:
-    """The resolved run config stored in a checkpoint, as a DictConfig."""
-    return OmegaConf.create(checkpoint["config"])
+def config_of(checkpoint: dict[str, Any]) -> Config:
+    """The resolved run config stored in a checkpoint, as the typed :class:`Config`.
+
+    The stored plain dict is merged onto the schema: choices become their Enums, a group or
+    field the checkpoint lacks takes its default, and a key the schema no longer declares
+    (a checkpoint written by an earlier version) is left out.
+
+    Raises:
+        omegaconf errors: a stored value of the wrong type, a mandatory value missing.
+    """
+    stored = _known_keys(checkpoint["config"], Config)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), stored))
+
+
+def _known_keys(node: dict[str, Any], schema: type) -> dict[str, Any]:
+    """``node`` without the keys that no field of the dataclass ``schema`` (or of the
+    dataclasses of its fields, recursively) declares; free-form fields are kept whole."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(schema):
+        if f.name not in node:
+            continue
+        value, kind = node[f.name], hints[f.name]
+        out[f.name] = (_known_keys(value, kind) if dataclasses.is_dataclass(kind)
+                       and isinstance(value, dict) else value)
+    return out
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu"):

@@ -144,3 +144,51 @@ class Engine(Choice):
     native = "native"
     ctranslate2 = "ctranslate2"
     ctranslate2_int8 = "ctranslate2_int8"
+
+
+class ExportFormat(Choice):
+    """export.format: what ``nmt-export`` writes."""
+
+    hf = "hf"
+    """a Hugging Face ``MarianMTModel`` folder (weights, config, tokenizer, model card)"""
+    ctranslate2 = "ctranslate2"
+    """a CTranslate2 model folder"""
+
+
+class Quantization(Choice):
+    """export.quantization: the CTranslate2 weights (``export.format=ctranslate2`` only)."""
+
+    none = "none"
+    """float32"""
+    int8 = "int8"
+    int8_float32 = "int8_float32"
+    float16 = "float16"
+
+
+class PlotKind(Choice):
+    """plot.kinds: the figures ``nmt-plot`` draws."""
+
+    curves = "curves"
+    """training and validation curves from metrics.jsonl"""
+    bleu = "bleu"
+    """validation BLEU of each kept checkpoint and of their average"""
+    attention = "attention"
+    """encoder self-attention and encoder-decoder attention maps of one sentence"""
+
+
+class PlotFormat(Choice):
+    """plot.format: the file format of the figures."""
+
+    png = "png"
+    svg = "svg"
+
+
+class ReportTable(Choice):
+    """table.tables: the sections ``nmt-table`` writes."""
+
+    table2 = "table2"
+    """the paper's Table 2 (newstest2014 BLEU) with our runs beside it"""
+    table3 = "table3"
+    """the paper's Table 3 (model variations, development set)"""
+    other = "other"
+    """every other run"""

@@ -1,6 +1,6 @@
 """``nmt-table``: rebuild docs/results.md (the paper's Tables 2 and 3) from all results.json.
 
-Example: ``nmt-table`` (reads ``results_glob``, writes ``table_output``).
+Example: ``nmt-table`` (reads ``table.results_glob``, writes ``table.output``).
 """
 
 from __future__ import annotations

@@ -15,11 +15,16 @@ from transformer_nmt.choices import (
     DecodePrecision,
     EncodingErrors,
     Engine,
+    ExportFormat,
     GradCompression,
     Init,
     LenpenForm,
     Norm,
+    PlotFormat,
+    PlotKind,
     Positions,
+    Quantization,
+    ReportTable,
     ShareEmbeddings,
     SpmModelType,
     Stopping,
@@ -37,23 +42,28 @@ from transformer_nmt.config.schema import (
     Config,
     DataConfig,
     DecodeConfig,
+    ExportConfig,
     ModelConfig,
+    PlotConfig,
     Table3Config,
+    TableConfig,
     TrainerConfig,
     TranslateConfig,
     register_configs,
     to_plain,
 )
 from transformer_nmt.config.table3 import apply_row
-from transformer_nmt.config.validate import TABLES, validate, validate_model_config
+from transformer_nmt.config.validate import validate, validate_model_config
 from transformer_nmt.errors import ConfigError
 
 __all__ = [
-    "BOS_ID", "CONFIG_DIR", "EOS_ID", "PAD_ID", "TABLES", "UNK_ID",
+    "BOS_ID", "CONFIG_DIR", "EOS_ID", "PAD_ID", "UNK_ID",
     "AverageConfig", "Choice", "Config", "ConfigError", "Corpus", "DataConfig", "DecodeConfig",
-    "DecodePrecision", "EncodingErrors", "Engine", "GradCompression", "Init", "LenpenForm",
-    "ModelConfig", "Norm", "Positions", "ShareEmbeddings", "SpmModelType", "Stopping",
-    "Table3Config", "TooLong", "TrainPrecision", "TrainerConfig", "TranslateConfig",
+    "DecodePrecision", "EncodingErrors", "Engine", "ExportConfig", "ExportFormat",
+    "GradCompression", "Init", "LenpenForm", "ModelConfig", "Norm", "PlotConfig", "PlotFormat",
+    "PlotKind", "Positions", "Quantization", "ReportTable", "ShareEmbeddings", "SpmModelType",
+    "Stopping", "Table3Config", "TableConfig", "TooLong", "TrainPrecision", "TrainerConfig",
+    "TranslateConfig",
     "UnicodeForm", "apply_row", "check_known_keys", "compose", "register_configs", "to_plain",
     "typed_config", "validate", "validate_model_config",
 ]

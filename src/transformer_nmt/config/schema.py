@@ -1,7 +1,9 @@
 """Typed configuration for every stage, registered in Hydra's ConfigStore.
 
 Each config group under ``configs/`` (``data/``, ``model/``, ``trainer/``,
-``decode/``, ``experiment/``) fills one of the dataclasses below. Because the
+``decode/``, ``experiment/``) fills one of the dataclasses below; the options of the
+other stages are groups of the same :class:`Config` (``average``, ``translate``, ``export``
+for nmt-export and nmt-import, ``plot``, ``table`` for nmt-table). Because the
 primary config starts from the ``config_schema`` node stored here, a misspelt key
 (``trainer.max_stepz=10``) fails at start-up with Hydra's message naming the key,
 and a value of the wrong type (``trainer.max_steps=abc``) fails with the value
@@ -17,8 +19,8 @@ at composition (``model.norm=sandwich``: "Invalid value 'sandwich', expected one
 (``cfg.model.norm == "pre"``).
 
 The range and cross-field checks that typing cannot express (d_model divisible by
-heads, dropout in [0, 1), positive max_tokens, ...) live in :func:`validate`, which
-every entry point calls before doing any work.
+heads, dropout in [0, 1), positive max_tokens, ...) live in
+:func:`transformer_nmt.config.validate`, which every entry point calls before doing any work.
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ from transformer_nmt.choices import (
     DecodePrecision,
     EncodingErrors,
     Engine,
+    ExportFormat,
     GradCompression,
     Init,
     LenpenForm,
     Norm,
+    PlotFormat,
+    PlotKind,
     Positions,
+    Quantization,
+    ReportTable,
     ShareEmbeddings,
     SpmModelType,
     Stopping,
@@ -341,6 +348,65 @@ class Table3Config:
 
 
 @dataclass
+class ExportConfig:
+    """``nmt-export`` (a run's model in another toolkit's format) and ``nmt-import`` (a Marian
+    folder into a run of ours)."""
+
+    format: ExportFormat = ExportFormat.hf
+    """``hf`` (a MarianMTModel folder) or ``ctranslate2``."""
+    quantization: Quantization = Quantization.none
+    """CTranslate2 weights: ``none`` (float32), ``int8``, ``int8_float32``, ``float16``."""
+    output: str | None = None
+    """Folder to write; None = ``<run_dir>/export/hf`` or ``<run_dir>/export/ctranslate2[_<q>]``."""
+    overwrite: bool = False
+    """Replace an existing output folder that holds an earlier export (atomically); a folder
+    nmt-export did not write is never replaced. nmt-import: replace the target run's
+    averaged.pt (a run that already holds checkpoints is refused without it)."""
+    source: str | None = None
+    """nmt-import: the Marian-architecture transformers folder to import."""
+
+
+@dataclass
+class PlotConfig:
+    """``nmt-plot``: what it draws, from which runs, and where."""
+
+    kinds: list[PlotKind] = field(default_factory=lambda: [PlotKind.curves, PlotKind.bleu])
+    """Figures: ``curves`` (metrics.jsonl), ``bleu`` (validation BLEU of each kept checkpoint
+    and the average; decodes, cached in plots/checkpoint_bleu.json), ``attention``."""
+    format: PlotFormat = PlotFormat.png
+    """``png`` or ``svg``."""
+    dpi: int = 100
+    dir: str | None = None
+    """Output folder; None = ``<first run>/plots``."""
+    bleu_sentences: int | None = None
+    """Decode only the first N validation sentences per checkpoint (None = all)."""
+    sentence: str | None = None
+    """Source sentence for the attention maps (adds ``attention`` to the kinds)."""
+    layer: int = 0
+    """Encoder layer whose self-attention heads are drawn, from 1; 0 = the last."""
+    cross_layer: int = 0
+    """Decoder layer whose encoder-decoder attention heads are drawn, from 1; 0 = the last."""
+    runs: list[str] = field(default_factory=list)
+    """Run names (folders beside ``run_dir``, under runs/) or paths to draw together;
+    empty = ``run_dir``."""
+
+
+@dataclass
+class TableConfig:
+    """``nmt-table``: which results.json files, which sections, which file."""
+
+    results_glob: str = "runs/**/results.json"
+    """Results files to tabulate (``**`` matches any depth)."""
+    output: str = "runs/results.md"
+    """The file written. Under runs/ by default, so that a run never rewrites the committed
+    docs/results.md; rebuild that with ``table.output=docs/results.md``."""
+    tables: list[ReportTable] = field(default_factory=lambda: list(ReportTable))
+    """The sections to write (``table2``, ``table3``, ``other``)."""
+    table3_plot: str | None = None
+    """Also draw each Table 3 row's dev BLEU difference to the base row (PNG)."""
+
+
+@dataclass
 class Config:
     """The whole configuration: one object for every entry point."""
 
@@ -355,15 +421,9 @@ class Config:
     run_dir: str = "runs/${name}"
     """``runs/<name>``; a Table 3 row's run (set by its config): ``runs/<name>/table3/<variant>_seed<seed>``."""
     table3: Table3Config = field(default_factory=Table3Config)
-    results_glob: str = "runs/**/results.json"
-    """nmt-table: results files to tabulate (``**`` matches any depth)."""
-    table_output: str = "runs/results.md"
-    """nmt-table: the file written. Under runs/ by default, so that a run never rewrites the
-    committed docs/results.md; rebuild that with ``table_output=docs/results.md``."""
-    tables: list[str] = field(default_factory=lambda: ["table2", "table3", "other"])
-    """nmt-table: the sections to write (``table2``, ``table3``, ``other``)."""
-    table3_plot: str | None = None
-    """nmt-table: also draw each Table 3 row's dev BLEU difference to the base row (PNG)."""
+    export: ExportConfig = field(default_factory=ExportConfig)
+    plot: PlotConfig = field(default_factory=PlotConfig)
+    table: TableConfig = field(default_factory=TableConfig)
     extra: Any = None
     """Free-form notes copied into results.json."""
 

@@ -7,8 +7,6 @@ checkpoint, before any tensor is allocated.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
 from transformer_nmt.choices import Choice, Init, Norm, Positions, ShareEmbeddings
 from transformer_nmt.config.schema import PAD_ID, Config, ModelConfig
 
@@ -17,19 +15,19 @@ _MODEL_CHOICES: dict[str, type[Choice]] = {
 }
 
 
-def validate_model_config(cfg: ModelConfig | DictConfig, vocab_size: int | None = None,
+def validate_model_config(cfg: ModelConfig, vocab_size: int | None = None,
                           pad_id: int = PAD_ID) -> None:
     """Check a model config before any tensor is allocated.
 
     Args:
-        cfg: a :class:`~transformer_nmt.config.ModelConfig` or a DictConfig with its fields.
+        cfg: a :class:`~transformer_nmt.config.ModelConfig`.
         vocab_size: the shared vocabulary size (checked when given).
         pad_id: the padding id (must lie inside the vocabulary).
 
     Raises:
         ValueError: listing every bad field as ``model.<key>=<value>`` and what is allowed.
-            The choice fields are checked here too: a ``ModelConfig`` built in code or
-            a config read back from a checkpoint is not typed by OmegaConf.
+            The choice fields are checked here too: a ``ModelConfig`` built in code is not
+            typed by OmegaConf.
     """
     errors: list[str] = []
     for key, choice in _MODEL_CHOICES.items():  # a plain dataclass or dict is not typed
@@ -69,15 +67,11 @@ def validate_model_config(cfg: ModelConfig | DictConfig, vocab_size: int | None 
 
 
 
-TABLES = ("table2", "table3", "other")
-"""The sections nmt-table can write (``tables``)."""
-
-
 def validate(cfg: Config) -> None:
     """Check the values typing cannot (ranges, divisibility, combinations).
 
     Args:
-        cfg: a composed :class:`Config` (DictConfig or dataclass).
+        cfg: a composed :class:`Config`.
 
     Raises:
         ValueError: naming every offending key with its value and what is allowed.
@@ -143,9 +137,6 @@ def validate(cfg: Config) -> None:
             errors.append(f"data.{key}={getattr(cfg.data, key)} must be positive")
     if cfg.data.max_ratio < 1.0:
         errors.append(f"data.max_ratio={cfg.data.max_ratio} must be >= 1")
-    unknown = [t for t in cfg.tables if t not in TABLES]
-    if unknown:
-        errors.append(f"tables={list(cfg.tables)}: {unknown} not among {list(TABLES)}")
     if len(errors) == 1:
         raise ValueError(f"invalid configuration: {errors[0]}")
     if errors:

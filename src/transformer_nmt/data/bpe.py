@@ -25,7 +25,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
-from omegaconf import DictConfig
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
 from transformer_nmt.data.clean import normalize
@@ -232,7 +231,7 @@ class SentencePieceTokenizer:
         return self.sp.decode([int(i) for i in ids if int(i) not in self._special])
 
 
-def load_tokenizer(data_cfg: DataConfig | DictConfig) -> SentencePieceTokenizer:
+def load_tokenizer(data_cfg: DataConfig) -> SentencePieceTokenizer:
     """The shared SentencePiece model of ``data_cfg`` (``data/spm/<name>/spm.model``).
 
     Raises:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from transformer_nmt.checkpoint import AVERAGED_NAME, checkpoint_dir, latest_checkpoint
-from transformer_nmt.config import Config, DecodeConfig
+from transformer_nmt.config import Config, DecodeConfig, Engine
 from transformer_nmt.data.batching import LengthBucketSampler, collate
 from transformer_nmt.data.bpe import load_tokenizer
 from transformer_nmt.decode.beam_search import (
@@ -363,7 +363,7 @@ def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str
     from transformer_nmt.checkpoint import load_model
     from transformer_nmt.data.bpe import check_vocab
 
-    if engine is None and str(cfg.decode.engine) != "native":
+    if engine is None and cfg.decode.engine != Engine.native:
         raise UserError(f"decode.engine={cfg.decode.engine} is decoded by nmt-translate / "
                         "nmt-evaluate; this call decodes with ours only")
     output = cfg.translate.output

@@ -40,6 +40,7 @@ Every score dict has ``type``, ``label``, ``score`` and ``signature``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -47,10 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from transformer_nmt.checkpoint import checkpoint_step
-from transformer_nmt.config import Config
+from transformer_nmt.config import Config, to_plain
 from transformer_nmt.data.bpe import file_digest, load_tokenizer
 from transformer_nmt.data.corpora import reference_path
 from transformer_nmt.decode.translate import (
@@ -122,7 +123,10 @@ def read_train_summary(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    """A config node (typed or a DictConfig) as plain types; anything else unchanged."""
+    if isinstance(node, DictConfig) or dataclasses.is_dataclass(node):
+        return to_plain(node)
+    return node
 
 
 def evaluate(cfg: Config) -> dict[str, Any]:
@@ -198,17 +202,17 @@ def evaluate(cfg: Config) -> dict[str, Any]:
             "speed": speed,
         }
 
-    paper_row = PAPER_TABLE3.get(str(cfg.table3.variant)) if cfg.table3.variant else None
+    paper_row = PAPER_TABLE3.get(cfg.table3.variant) if cfg.table3.variant else None
     table3_row = paper_row.row if paper_row is not None else (cfg.table3.variant or None)
     cost = {k: summary.get(k) for k in TRAINING_COST_KEYS} if summary is not None else None
     averaged = meta["averaged_from"]
-    trainer_cfg = model_cfg.get("trainer", {}) if hasattr(model_cfg, "get") else {}
+    trainer_cfg = model_cfg.trainer
     results = {
         "experiment": cfg.name,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "run_dir": str(run_dir),
         "table3_row": table3_row,
-        "table3": ({"variant": str(cfg.table3.variant), "seed": int(cfg.trainer.seed)}
+        "table3": ({"variant": cfg.table3.variant, "seed": cfg.trainer.seed}
                    if cfg.table3.variant else None),
         "extra": _plain(cfg.extra),
         "data": {
@@ -216,15 +220,14 @@ def evaluate(cfg: Config) -> dict[str, Any]:
             "corpus": data.corpus,
             "src_lang": data.src_lang,
             "tgt_lang": data.tgt_lang,
-            "max_train_pairs": (model_cfg.get("data", {}).get("max_train_pairs")
-                                if hasattr(model_cfg, "get") else None),
+            "max_train_pairs": model_cfg.data.max_train_pairs,
         },
         "model": {"name": model_cfg.model.name, "params": params,
                   "config": _plain(model_cfg.model)},
         "trainer": {
-            "label_smoothing": trainer_cfg.get("label_smoothing"),
-            "max_steps": trainer_cfg.get("max_steps"),
-            "tokens_per_step": trainer_cfg.get("tokens_per_step"),
+            "label_smoothing": trainer_cfg.label_smoothing,
+            "max_steps": trainer_cfg.max_steps,
+            "tokens_per_step": trainer_cfg.tokens_per_step,
         },
         "checkpoint": str(ckpt_path),
         "checkpoint_sha256": file_digest(ckpt_path),

@@ -1,8 +1,9 @@
 """``nmt-table``: the paper's tables rebuilt from every run's results.json.
 
-Pipeline position: bleu -> **table**. Reads ``cfg.results_glob`` (``runs/**/results.json``,
-written by :mod:`transformer_nmt.evaluate.evaluate`) and writes ``cfg.table_output``
-(``docs/results.md``) atomically, with the sections ``cfg.tables`` names:
+Pipeline position: bleu -> **table**. Reads ``cfg.table.results_glob`` (``runs/**/results.json``,
+written by :mod:`transformer_nmt.evaluate.evaluate`) and writes ``cfg.table.output``
+(``runs/results.md``; ``docs/results.md``, the committed page) atomically, with the sections
+``cfg.table.tables`` names:
 
 * **Table 2** (paper section 6.1): newstest2014 BLEU, EN-DE and EN-FR, and training cost,
   for Transformer base and big; the paper's numbers beside ours. Runs qualify when their
@@ -13,7 +14,7 @@ written by :mod:`transformer_nmt.evaluate.evaluate`) and writes ``cfg.table_outp
   one table per base experiment, each row beside the paper's line it varies (by
   ``table3.variant``; a run configured by hand: the line with the same setting), seeds
   averaged, and each row's BLEU difference to its base row beside the paper's. With
-  ``table3_plot`` the differences are drawn too (:func:`transformer_nmt.plot.table3.plot_table3`).
+  ``table.table3_plot`` the differences are drawn too (:func:`transformer_nmt.plot.table3.plot_table3`).
 * **Other runs** (Multi30k, custom corpora, ...): every test set's scores.
 
 Every BLEU number is in a column or cell that names its kind. The paper's numbers are
@@ -561,24 +562,25 @@ def build_report(results: list[dict[str, Any]],
 
 
 def write_report(cfg: Config) -> Path:
-    """``nmt-table``: read ``cfg.results_glob``, write ``cfg.table_output`` atomically.
+    """``nmt-table``: read ``cfg.table.results_glob``, write ``cfg.table.output`` atomically.
 
     Returns:
         The path written.
     """
-    results = load_results(cfg.results_glob)
+    t = cfg.table
+    results = load_results(t.results_glob)
     if not results:
-        log.warning("no results files match %s; writing the paper's numbers only", cfg.results_glob)
-    out = Path(cfg.table_output)
+        log.warning("no results files match %s; writing the paper's numbers only", t.results_glob)
+    out = Path(t.output)
     with atomic_write(out) as f:
-        f.write(build_report(results, cfg.tables))
+        f.write(build_report(results, t.tables))
     log.info("wrote %s from %d results files", out, len(results))
-    if cfg.table3_plot:
+    if t.table3_plot:
         from transformer_nmt.plot.table3 import plot_table3
 
         groups = table3_lines(results)
         for exp, lines in groups.items():
-            plot = Path(cfg.table3_plot)
+            plot = Path(t.table3_plot)
             if len(groups) > 1:
                 plot = plot.with_name(f"{plot.stem}_{exp}{plot.suffix}")
             plot_table3(exp, lines, plot)

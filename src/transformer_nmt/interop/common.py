@@ -19,11 +19,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from transformer_nmt.choices import Engine, ExportFormat, Quantization
 from transformer_nmt.config import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
     UNK_ID,
+    Config,
     DecodeConfig,
     ModelConfig,
     to_plain,
@@ -32,9 +34,11 @@ from transformer_nmt.errors import ExportError, NotWritableError  # noqa: F401  
 
 SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
 """Pieces of our special ids in the shared SentencePiece model (bpe.py trains it so)."""
-FORMATS = ("hf", "ctranslate2")
-QUANTIZATIONS = ("none", "int8", "int8_float32", "float16")
-ENGINES = ("native", "ctranslate2", "ctranslate2_int8")
+FORMATS = tuple(f.value for f in ExportFormat)
+"""``export.format`` values (:class:`transformer_nmt.choices.ExportFormat`)."""
+QUANTIZATIONS = tuple(q.value for q in Quantization)
+"""``export.quantization`` values (:class:`transformer_nmt.choices.Quantization`)."""
+ENGINES = tuple(e.value for e in Engine)
 """``decode.engine`` values: our beam search, CTranslate2 float32 (or the decode precision
 on GPU), CTranslate2 with int8 weights and matrix products."""
 LAYER_NORM_EPS = 1e-5
@@ -62,13 +66,14 @@ def require(module: str):
 # --------------------------------------------------------------------------------------
 
 
-def _get(cfg: ModelConfig | DecodeConfig | DictConfig | dict[str, Any], key: str,
+def _get(cfg: ModelConfig | DecodeConfig | dict[str, Any], key: str,
          default: Any = None) -> Any:
-    return cfg.get(key, default) if isinstance(cfg, (dict, DictConfig)) else getattr(cfg, key, default)
+    return cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
 
 
-def check_exportable(model_cfg: ModelConfig | DictConfig, target: str) -> None:
-    """Refuse a model that ``target`` (``hf`` or ``ctranslate2``) cannot compute exactly.
+def check_exportable(model_cfg: ModelConfig, target: str) -> None:
+    """Refuse a model that ``target`` (an ``export.format``: ``hf`` or ``ctranslate2``)
+    cannot compute exactly.
 
     Raises:
         ExportError: naming the config field and value.
@@ -95,8 +100,6 @@ def check_exportable(model_cfg: ModelConfig | DictConfig, target: str) -> None:
                 f"model.share_embeddings={_get(model_cfg, 'share_embeddings')}: the Marian export "
                 "writes one shared embedding (share_embeddings=all)"
             )
-    elif target != "ctranslate2":
-        raise ExportError(f"export.format={target!r} is not one of {list(FORMATS)}")
 
 
 def _piece_vocab(spm_path: Path) -> list[str]:
@@ -134,16 +137,15 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def model_card(run_cfg: DictConfig, ckpt: dict[str, Any], results: dict[str, Any] | None,
+def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | None,
                vocab_size: int) -> str:
     """README.md of an exported folder: data, recipe, steps, measured BLEU with signatures."""
-    data, model, trainer = run_cfg.data, run_cfg.model, run_cfg.get("trainer", {})
-    decode = run_cfg.get("decode", {})
+    data, model, trainer, decode = run_cfg.data, run_cfg.model, run_cfg.trainer, run_cfg.decode
     src, tgt = data.src_lang, data.tgt_lang
     lines = [
         "---", "library_name: transformers", "pipeline_tag: translation", "tags:",
         "- translation", "- marian", "- transformer-nmt", f"language:\n- {src}\n- {tgt}", "---",
-        "", f"# {run_cfg.get('name', 'transformer-nmt')} ({src} -> {tgt})", "",
+        "", f"# {run_cfg.name} ({src} -> {tgt})", "",
         ("A Transformer (Vaswani et al., 2017) trained with transformer-nmt and exported to "
          "`MarianMTModel` with logits equal to the original's (channel order of the residual "
          "stream permuted to Marian's sinusoid layout; see `transformer_nmt.interop`)."), "",
@@ -158,26 +160,24 @@ def model_card(run_cfg: DictConfig, ckpt: dict[str, Any], results: dict[str, Any
          "removed the translation pipeline."), "",
         "## Training data", "",
         (f"- corpus: {data.name} ({data.corpus}), {src} -> {tgt}; shared SentencePiece "
-         f"{data.get('spm_model_type', 'bpe')} vocabulary of {vocab_size} pieces "
-         f"(source.spm = target.spm), text normalised with {data.get('unicode_form')} "
+         f"{data.spm_model_type} vocabulary of {vocab_size} pieces "
+         f"(source.spm = target.spm), text normalised with {data.unicode_form} "
          "before SentencePiece by transformer-nmt (MarianTokenizer does not normalise)"),
         "",
         "## Recipe", "",
-        (f"- model: {model.get('name')}: {model.encoder_layers}+{model.decoder_layers} layers, "
+        (f"- model: {model.name}: {model.encoder_layers}+{model.decoder_layers} layers, "
          f"d_model {model.d_model}, d_ff {model.d_ff}, {model.heads} heads, {model.norm}-norm, "
          f"{model.positions} positions, embeddings shared ({model.share_embeddings}), "
          f"dropout {model.dropout}"),
-        (f"- training: max_tokens {_fmt(trainer.get('max_tokens'))} x update_freq "
-         f"{_fmt(trainer.get('update_freq'))}, warmup_steps {_fmt(trainer.get('warmup_steps'))}, "
-         f"lr_multiplier {_fmt(trainer.get('lr_multiplier'))}, label_smoothing "
-         f"{_fmt(trainer.get('label_smoothing'))}, Adam betas "
-         f"{_fmt(_plain(trainer.get('adam_betas')))}"),
+        (f"- training: max_tokens {trainer.max_tokens} x update_freq {trainer.update_freq}, "
+         f"warmup_steps {trainer.warmup_steps}, lr_multiplier {trainer.lr_multiplier}, "
+         f"label_smoothing {trainer.label_smoothing}, Adam betas {list(trainer.adam_betas)}"),
         f"- steps: {_fmt(ckpt.get('step'))}"
         + (f", parameters averaged over {len(ckpt['averaged_from'])} checkpoints "
            f"({', '.join(ckpt['averaged_from'])})" if ckpt.get("averaged_from") else ""),
-        (f"- decoding used for the scores below: beam {_fmt(decode.get('beam_size'))}, length "
-         f"penalty {_fmt(decode.get('lenpen'))} ({_fmt(decode.get('lenpen_form'))} form), "
-         f"max length {_fmt(decode.get('max_len_a'))} x source + {_fmt(decode.get('max_len_b'))}"),
+        (f"- decoding used for the scores below: beam {decode.beam_size}, length "
+         f"penalty {decode.lenpen} ({decode.lenpen_form} form), "
+         f"max length {decode.max_len_a} x source + {decode.max_len_b}"),
         "",
         "## Results", "",
     ]

@@ -36,7 +36,6 @@ from transformer_nmt.fileio import file_digest
 from transformer_nmt.interop.common import (
     ENGINES,
     LAYER_NORM_EPS,
-    QUANTIZATIONS,
     SPECIAL_PIECES,
     ExportError,
     NotWritableError,
@@ -75,10 +74,10 @@ def ctranslate2_spec(model: Any, pieces: Sequence[str]):
     check_exportable(cfg, "ctranslate2")
     pre = cfg.norm == "pre"
     spec = transformer_spec.TransformerSpec.from_config(
-        (int(cfg.encoder_layers), int(cfg.decoder_layers)), int(cfg.heads), pre_norm=pre,
+        (cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=pre,
         activation=common_spec.Activation.RELU)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    n = int(cfg.max_positions)
+    n = cfg.max_positions
     with torch.no_grad():
         src_pos = model.src_positions(n, 0).float().numpy()
         tgt_pos = model.tgt_positions(n, 0).float().numpy()
@@ -139,15 +138,14 @@ def export_ctranslate2(checkpoint: str | Path, spm_path: str | Path, out_dir: st
         checkpoint: our checkpoint or averaged model file.
         spm_path: the shared SentencePiece model (copied as ``spm.model``, with ``spm.json``).
         out_dir: the folder to write (temporary folder + rename).
-        quantization: ``none`` (float32 weights), ``int8``, ``int8_float32``, ``float16``.
+        quantization: an ``export.quantization`` (:class:`transformer_nmt.choices.Quantization`):
+            ``none`` (float32 weights), ``int8``, ``int8_float32``, ``float16``.
         overwrite: replace an existing folder.
 
     Raises:
-        ExportError: unknown quantization, an inexpressible model, a missing file.
+        ExportError: an inexpressible model, a missing file.
     """
     ctranslate2 = require("ctranslate2")
-    if quantization not in QUANTIZATIONS:
-        raise ExportError(f"export.quantization={quantization!r} is not one of {list(QUANTIZATIONS)}")
     spm_path, out_dir = Path(spm_path), Path(out_dir)
     if not spm_path.is_file():
         raise ExportError(f"SentencePiece model {spm_path} not found (run nmt-prepare first)")

@@ -14,13 +14,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from transformer_nmt.config import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
     UNK_ID,
+    Config,
+    LenpenForm,
 )
 from transformer_nmt.interop.common import (
     SIDECAR,
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 
-def write_tokenizer_files(spm_path: Path, folder: Path, run_cfg: DictConfig,
+def write_tokenizer_files(spm_path: Path, folder: Path, run_cfg: Config,
                           max_length: int) -> None:
     """source.spm, target.spm, vocab.json, tokenizer_config.json for ``MarianTokenizer``."""
     pieces = _piece_vocab(spm_path)
@@ -85,14 +85,13 @@ def export_hf(checkpoint: str | Path, spm_path: str | Path, out_dir: str | Path,
     if not spm_path.is_file():
         raise ExportError(f"SentencePiece model {spm_path} not found (run nmt-prepare first)")
     mm = port_to_marian(model)
-    decode = run_cfg.get("decode", {})
-    max_length = int(run_cfg.model.max_positions)
+    decode = run_cfg.decode
+    max_length = run_cfg.model.max_positions
     gen = transformers.GenerationConfig(
         decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
         pad_token_id=PAD_ID, forced_eos_token_id=EOS_ID, suppress_tokens=[PAD_ID, BOS_ID],
-        num_beams=int(decode.get("beam_size", 4)), early_stopping=True,
-        length_penalty=float(decode.get("lenpen", 1.0))
-        if decode.get("lenpen_form") == "fairseq" else 1.0,
+        num_beams=decode.beam_size, early_stopping=True,
+        length_penalty=decode.lenpen if decode.lenpen_form == LenpenForm.fairseq else 1.0,
         max_length=min(512, max_length),
     )
     mm.generation_config = gen

@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 
 from transformer_nmt.config import (
     BOS_ID,
@@ -94,7 +93,7 @@ CROSS_ATTN_NAMES: LayerNames = (
 """Decoder layers only: the encoder-decoder attention sub-layer."""
 
 
-def layer_name_pairs(cfg: ModelConfig | DictConfig, enc_prefix: str, dec_prefix: str
+def layer_name_pairs(cfg: ModelConfig, enc_prefix: str, dec_prefix: str
                      ) -> Iterator[tuple[str, str, tuple[str, ...] | None]]:
     """``(our prefix, the peer's prefix, parts)`` of every layer parameter of ``cfg``'s model
     (:data:`SELF_ATTN_FFN_NAMES`, :data:`CROSS_ATTN_NAMES`), encoder layers first.
@@ -112,7 +111,7 @@ def layer_name_pairs(cfg: ModelConfig | DictConfig, enc_prefix: str, dec_prefix:
 
 
 def layer_state_dict(
-    ours: dict[str, torch.Tensor], cfg: ModelConfig | DictConfig, enc_prefix: str, dec_prefix: str
+    ours: dict[str, torch.Tensor], cfg: ModelConfig, enc_prefix: str, dec_prefix: str
 ) -> dict[str, torch.Tensor]:
     """Our encoder/decoder layer weights under fairseq's layer names (Marian uses the same).
 
@@ -135,7 +134,7 @@ def layer_state_dict(
     return sd
 
 
-def marian_config(model_cfg: ModelConfig | DictConfig, vocab_size: int,
+def marian_config(model_cfg: ModelConfig, vocab_size: int,
                   dropout: float | None = None):
     """The ``MarianConfig`` of our architecture: post-norm, ReLU, sqrt(D) scale, tied, our ids.
 
@@ -164,7 +163,7 @@ def marian_config(model_cfg: ModelConfig | DictConfig, vocab_size: int,
     )
 
 
-def to_marian_state_dict(ours: dict[str, torch.Tensor], model_cfg: ModelConfig | DictConfig
+def to_marian_state_dict(ours: dict[str, torch.Tensor], model_cfg: ModelConfig
                          ) -> dict[str, torch.Tensor]:
     """Our state dict -> MarianMTModel's (names, split projections, channel order).
 
@@ -211,7 +210,7 @@ def port_to_marian(model: Any, dropout: float | None = None):
     return mm.eval()
 
 
-def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: ModelConfig | DictConfig
+def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: ModelConfig
                            ) -> dict[str, torch.Tensor]:
     """MarianMTModel's state dict -> ours (inverse of :func:`to_marian_state_dict`)."""
     d = int(_get(model_cfg, "d_model"))
@@ -229,7 +228,7 @@ def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: ModelConfig |
     return {k: v.contiguous() for k, v in ours.items()}
 
 
-def model_config_of_marian(mcfg: MarianConfig, base: ModelConfig | DictConfig | dict | None = None
+def model_config_of_marian(mcfg: MarianConfig, base: ModelConfig | dict | None = None
                            ) -> dict[str, Any]:
     """Our ModelConfig fields (a dict) for a MarianConfig; other fields from ``base``."""
     fields = dict(_plain(base)) if base is not None else {}

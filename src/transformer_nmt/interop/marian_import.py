@@ -1,5 +1,14 @@
 """Import a Marian-architecture Hugging Face folder as our checkpoint (nmt-import).
 
+    nmt-import export.source=path/to/marian_folder name=imported data.name=imported_spm
+    nmt-translate name=imported data.name=imported_spm translate.input=in.en
+    nmt-train experiment=multi30k_en_de trainer.init_from=runs/imported/checkpoints/averaged.pt
+
+:func:`run_import` writes ``<run_dir>/checkpoints/averaged.pt`` (the model, the composed
+config with the folder's architecture, ``imported_from``) and copies the shared
+SentencePiece model to ``data/spm/<data.name>/spm.model``, where nmt-translate and
+nmt-evaluate look for it.
+
 opus-mt models (eos 0, pad last, decoder starting from the pad's zero embedding, no bos,
 two SentencePiece models with a separate vocab.json) cannot be mapped onto a shared
 SentencePiece model with our ids without changing the softmax; import refuses them.
@@ -8,24 +17,25 @@ SentencePiece model with our ids without changing the softmax; import refuses th
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.config import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
     Config,
+    ModelConfig,
     to_plain,
 )
 
 if TYPE_CHECKING:
     from transformers import MarianConfig
-from transformer_nmt.interop.common import SIDECAR, ExportError, _piece_vocab, _plain, require
+from transformer_nmt.interop.common import SIDECAR, ExportError, _piece_vocab, require
 from transformer_nmt.interop.marian import from_marian_state_dict, model_config_of_marian
 
 log = logging.getLogger(__name__)
@@ -144,7 +154,7 @@ def _sidecar(folder: Path) -> dict[str, Any]:
     return sidecar
 
 
-def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_out: str | Path,
+def import_marian(folder: str | Path, run_cfg: Config, checkpoint_out: str | Path,
                   spm_out: str | Path) -> dict[str, Any]:
     """A Marian-architecture transformers folder -> our model file + shared SentencePiece model.
 
@@ -180,9 +190,11 @@ def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_o
                           "no bias)")
     spm_src = _tokenizer_of(folder, mcfg.vocab_size)
     sidecar = _sidecar(folder)
-    cfg = OmegaConf.create(_plain(run_cfg))
     base = sidecar.get("config", {}).get("model") if sidecar else None
-    cfg.model = model_config_of_marian(mcfg, base if base is not None else cfg.model)
+    fields = model_config_of_marian(mcfg, base if base is not None else run_cfg.model)
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    cfg = copy.deepcopy(run_cfg)
+    cfg.model = ModelConfig(**{k: v for k, v in fields.items() if k in known})
     if spm_out.is_file() and spm_out.read_bytes() != spm_src.read_bytes():
         raise ExportError(f"{spm_out} exists and differs from {spm_src}; import under another "
                           "data.name (the SentencePiece model lives in data/spm/<data.name>/)")
@@ -208,3 +220,30 @@ def import_marian(folder: str | Path, run_cfg: Config | DictConfig, checkpoint_o
     save_checkpoint(checkpoint_out, ckpt)
     log.info("imported %s into %s (tokenizer %s)", folder, checkpoint_out, spm_out)
     return ckpt
+
+
+def run_import(cfg: Config) -> Path:
+    """``nmt-import``: import ``cfg.export.source`` into ``cfg.run_dir``; returns the model
+    file written (``<run_dir>/checkpoints/averaged.pt``).
+
+    Raises:
+        ExportError, FileNotFoundError, ValueError: no source, a target run that already
+            holds checkpoints without ``export.overwrite``, a folder that cannot be imported
+            exactly.
+    """
+    from transformer_nmt.checkpoint import AVERAGED_NAME, checkpoint_dir
+    from transformer_nmt.fileio import spm_model_path
+
+    source = cfg.export.source
+    if not source:
+        raise ExportError("export.source=<folder> is required (a Marian transformers folder)")
+    folder = checkpoint_dir(cfg.run_dir)
+    out = folder / AVERAGED_NAME
+    held = sorted(p.name for p in folder.glob("*.pt")) if folder.is_dir() else []
+    if held and not cfg.export.overwrite:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise ExportError(
+            f"{cfg.run_dir} already holds checkpoints ({shown} in {folder}); import under "
+            f"another name= (or run_dir=), or pass export.overwrite=true to replace {out.name}")
+    import_marian(source, cfg, out, spm_model_path(cfg.data))
+    return out

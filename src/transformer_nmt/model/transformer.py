@@ -43,7 +43,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from transformer_nmt.config import PAD_ID, ModelConfig, validate_model_config
@@ -423,7 +422,7 @@ class PositionwiseFeedForward(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in residual dropout and LayerNorm (3.1)."""
 
-    def __init__(self, cfg: ModelConfig | DictConfig, d_k: int, d_v: int) -> None:
+    def __init__(self, cfg: ModelConfig, d_k: int, d_v: int) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(
@@ -446,7 +445,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Masked self-attention, encoder-decoder attention, feed-forward (section 3.1)."""
 
-    def __init__(self, cfg: ModelConfig | DictConfig, d_k: int, d_v: int) -> None:
+    def __init__(self, cfg: ModelConfig, d_k: int, d_v: int) -> None:
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(
@@ -502,7 +501,7 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer (section 3, Figure 1).
 
     Args:
-        cfg: :class:`~transformer_nmt.config.ModelConfig` (or a DictConfig with its fields).
+        cfg: :class:`~transformer_nmt.config.ModelConfig`.
         vocab_size: size V of the shared source/target vocabulary.
         pad_id: padding id; its embedding row is zero and padded source keys are masked.
 
@@ -522,7 +521,7 @@ class Transformer(nn.Module):
         ValueError: from :func:`validate_model_config`, naming every bad key and value.
     """
 
-    def __init__(self, cfg: ModelConfig | DictConfig, vocab_size: int,
+    def __init__(self, cfg: ModelConfig, vocab_size: int,
                  pad_id: int = PAD_ID) -> None:
         super().__init__()
         validate_model_config(cfg, vocab_size, pad_id)

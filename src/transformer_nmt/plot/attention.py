@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_nmt.config import BOS_ID, EOS_ID, DecodeConfig
+from transformer_nmt.errors import ConfigError
 from transformer_nmt.plot.common import save_figure
 
 # --------------------------------------------------------------------------------------
@@ -216,13 +217,13 @@ def attention_maps(
         "weights": {module name: (1, H, t, keys)}}``.
 
     Raises:
-        ValueError: when the sentence has no pieces.
+        ConfigError (a UserError, a ValueError): when the sentence has no pieces.
     """
     from transformer_nmt.decode.translate import search
 
     ids = tokenizer.encode(sentence.strip())
     if not ids:
-        raise ValueError(f"sentence {sentence!r} has no SentencePiece pieces to translate")
+        raise ConfigError(f"sentence {sentence!r} has no SentencePiece pieces to translate")
     device = next(model.parameters()).device
     src = torch.tensor([list(ids) + [EOS_ID]], dtype=torch.long, device=device)  # (1, S)
     was_training = model.training

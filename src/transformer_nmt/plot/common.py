@@ -13,12 +13,14 @@ matplotlib.use("Agg")  # before pyplot: files only, never a window
 
 import matplotlib.pyplot as plt
 
+from transformer_nmt.choices import PlotFormat
 from transformer_nmt.fileio import atomic_path
 
 log = logging.getLogger(__name__)
 
 
-FORMATS = ("png", "svg")
+FORMATS = tuple(f.value for f in PlotFormat)
+"""File formats of the figures (``plot.format``, :class:`transformer_nmt.choices.PlotFormat`)."""
 
 
 # --------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ matplotlib.use("Agg")  # before pyplot: files only, never a window
 import matplotlib.pyplot as plt
 import numpy as np
 
+from transformer_nmt.errors import DataError
 from transformer_nmt.plot.common import save_figure
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,8 @@ def read_metrics(path: str | Path) -> dict[str, list[dict[str, Any]]]:
 
     Raises:
         FileNotFoundError: naming the file.
-        ValueError: naming the file and line of a line that is not a JSON object with an
-            integer ``step`` and a ``split``.
+        DataError (a UserError): naming the file and line of a line that is not a JSON
+            object with an integer ``step`` and a ``split``.
     """
     path = Path(path)
     if not path.is_file():
@@ -74,14 +75,14 @@ def read_metrics(path: str | Path) -> dict[str, list[dict[str, Any]]]:
                 if not line.endswith("\n"):  # a write cut short by a kill
                     log.warning("%s, line %d: incomplete last line ignored", path, n)
                     break
-                raise ValueError(f"{path}, line {n}: not JSON ({e.msg}): {line.strip()[:80]!r}") from e
+                raise DataError(f"{path}, line {n}: not JSON ({e.msg}): {line.strip()[:80]!r}") from e
             if not isinstance(rec, dict) or not isinstance(rec.get("split"), str):
-                raise ValueError(  # noqa: TRY004 - bad file content, not a caller's type
+                raise DataError(
                     f"{path}, line {n}: expected an object with a 'split', got "
                     f"{line.strip()[:80]!r}")
             step = rec.get("step")
             if isinstance(step, bool) or not isinstance(step, int):
-                raise ValueError(  # noqa: TRY004
+                raise DataError(
                     f"{path}, line {n}: 'step' must be an integer, got {step!r}")
             split = rec["split"]
             if split in last_step and step <= last_step[split]:
@@ -165,10 +166,10 @@ def plot_curves(
         The matplotlib Figure (closed by the caller with ``plt.close``).
 
     Raises:
-        ValueError: when no run has any train record.
+        DataError (a UserError): when no run has any train record.
     """
     if not any(h.get("train") for h in histories.values()):
-        raise ValueError(f"no train records in {', '.join(histories)}: nothing to plot")
+        raise DataError(f"no train records in {', '.join(histories)}: nothing to plot")
     fig, axes = plt.subplots(3, 3, figsize=(13, 10))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (split, key, xkind, title, logy) in zip(axes.flat, _CURVE_PANELS):

@@ -1,75 +1,37 @@
-"""What ``nmt-plot`` draws for one or more runs, and its config (:class:`PlotAppConfig`).
+"""What ``nmt-plot`` draws for one or more runs (:func:`make_plots`).
 
-The config is the pipeline's plus the ``plot`` node of :class:`PlotConfig` and the
-top-level ``runs`` list; :func:`make_plots` writes the figures named by ``plot.kinds``.
+Its options are the ``plot`` group of the config (:class:`transformer_nmt.config.PlotConfig`):
+the figures (``plot.kinds``), the runs drawn together (``plot.runs``), format and folder.
 """
-
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")  # before pyplot: files only, never a window
 
-from dataclasses import field
-
 import torch
 
+from transformer_nmt.choices import PlotKind
 from transformer_nmt.config import Config
-
-if TYPE_CHECKING:
-    from transformer_nmt.plot.make import PlotAppConfig
+from transformer_nmt.errors import ConfigError
 from transformer_nmt.plot.attention import attention_maps, plot_attention
 from transformer_nmt.plot.checkpoint_bleu import checkpoint_bleu, plot_checkpoint_bleu
-from transformer_nmt.plot.common import FORMATS, close
+from transformer_nmt.plot.common import close
 from transformer_nmt.plot.curves import plot_curves, read_metrics
-
-
-@dataclass
-class PlotConfig:
-    """What ``nmt-plot`` draws and where."""
-
-    kinds: list[str] = field(default_factory=lambda: ["curves", "bleu"])
-    """Figures: ``curves`` (metrics.jsonl), ``bleu`` (validation BLEU of each kept checkpoint
-    and the average; decodes, cached in plots/checkpoint_bleu.json), ``attention``."""
-    format: str = "png"
-    """``png`` or ``svg``."""
-    dpi: int = 100
-    dir: str | None = None
-    """Output folder; None = ``<first run>/plots``."""
-    bleu_sentences: int | None = None
-    """Decode only the first N validation sentences per checkpoint (None = all)."""
-    sentence: str | None = None
-    """Source sentence for the attention maps (adds ``attention`` to the kinds)."""
-    layer: int = 0
-    """Encoder layer whose self-attention heads are drawn, from 1; 0 = the last."""
-    cross_layer: int = 0
-    """Decoder layer whose encoder-decoder attention heads are drawn, from 1; 0 = the last."""
-
-
-@dataclass
-class PlotAppConfig(Config):
-    """The pipeline config plus ``plot`` and ``runs`` (nmt-plot only)."""
-
-    plot: PlotConfig = field(default_factory=PlotConfig)
-    runs: list[str] = field(default_factory=list)
-    """Run names (folders under runs/) or paths to draw together; empty = ``run_dir``."""
-
 
 # --------------------------------------------------------------------------------------
 # One command
 # --------------------------------------------------------------------------------------
 
 
-def _run_dirs(cfg: PlotAppConfig) -> list[Path]:
-    """The run folders named by ``runs`` (names under runs/, or paths), else ``run_dir``."""
+def _run_dirs(cfg: Config) -> list[Path]:
+    """The run folders named by ``plot.runs`` (names under runs/, or paths), else ``run_dir``."""
     base = Path(cfg.run_dir).parent
-    names = list(getattr(cfg, "runs", None) or [])
+    names = list(cfg.plot.runs)
     if not names:
         return [Path(cfg.run_dir)]
     dirs = []
@@ -79,10 +41,10 @@ def _run_dirs(cfg: PlotAppConfig) -> list[Path]:
     return dirs
 
 
-def make_plots(cfg: PlotAppConfig) -> list[Path]:
+def make_plots(cfg: Config) -> list[Path]:
     """``nmt-plot``: the figures ``cfg.plot.kinds`` asks for, from one or more run folders.
 
-    ``curves``: ``curves.<fmt>`` (one run) or ``curves_<a>_vs_<b>.<fmt>`` (``runs=[a,b]``);
+    ``curves``: ``curves.<fmt>`` (one run) or ``curves_<a>_vs_<b>.<fmt>`` (``plot.runs=[a,b]``);
     ``bleu``: ``checkpoint_bleu.<fmt>`` likewise; ``attention`` (needs ``plot.sentence``,
     first run's model: ``decode.checkpoint``, else averaged.pt, else the latest checkpoint):
     ``attention_encoder_layer<L>.<fmt>`` and ``attention_cross_layer<L>.<fmt>``. Layers
@@ -92,25 +54,20 @@ def make_plots(cfg: PlotAppConfig) -> list[Path]:
         The files written, in ``plot.dir`` or else ``<first run>/plots``.
 
     Raises:
-        ValueError: unknown kind or format, ``bleu_sentences`` below 1, a layer out of
-            range, attention without a sentence, or bad metrics lines (named).
+        ConfigError: ``bleu_sentences`` below 1, a layer out of range, attention without a
+            sentence. DataError: bad metrics lines (named). Both are UserErrors (ValueErrors).
         FileNotFoundError: a run folder without metrics.jsonl or checkpoints (named).
     """
     p = cfg.plot
     kinds = list(p.kinds)
-    if p.sentence and "attention" not in kinds:
-        kinds.append("attention")
-    unknown = [k for k in kinds if k not in ("curves", "bleu", "attention")]
-    if unknown:
-        raise ValueError(f"plot.kinds={kinds}: unknown {unknown}; allowed: curves, bleu, attention")
-    fmt = str(p.format).lower()
-    if fmt not in FORMATS:
-        raise ValueError(f"plot.format={p.format!r} is not one of {list(FORMATS)}")
-    if p.bleu_sentences is not None and int(p.bleu_sentences) <= 0:
-        raise ValueError(f"plot.bleu_sentences={p.bleu_sentences} must be positive (or null for "
+    if p.sentence and PlotKind.attention not in kinds:
+        kinds.append(PlotKind.attention)
+    fmt = str(p.format)
+    if p.bleu_sentences is not None and p.bleu_sentences <= 0:
+        raise ConfigError(f"plot.bleu_sentences={p.bleu_sentences} must be positive (or null for "
                          "every validation sentence)")
     if "attention" in kinds and not p.sentence:
-        raise ValueError('plot.kinds has attention but plot.sentence is unset '
+        raise ConfigError('plot.kinds has attention but plot.sentence is unset '
                          '(plot.sentence="A man rides a bike.")')
     run_dirs = _run_dirs(cfg)
     for d in run_dirs:
@@ -119,7 +76,7 @@ def make_plots(cfg: PlotAppConfig) -> list[Path]:
     labels = [d.name for d in run_dirs]
     out_dir = Path(p.dir) if p.dir else run_dirs[0] / "plots"
     suffix = "" if len(run_dirs) == 1 else "_" + "_vs_".join(labels)
-    dpi = int(p.dpi)
+    dpi = p.dpi
     written: list[Path] = []
 
     if "curves" in kinds:
@@ -135,7 +92,7 @@ def make_plots(cfg: PlotAppConfig) -> list[Path]:
     if "bleu" in kinds:
         results = {
             d.name: checkpoint_bleu(d, cfg.decode, device, p.bleu_sentences,
-                                     average_last=int(cfg.average.last))
+                                     average_last=cfg.average.last)
             for d in run_dirs
         }
         for label, rows in results.items():
@@ -153,7 +110,7 @@ def make_plots(cfg: PlotAppConfig) -> list[Path]:
     return written
 
 
-def _plot_attention_files(cfg: PlotAppConfig, run_dir: Path, out_dir: Path, fmt: str, dpi: int,
+def _plot_attention_files(cfg: Config, run_dir: Path, out_dir: Path, fmt: str, dpi: int,
                           device: torch.device) -> list[Path]:
     from transformer_nmt.checkpoint import load_model
     from transformer_nmt.decode.translate import load_tokenizer, resolve_checkpoint
@@ -165,9 +122,9 @@ def _plot_attention_files(cfg: PlotAppConfig, run_dir: Path, out_dir: Path, fmt:
     ckpt = resolve_checkpoint(run_cfg)
     model, model_cfg = load_model(ckpt, device)
     tokenizer = load_tokenizer(model_cfg.data)
-    maps = attention_maps(model, tokenizer, str(p.sentence), cfg.decode)
-    enc_l = _layer_index(int(p.layer), len(maps["encoder"]), "plot.layer")
-    dec_l = _layer_index(int(p.cross_layer), len(maps["cross"]), "plot.cross_layer")
+    maps = attention_maps(model, tokenizer, p.sentence, cfg.decode)
+    enc_l = _layer_index(p.layer, len(maps["encoder"]), "plot.layer")
+    dec_l = _layer_index(p.cross_layer, len(maps["cross"]), "plot.cross_layer")
     print(f"source: {' '.join(maps['source'])}")
     print(f"translation: {maps['translation']}")
     src, tgt = maps["source"], maps["target"]
@@ -191,6 +148,6 @@ def _layer_index(layer: int, n: int, key: str) -> int:
     if layer == 0:
         return n - 1
     if not 1 <= layer <= n:
-        raise ValueError(f"{key}={layer} is out of range: the model has {n} layers "
+        raise ConfigError(f"{key}={layer} is out of range: the model has {n} layers "
                          "(1..{n}, or 0 for the last)".replace("{n}", str(n)))
     return layer - 1

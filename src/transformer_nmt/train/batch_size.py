@@ -140,12 +140,12 @@ def plan_batch(t_cfg: Any, model_cfg: Any, make_sampler: Callable[[int], LengthB
     Raises:
         UserError: the real tokens per step miss the target (see above).
     """
-    max_tokens = int(device_cap) if device_cap else int(t_cfg.max_tokens)
+    max_tokens = int(device_cap) if device_cap else t_cfg.max_tokens
     max_tokens = max(max_tokens, int(min_tokens))
     sampler = make_sampler(max_tokens)
     target = t_cfg.tokens_per_step
     if target is None:
-        uf = int(t_cfg.update_freq)
+        uf = t_cfg.update_freq
         return BatchPlan(max_tokens, uf, *real_tokens_per_step(sampler, uf, world_size), sampler)
     target = float(target)
     if device_cap:

@@ -69,11 +69,11 @@ def log_data_report(cfg: Config, sampler: LengthBucketSampler, train_set: Parall
                     world_size: int) -> None:
     """Log the real tokens a step holds (:func:`real_tokens_per_step`) and the data's sizes."""
     t_cfg = cfg.trainer
-    src_step, tgt_step = real_tokens_per_step(sampler, int(t_cfg.update_freq), world_size)
+    src_step, tgt_step = real_tokens_per_step(sampler, t_cfg.update_freq, world_size)
     log.info(
         "a step holds %s real source and %s real target tokens on average (max_tokens %d "
         "padded x %d micro-batches x %d ranks, over every batch of an epoch)",
-        f"{src_step:,.0f}", f"{tgt_step:,.0f}", int(t_cfg.max_tokens), int(t_cfg.update_freq),
+        f"{src_step:,.0f}", f"{tgt_step:,.0f}", t_cfg.max_tokens, t_cfg.update_freq,
         world_size,
     )
     log.info(

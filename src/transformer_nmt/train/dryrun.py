@@ -46,7 +46,7 @@ def dry_run_config(cfg: Config) -> Config:
     cfg = copy.deepcopy(cfg)
     t = cfg.trainer
     t.dry_run = False
-    t.max_steps = int(t.dry_run_steps)
+    t.max_steps = t.dry_run_steps
     t.max_epochs = None
     t.max_time_minutes = None
     t.save_every_steps = None
@@ -57,13 +57,13 @@ def dry_run_config(cfg: Config) -> Config:
     t.no_save = True  # a big model's checkpoint is 2.5 GB; the dry run is about the steps
     t.patience = None
     t.tokens_per_step = None  # a few steps of one micro-batch each: the step's size is not checked
-    t.valid_bleu_sentences = min(int(t.valid_bleu_sentences), 16)
+    t.valid_bleu_sentences = min(t.valid_bleu_sentences, 16)
     cfg.run_dir = str(Path(cfg.run_dir) / "dry_run")
     if not data_ready(cfg):
         cfg.data.name = f"{cfg.data.name}_dry_run"
         limit = cfg.data.max_train_pairs
         cfg.data.max_train_pairs = min(limit, DRY_RUN_TRAIN_PAIRS) if limit else DRY_RUN_TRAIN_PAIRS
-        cfg.data.vocab_size = min(int(cfg.data.vocab_size), DRY_RUN_VOCAB)
+        cfg.data.vocab_size = min(cfg.data.vocab_size, DRY_RUN_VOCAB)
     return cfg
 
 
@@ -79,8 +79,8 @@ def dry_run(cfg: Config, poll_seconds: float = 5.0) -> dict[str, Any]:
     Raises:
         transformer_nmt.data.corpora.DataError and others from ``prepare`` (rank 0).
     """
-    full_vocab = int(cfg.data.vocab_size)
-    total_steps = int(cfg.trainer.max_steps) if cfg.trainer.max_steps is not None else None
+    full_vocab = cfg.data.vocab_size
+    total_steps = cfg.trainer.max_steps
     cfg = dry_run_config(cfg)
     info = distributed.init_distributed()
     if info.is_main:

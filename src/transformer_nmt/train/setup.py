@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from transformer_nmt import checkpoint as ckpt_lib
-from transformer_nmt.config import Config
+from transformer_nmt.config import Config, Positions
 from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset
 from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
 from transformer_nmt.data.loader import build_dataloader
@@ -94,8 +94,8 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     vocab_size = max(tokenizer.vocab_size, model_vocab_size or 0)
     train_set = load_split(cfg, cfg.data.train_split)
     valid_set = load_split(cfg, cfg.data.valid_split)
-    seed = int(t_cfg.seed)
-    max_positions = int(cfg.model.max_positions)
+    seed = t_cfg.seed
+    max_positions = cfg.model.max_positions
     pad_to_multiple = resolve_pad_to_multiple(t_cfg.pad_to_multiple, device)
 
     def make_sampler(max_tokens: int) -> LengthBucketSampler:
@@ -117,14 +117,14 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     if t_cfg.tokens_per_step is not None:
         log.info("trainer.tokens_per_step=%d: update_freq %d x %d rank(s) x max_tokens %d "
                  "(%s real source and %s real target tokens per step on average)",
-                 int(t_cfg.tokens_per_step), plan.update_freq, info.world_size,
+                 t_cfg.tokens_per_step, plan.update_freq, info.world_size,
                  plan.max_tokens, f"{plan.src_per_step:,.0f}", f"{plan.tgt_per_step:,.0f}")
     if len(sampler) == 0:
         raise UserError(
             f"training split {cfg.data.train_split!r} of {cfg.data.name} has no pair to train "
             f"on: {_left_out(sampler, len(train_set), cfg)}")
     valid_sampler = LengthBucketSampler(
-        valid_set.src_sizes, valid_set.tgt_sizes, int(t_cfg.max_tokens), shuffle=False,
+        valid_set.src_sizes, valid_set.tgt_sizes, t_cfg.max_tokens, shuffle=False,
         rank=info.rank, world_size=info.world_size, skip_too_long=True,
         max_positions=max_positions,
     )
@@ -135,13 +135,13 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     pin = device.type == "cuda"
     # Private generators: creating a loader iterator must not draw from the global torch RNG.
     train_loader = build_dataloader(
-        train_set, sampler, loader_workers(int(t_cfg.num_workers)), pin,
+        train_set, sampler, loader_workers(t_cfg.num_workers), pin,
         generator=torch.Generator().manual_seed(seed),
         pad_to_multiple=pad_to_multiple, max_length=_max_length(cfg),
-        prefetch_factor=int(t_cfg.prefetch_factor))
+        prefetch_factor=t_cfg.prefetch_factor)
     valid_loader = build_dataloader(valid_set, valid_sampler, 0, pin,
                                     generator=torch.Generator().manual_seed(seed))
-    steps_per_epoch = math.ceil(len(sampler) / int(t_cfg.update_freq))
+    steps_per_epoch = math.ceil(len(sampler) / t_cfg.update_freq)
     log_data_report(cfg, sampler, train_set, valid_set, tokenizer.vocab_size, steps_per_epoch,
                     info.world_size)
     seed_everything(seed)
@@ -154,7 +154,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     model = model.to(device)
     log.info("model %s: %s parameters", cfg.model.name, f"{model.num_parameters():,}")
     optimizer = build_optimizer(model, t_cfg)
-    scheduler = build_scheduler(optimizer, int(cfg.model.d_model), t_cfg)
+    scheduler = build_scheduler(optimizer, cfg.model.d_model, t_cfg)
     scaler = grad_scaler(precision == "fp16")
     train_model = wrap_model(
         model, info, compile=compile_enabled(t_cfg.compile, device),
@@ -182,7 +182,7 @@ def _device_cap(cfg: Config, info: distributed.DistInfo,
     if not cfg.trainer.auto_max_tokens or info.device.type != "cuda":
         if cfg.trainer.auto_max_tokens:
             log.info("trainer.auto_max_tokens: no GPU; max_tokens %d as given",
-                     int(cfg.trainer.max_tokens))
+                     cfg.trainer.max_tokens)
         return {}
     cap, line = cuda_max_tokens(cfg.model, info.device)
     log.info("trainer.auto_max_tokens: %s", line)
@@ -202,16 +202,16 @@ def _left_out(sampler: LengthBucketSampler, pairs: int, cfg: Config) -> str:
     if pairs == 0:
         return "it holds no pair; prepare it again (nmt-prepare) or choose another split"
     return (f"of its {pairs} pairs, {sampler.num_skipped} are longer than "
-            f"trainer.max_tokens={int(cfg.trainer.max_tokens)} and "
+            f"trainer.max_tokens={cfg.trainer.max_tokens} and "
             f"{len(sampler.skipped_positions)} longer than "
-            f"model.max_positions={int(cfg.model.max_positions)} (tokens with eos, either "
+            f"model.max_positions={cfg.model.max_positions} (tokens with eos, either "
             "side); raise these limits")
 
 
 def _max_length(cfg: Config) -> int | None:
     """The longest row the model takes (learned positions: ``model.max_positions``; None for
     the sinusoidal table, which grows)."""
-    return int(cfg.model.max_positions) if str(cfg.model.positions) == "learned" else None
+    return cfg.model.max_positions if cfg.model.positions == Positions.learned else None
 
 
 def loader_workers(requested: int, cpus: int | None = None) -> int:

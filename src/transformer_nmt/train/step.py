@@ -248,7 +248,7 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
     state.bad_steps_in_row += 1
     log.warning("step %d skipped: loss %s, gradient norm %s (%d in a row, %d in total)",
                 state.step + 1, loss_sum, grad_norm, state.bad_steps_in_row, state.skipped_steps)
-    if state.bad_steps_in_row >= int(t_cfg.max_bad_steps):
+    if state.bad_steps_in_row >= t_cfg.max_bad_steps:
         raise _bad_steps_error(state, t_cfg, loss_sum, grad_norm, lr, run_dir)
     return loss_sum, lr, False
 

@@ -91,7 +91,7 @@ def validate_bleu(
     n = len(references)
     was_training = model.training
     model.eval()
-    max_len_a, max_len_b = float(cfg.decode.max_len_a), int(cfg.decode.max_len_b)
+    max_len_a, max_len_b = cfg.decode.max_len_a, cfg.decode.max_len_b
     # a source beyond the position table (learned positions: no vector for it) is left out
     # of the decoding, as the validation loss leaves it out, and scored as empty
     limit = int(getattr(getattr(model, "cfg", None), "max_positions", 0) or 0)
@@ -99,7 +99,7 @@ def validate_bleu(
     nbest, _ = decode_ids(
         [dataset[i][1] for i in fits],
         lambda src: greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b),
-        int(cfg.decode.max_tokens), device, autocast=autocast, skip_too_long=True,
+        cfg.decode.max_tokens, device, autocast=autocast, skip_too_long=True,
     )
     hyps = [""] * n
     for i, h in zip(fits, nbest):

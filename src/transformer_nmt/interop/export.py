@@ -1,0 +1,57 @@
+"""``nmt-export``: a run's model as a Hugging Face Marian folder or a CTranslate2 model.
+
+The model is ``decode.checkpoint``, else the run's averaged.pt, else its latest checkpoint
+(as nmt-translate); the tokenizer is the run's SentencePiece model; the model card reads
+the run's results.json when present. The options are the ``export`` group of the config
+(:class:`transformer_nmt.config.ExportConfig`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from transformer_nmt.choices import ExportFormat, Quantization
+from transformer_nmt.config import Config
+from transformer_nmt.errors import ExportError
+
+log = logging.getLogger(__name__)
+
+
+def default_output(cfg: Config) -> Path:
+    """``export.output``, else ``<run_dir>/export/hf``, ``.../ctranslate2`` or
+    ``.../ctranslate2_<quantization>``."""
+    e = cfg.export
+    if e.output:
+        return Path(e.output)
+    name = (str(e.format) if e.format == ExportFormat.hf or e.quantization == Quantization.none
+            else f"{e.format}_{e.quantization}")
+    return Path(cfg.run_dir) / "export" / name
+
+
+def run_export(cfg: Config) -> Path:
+    """Export the run's model as ``cfg.export`` says; returns the folder written.
+
+    Raises:
+        ExportError, FileNotFoundError, ValueError: a quantization given to the ``hf``
+            format, missing files, a model the target cannot express.
+    """
+    from transformer_nmt.decode.translate import resolve_checkpoint
+    from transformer_nmt.fileio import spm_model_path
+    from transformer_nmt.interop import ctranslate2 as ct2
+    from transformer_nmt.interop import hf
+
+    e = cfg.export
+    if e.format == ExportFormat.hf and e.quantization != Quantization.none:
+        raise ExportError("export.quantization applies to export.format=ctranslate2 only")
+    checkpoint = resolve_checkpoint(cfg)
+    out = default_output(cfg)
+    if e.format == ExportFormat.hf:
+        results_path = Path(cfg.run_dir) / "results.json"
+        results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else None
+        if results is None:
+            log.warning("no %s: the model card will carry no BLEU (run nmt-evaluate first)", results_path)
+        return hf.export_hf(checkpoint, spm_model_path(cfg.data), out, results, e.overwrite)
+    return ct2.export_ctranslate2(checkpoint, spm_model_path(cfg.data), out, str(e.quantization),
+                                  e.overwrite)
