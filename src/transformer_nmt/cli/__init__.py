@@ -1,7 +1,9 @@
-"""Thin Hydra entry points, one per pipeline stage; each calls a plain function.
+"""The console scripts' harness; ``cli/<name>.py`` holds one thin Hydra entry point per script.
 
-All of them compose ``configs/config.yaml`` (typed by :class:`transformer_nmt.config.Config`),
-so ``nmt-train experiment=wmt14_en_de_base trainer.max_steps=1000`` works for every stage.
+Every entry point composes ``configs/config.yaml`` into the typed
+:class:`transformer_nmt.config.Config` (:func:`transformer_nmt.config.typed_config`) and calls
+its stage's plain function, so ``nmt-train experiment=wmt14_en_de_base trainer.max_steps=1000``
+works for every stage; its ``main`` is :func:`run_app`.
 
 User errors (:data:`USER_ERRORS`: a bad value, file or combination) print one line
 ``error: <message>`` on standard error and exit with status 2 (:func:`run_app`). The config is

@@ -39,8 +39,9 @@ def typed_config(cfg: DictConfig) -> Config:
     """The composed config as the typed :class:`~transformer_nmt.config.Config` that every
     stage receives, validated: the one conversion each entry point makes.
 
-    A Table 3 row (``table3=<row>``) is applied here (:func:`transformer_nmt.config.table3.apply_row`),
-    so every stage sees the row's model and trainer values.
+    A Table 3 row (``table3=<row>``) is applied here
+    (:func:`transformer_nmt.config.table3.apply_row`), so every stage sees the row's model and
+    trainer values.
 
     ``OmegaConf.to_object`` resolves the interpolations (``run_dir: runs/${name}``) and gives
     the schema's dataclasses (the entry point's subclass of ``Config`` where it has one:

@@ -34,8 +34,8 @@ def apply_row(cfg: Config) -> Config:
     """Write the row ``cfg.table3`` into ``cfg.model`` / ``cfg.trainer`` (in place) and return cfg.
 
     A config without a row (``table3.variant`` None), or one whose row was applied already
-    (:func:`transformer_nmt.config.typed_config` applies it), is returned unchanged. Multipliers act on
-    the composed experiment's values; ``d_k`` scales the effective size (d_model / heads when
+    (:func:`transformer_nmt.config.typed_config` applies it), is returned unchanged.
+    Multipliers act on the composed experiment's values; ``d_k`` scales the effective size (d_model / heads when
     unset), and a row that changes heads or d_model leaves d_k / d_v to follow d_model / heads
     unless the experiment set them.
 
@@ -46,7 +46,7 @@ def apply_row(cfg: Config) -> Config:
     t = cfg.table3
     if not t.variant or getattr(t, "_applied", False):  # never scale twice
         return cfg
-    row = str(t.variant)
+    row = t.variant
     scale, values = dict(t.scale or {}), dict(t.fixed or {})
     for key in scale:
         if key not in SCALABLE:

@@ -221,7 +221,7 @@ def translate_lines(
         return model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     start = time.perf_counter()
-    limit = max(1, min(int(decode_cfg.max_input_tokens), int(decode_cfg.max_tokens) - 1))
+    limit = max(1, min(decode_cfg.max_input_tokens, decode_cfg.max_tokens - 1))
     empty = truncated = 0
     ids: list[np.ndarray] = []  # encoded non-empty lines
     positions: list[int] = []  # their line numbers (0-based)
@@ -247,7 +247,7 @@ def translate_lines(
 
     best, n_batches = decode_ids(
         ids, lambda src: _search_splitting_on_oom(model, src, decode_cfg),
-        int(decode_cfg.max_tokens), device,
+        decode_cfg.max_tokens, device,
         autocast=lambda: autocast_context(decode_cfg.precision, device),
     )
 

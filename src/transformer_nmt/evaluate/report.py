@@ -1,9 +1,9 @@
 """``nmt-table``: the paper's tables rebuilt from every run's results.json.
 
-Pipeline position: bleu -> **table**. Reads ``cfg.table.results_glob`` (``runs/**/results.json``,
-written by :mod:`transformer_nmt.evaluate.evaluate`) and writes ``cfg.table.output``
-(``runs/results.md``; ``docs/results.md``, the committed page) atomically, with the sections
-``cfg.table.tables`` names:
+Pipeline position: bleu -> **table**. Reads ``cfg.table.results_glob``
+(``runs/**/results.json``, written by :mod:`transformer_nmt.evaluate.evaluate`) and writes
+``cfg.table.output`` (``runs/results.md``; ``docs/results.md``, the committed page)
+atomically, with the sections ``cfg.table.tables`` names:
 
 * **Table 2** (paper section 6.1): newstest2014 BLEU, EN-DE and EN-FR, and training cost,
   for Transformer base and big; the paper's numbers beside ours. Runs qualify when their
@@ -14,7 +14,8 @@ written by :mod:`transformer_nmt.evaluate.evaluate`) and writes ``cfg.table.outp
   one table per base experiment, each row beside the paper's line it varies (by
   ``table3.variant``; a run configured by hand: the line with the same setting), seeds
   averaged, and each row's BLEU difference to its base row beside the paper's. With
-  ``table.table3_plot`` the differences are drawn too (:func:`transformer_nmt.plot.table3.plot_table3`).
+  ``table.table3_plot`` the differences are drawn too
+  (:func:`transformer_nmt.plot.table3.plot_table3`).
 * **Other runs** (Multi30k, custom corpora, ...): every test set's scores.
 
 Every BLEU number is in a column or cell that names its kind. The paper's numbers are

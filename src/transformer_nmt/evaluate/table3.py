@@ -2,8 +2,8 @@
 
 A row is a config of the ``table3`` group (``configs/table3/<variant>.yaml``,
 :class:`transformer_nmt.config.Table3Config`): multipliers of the experiment's own values
-(``scale``) and absolute values (``fixed``). :func:`transformer_nmt.config.apply_row` turns it into model and
-trainer settings, so the same row file gives the paper's values on ``wmt14_en_de_base``
+(``scale``) and absolute values (``fixed``). :func:`transformer_nmt.config.apply_row` turns it
+into model and trainer settings, so the same row file gives the paper's values on ``wmt14_en_de_base``
 (tested against :data:`PAPER_TABLE3`) and the same relative change on the CPU proxy
 (``experiment=table3_proxy``, the ``tiny`` model). The scaling rule:
 

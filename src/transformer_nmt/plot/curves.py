@@ -75,7 +75,8 @@ def read_metrics(path: str | Path) -> dict[str, list[dict[str, Any]]]:
                 if not line.endswith("\n"):  # a write cut short by a kill
                     log.warning("%s, line %d: incomplete last line ignored", path, n)
                     break
-                raise DataError(f"{path}, line {n}: not JSON ({e.msg}): {line.strip()[:80]!r}") from e
+                raise DataError(
+                    f"{path}, line {n}: not JSON ({e.msg}): {line.strip()[:80]!r}") from e
             if not isinstance(rec, dict) or not isinstance(rec.get("split"), str):
                 raise DataError(
                     f"{path}, line {n}: expected an object with a 'split', got "

@@ -158,6 +158,6 @@ def plan_batch(t_cfg: Any, model_cfg: Any, make_sampler: Callable[[int], LengthB
             max_tokens, sampler = scaled, make_sampler(scaled)
     uf = derive_update_freq(sampler.real_tokens_per_batch, target, world_size)
     per_step = real_tokens_per_step(sampler, uf, world_size)
-    check_tokens_per_step(per_step, target, float(t_cfg.tokens_per_step_tolerance),
+    check_tokens_per_step(per_step, target, t_cfg.tokens_per_step_tolerance,
                           max_tokens=max_tokens, update_freq=uf, world_size=world_size)
     return BatchPlan(max_tokens, uf, per_step[0], per_step[1], sampler)

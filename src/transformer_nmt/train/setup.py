@@ -159,7 +159,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     train_model = wrap_model(
         model, info, compile=compile_enabled(t_cfg.compile, device),
         grad_compression=resolve_grad_compression(str(t_cfg.grad_compression), device),
-        bucket_cap_mb=float(t_cfg.bucket_cap_mb))
+        bucket_cap_mb=t_cfg.bucket_cap_mb)
     seed_everything(seed + info.rank)
     return Setup(
         device=device, precision=precision, model=model, train_model=train_model,

@@ -198,7 +198,7 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
             below :data:`MIN_LOSS_SCALE`.
     """
     s.scaler.unscale_(s.optimizer)
-    grad_norm_t = grad_norm_(s.params, float(t_cfg.clip_norm))
+    grad_norm_t = grad_norm_(s.params, t_cfg.clip_norm)
     flags = list(flags or [])
     host_flags = to_device(torch.tensor(flags, dtype=torch.float32), s.device)  # (F,)
     losses = distributed.all_reduce_sum(

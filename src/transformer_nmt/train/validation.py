@@ -134,7 +134,7 @@ def run_validation(cfg: Config, model: torch.nn.Module, loader: DataLoader,
         this validation is the best so far.
     """
     t_cfg = cfg.trainer
-    res = validate_loss(model, loader, epsilon=float(t_cfg.label_smoothing), device=device,
+    res = validate_loss(model, loader, epsilon=t_cfg.label_smoothing, device=device,
                         autocast=autocast, max_batches=max_batches)
     if t_cfg.valid_bleu:
         bleu = None
