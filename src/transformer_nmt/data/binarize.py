@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from transformer_nmt.config import UNK_ID
-from transformer_nmt.fileio import DataError, atomic_write, read_lines
+from transformer_nmt.errors import DataError
+from transformer_nmt.fileio import atomic_write, read_lines
 
 CHUNK_LINES = 4096
 """Lines per task sent to an encoder worker."""

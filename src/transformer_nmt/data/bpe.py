@@ -28,7 +28,8 @@ import sentencepiece as spm
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
 from transformer_nmt.data.clean import normalize
-from transformer_nmt.data.corpora import DataError, read_lines
+from transformer_nmt.data.corpora import read_lines
+from transformer_nmt.errors import DataError
 from transformer_nmt.fileio import atomic_write, file_digest, spm_model_path
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from transformer_nmt.config import DataConfig
 from transformer_nmt.data.corpora import SplitSource
-from transformer_nmt.fileio import DataError, atomic_write, raw_path, read_lines
+from transformer_nmt.errors import DataError
+from transformer_nmt.fileio import atomic_write, raw_path, read_lines
 
 log = logging.getLogger(__name__)
 

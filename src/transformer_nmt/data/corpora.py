@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_nmt.config import Corpus, DataConfig
-from transformer_nmt.fileio import (  # noqa: F401  (DataError, read_lines: re-exported)
-    DataError,
+from transformer_nmt.errors import DataError
+from transformer_nmt.fileio import (  # noqa: F401  (read_lines: re-exported)
     atomic_write,
     file_digest,
     is_up_to_date,

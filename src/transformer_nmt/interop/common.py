@@ -30,7 +30,7 @@ from transformer_nmt.config import (
     ModelConfig,
     to_plain,
 )
-from transformer_nmt.errors import ExportError, NotWritableError  # noqa: F401  (re-exported)
+from transformer_nmt.errors import ExportError, NotWritableError
 
 SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
 """Pieces of our special ids in the shared SentencePiece model (bpe.py trains it so)."""
