@@ -80,6 +80,7 @@ def test_translate_cli_prints_only_translations(workspace, tokenizer, tmp_path):
 
 ALLOC_PROBE = """
 import resource, sys, torch
+import transformer_nmt.cli  # the modules loaded when an entry point calls it
 from transformer_nmt.runtime import retain_freed_memory
 applied = retain_freed_memory() if sys.argv[1] == "retain" else False
 torch.empty(16 << 20).fill_(1.0)  # 64 MiB: allocate, touch and free once
