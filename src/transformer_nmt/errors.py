@@ -11,7 +11,13 @@ class UserError(ValueError):
     """A mistake in the input or the command; the message names the file, key and values."""
 
 
-class NoSpaceError(UserError):
+class WriteError(UserError):
+    """A write failed for a cause the user fixes (a full device, a disk quota, the file-size
+    limit, a read-only file system); the message names the cause and the file being written,
+    and the file's earlier version is left as it was."""
+
+
+class NoSpaceError(WriteError):
     """A write failed because the device is full; the message names the file being written."""
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -41,7 +42,13 @@ from transformer_nmt.decode.beam_search import (
     greedy_search,
 )
 from transformer_nmt.errors import UserError
-from transformer_nmt.fileio import atomic_write, iter_lines
+from transformer_nmt.fileio import (
+    check_output,
+    iter_lines,
+    spm_model_path,
+    write_error,
+    write_output,
+)
 from transformer_nmt.fileio import read_lines as fileio_read_lines
 from transformer_nmt.runtime import autocast_context, resolve_device
 
@@ -303,15 +310,40 @@ def read_lines(path: str | Path | None) -> list[str]:
 
 
 def write_lines(lines: Iterable[str], path: str | Path | None) -> None:
-    """Write one line per item, atomically to ``path``, or to standard output when None."""
+    """Write one line per item to ``path`` (:func:`transformer_nmt.fileio.write_output`:
+    atomically for a regular file, in place for a FIFO or device, through symlinks), or to
+    standard output when None.
+
+    Raises:
+        WriteError: the file or standard output (``> /dev/full``) cannot take the bytes for a
+            cause the user fixes (full disk, quota, file-size limit, read-only file system);
+            standard output is then pointed at ``/dev/null`` so that the interpreter's final
+            flush stays silent.
+    """
     if path is None:
-        for line in lines:
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        try:
+            for line in lines:
+                sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            error = write_error(e, "<standard output>")
+            if error is None:
+                raise
+            _stdout_to_devnull()
+            raise error from e
         return
-    with atomic_write(path) as f:
+    with write_output(path, what="translate.output") as f:
         for line in lines:
             f.write(line + "\n")
+
+
+def _stdout_to_devnull() -> None:
+    """Drop what standard output still buffers and point it at /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def translate_file(
@@ -358,7 +390,9 @@ def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str
     Raises:
         UserError: another ``decode.engine`` than ``native`` without an ``engine``; a
             checkpoint whose vocabulary is not the tokenizer's; a model that gives NaN or
-            infinite scores (named); ``translate.output`` a folder; a device not present.
+            infinite scores (named); ``translate.output`` a folder, the input, the model, the
+            tokenizer, any ``.pt``/``.safetensors`` file or a file in a run's ``checkpoints/``
+            (:func:`transformer_nmt.fileio.check_output`); a device not present.
     """
     from transformer_nmt.checkpoint import load_model
     from transformer_nmt.data.bpe import check_vocab
@@ -367,10 +401,13 @@ def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str
         raise UserError(f"decode.engine={cfg.decode.engine} is decoded by nmt-translate / "
                         "nmt-evaluate; this call decodes with ours only")
     output = cfg.translate.output
-    if output is not None and Path(output).is_dir():  # found before decoding, not after
-        raise UserError(f"translate.output={output} is a folder; give a file path")
+    if output is not None:  # found before decoding, not after
+        check_output(output, "translate.output",
+                     inputs=(cfg.translate.input, spm_model_path(cfg.data)))
     device = resolve_device(cfg.decode.device)
     path = resolve_checkpoint(cfg)
+    if output is not None:
+        check_output(output, "translate.output", inputs=(path,))
     tokenizer = load_tokenizer(cfg.data)
     check_vocab(path, tokenizer)  # before any engine conversion reads the tokenizer
     model, _ = load_model(path, device)

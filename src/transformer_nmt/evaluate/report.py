@@ -50,7 +50,7 @@ from transformer_nmt.evaluate.paper import (
     PaperRow,
 )
 from transformer_nmt.evaluate.table3 import setting
-from transformer_nmt.fileio import atomic_write
+from transformer_nmt.fileio import check_output, write_output
 
 log = logging.getLogger(__name__)
 
@@ -561,16 +561,19 @@ def build_report(results: list[dict[str, Any]],
 
 
 def write_report(cfg: Config) -> Path:
-    """``nmt-table``: read ``cfg.results_glob``, write ``cfg.table_output`` atomically.
+    """``nmt-table``: read ``cfg.results_glob``, write ``cfg.table_output``
+    (:func:`transformer_nmt.fileio.write_output`: atomically for a regular file, in place for a
+    FIFO or device, through symlinks; never over a results file or a model).
 
     Returns:
         The path written.
     """
+    out = Path(cfg.table_output)
+    check_output(out, "table_output", inputs=glob.glob(cfg.results_glob, recursive=True))
     results = load_results(cfg.results_glob)
     if not results:
         log.warning("no results files match %s; writing the paper's numbers only", cfg.results_glob)
-    out = Path(cfg.table_output)
-    with atomic_write(out) as f:
+    with write_output(out, what="table_output") as f:
         f.write(build_report(results, cfg.tables))
     log.info("wrote %s from %d results files", out, len(results))
     if cfg.table3_plot:

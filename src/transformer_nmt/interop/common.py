@@ -249,12 +249,12 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
 
     Raises:
         ExportError: ``out_dir`` exists and is not a replaceable export folder.
-        NoSpaceError: the device filled up while writing (nothing is left behind).
+        WriteError: the device filled up (NoSpaceError), a quota or the file-size limit was
+            reached while writing (nothing is left behind).
     """
     import contextlib
 
-    from transformer_nmt.errors import NoSpaceError
-    from transformer_nmt.fileio import _disk_full
+    from transformer_nmt.fileio import write_error
 
     @contextlib.contextmanager
     def ctx():
@@ -265,9 +265,7 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
         except OSError as e:
             if isinstance(e, PermissionError) or e.errno == errno.EROFS:
                 raise NotWritableError(f"cannot write {out_dir}: {e.strerror} ({e.filename})") from e
-            if _disk_full(e, out_dir.parent):
-                raise NoSpaceError(f"no space left on device: {out_dir}") from e
-            raise
+            raise write_error(e, out_dir) or e from e
         try:
             yield tmp
             (tmp / EXPORT_MARKER).write_bytes(b"")
@@ -280,9 +278,10 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
             else:
                 os.replace(tmp, out_dir)
         except BaseException as e:
+            error = write_error(e, out_dir) if isinstance(e, Exception) else None
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, Exception) and _disk_full(e, out_dir.parent):
-                raise NoSpaceError(f"no space left on device: {out_dir}") from e
+            if error is not None:
+                raise error from e
             raise
     return ctx()
 
