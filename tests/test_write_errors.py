@@ -31,7 +31,7 @@ def _limit_file_size(limit: int):
 def _cli(module: str, *args: str, limit: int | None = None, **kw) -> subprocess.CompletedProcess:
     kw.setdefault("stdout", subprocess.PIPE)
     return subprocess.run([sys.executable, "-m", f"transformer_nmt.cli.{module}", *args],
-                          stderr=subprocess.PIPE, text=True, timeout=300,
+                          stderr=subprocess.PIPE, text=True, timeout=300, check=False,
                           preexec_fn=_limit_file_size(limit) if limit else None, **kw)
 
 
@@ -48,7 +48,8 @@ def test_file_size_limit_during_a_checkpoint_save_keeps_the_previous_one(tmp_pat
     code = ("import sys, torch; from transformer_nmt.checkpoint import save_checkpoint\n"
             "save_checkpoint(sys.argv[1], {'step': 2, 'w': torch.zeros(100_000)})\n")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
-                          text=True, timeout=120, preexec_fn=_limit_file_size(20_000))
+                          text=True, timeout=120, check=False,
+                          preexec_fn=_limit_file_size(20_000))
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last == ("transformer_nmt.errors.WriteError: file too large for the file-size limit "
@@ -97,9 +98,8 @@ def test_every_cause_is_one_error_naming_the_file(tmp_path, monkeypatch, code, w
         raise OSError(code, os.strerror(code), str(dst))
 
     monkeypatch.setattr(fileio.os, "replace", failing)
-    with pytest.raises(WriteError, match=f"^{words}: {path}$"):
-        with fileio.atomic_write(path) as f:
-            f.write("new\n")
+    with pytest.raises(WriteError, match=f"^{words}: {path}$"), fileio.atomic_write(path) as f:
+        f.write("new\n")
     monkeypatch.setattr(fileio.os, "replace", real_replace)
     assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
     # an OSError of that errno raised anywhere else in a command is one line too

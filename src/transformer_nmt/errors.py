@@ -23,3 +23,9 @@ class NoSpaceError(WriteError):
 
 class MissingFileError(UserError, FileNotFoundError):
     """A file the command needs does not exist; the message names it."""
+
+
+class UnreadableCheckpointError(UserError, RuntimeError):
+    """A checkpoint file that ``torch.load(weights_only=True)`` cannot read (empty, truncated,
+    another format, or Python objects that are refused); the message names the file and its
+    size."""

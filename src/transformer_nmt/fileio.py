@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import glob
 import gzip
 import hashlib
 import os
@@ -179,14 +178,14 @@ def is_dead_temp(path: Path) -> bool:
     return True
 
 
-def remove_dead_temps(folder: Path, name: str) -> list[Path]:
-    """Delete the temporary files (``.<name>.*.tmp``) of :func:`atomic_path` writes of
-    ``folder/<name>`` whose writer was killed (:func:`is_dead_temp`); a live writer's file
-    is left alone. Returns the deleted paths."""
+def remove_dead_temps(folder: Path, pattern: str = ".*.tmp") -> list[Path]:
+    """Delete the temporary files of :func:`atomic_path` writes in ``folder`` (those matching
+    ``pattern``, e.g. ``.checkpoint_*.pt.*.tmp``) whose writer was killed
+    (:func:`is_dead_temp`); a live writer's file is left alone. Returns the deleted paths."""
     removed = []
     if folder.is_dir():
-        for p in folder.glob(f".{glob.escape(name)}.*.tmp"):
-            if p.is_file() and is_dead_temp(p):
+        for p in sorted(folder.glob(pattern)):
+            if p.is_file() and not p.is_symlink() and is_dead_temp(p):
                 p.unlink(missing_ok=True)
                 removed.append(p)
     return removed
@@ -316,6 +315,73 @@ def spm_model_path(data_cfg: DataConfig | DictConfig) -> Path:
 def bin_prefix(data_cfg: DataConfig | DictConfig, split: str, lang: str) -> Path:
     """Prefix of the binarized files: ``<root>/bin/<name>/<split>.<lang>`` (+ .bin / .idx)."""
     return Path(data_cfg.root) / "bin" / data_cfg.name / f"{split}.{lang}"
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+def unreadable_checkpoint(path: str | os.PathLike, error: BaseException):
+    """The one-line :class:`~transformer_nmt.errors.UnreadableCheckpointError` for ``path``
+    after ``torch.load`` failed with ``error``: an empty file, Python objects that
+    ``weights_only`` refuses (a pickle payload: nothing of it ran), or a truncated or foreign
+    file (its size and torch's first sentence)."""
+    from transformer_nmt.errors import UnreadableCheckpointError
+
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = None
+    detail = " ".join(str(error).split())
+    detail = detail.split(". ")[0][:160] if detail else type(error).__name__
+    if size == 0:
+        what = "an empty file (0 bytes)"
+    elif "Weights only load failed" in detail:
+        what = (f"it holds Python objects other than tensors and plain values ({size:,} bytes), "
+                "which are refused because loading them could run code; use a checkpoint "
+                "written by this project")
+    elif size is not None:
+        what = f"truncated or not a checkpoint ({size:,} bytes; {type(error).__name__}: {detail})"
+    else:
+        what = f"{type(error).__name__}: {detail}"
+    return UnreadableCheckpointError(f"cannot read checkpoint {path}: {what}")
+
+
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
+                    mmap: bool = False) -> dict[str, Any]:
+    """The one way a checkpoint or model file is read: ``torch.load(weights_only=True)``
+    (plain types and tensors only; a pickle payload is refused, never run).
+
+    Args:
+        map_location: where tensors go (``torch.load``'s argument).
+        mmap: read tensors through a memory map (they stay on disk until touched).
+
+    Raises:
+        MissingFileError (a FileNotFoundError): ``checkpoint not found: <path>``.
+        UnreadableCheckpointError (a UserError): an empty, truncated or foreign file, or one
+            holding Python objects (:func:`unreadable_checkpoint`).
+    """
+    import torch
+
+    from transformer_nmt.errors import MissingFileError
+
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"checkpoint not found: {path}")
+    try:
+        try:
+            checkpoint = torch.load(path, map_location=map_location, mmap=mmap,
+                                    weights_only=True)
+        except RuntimeError as e:
+            if not (mmap and "mmap can only be used" in str(e)):
+                raise
+            # not torch's zip format (an old torch.save or a bare pickle): read it whole
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated, another format, refused objects
+        raise unreadable_checkpoint(path, e) from e
+    if not isinstance(checkpoint, dict):
+        raise unreadable_checkpoint(path, TypeError(
+            f"holds a {type(checkpoint).__name__}, not a dict of named parts"))
+    return checkpoint
 
 
 # --- reading ------------------------------------------------------------------------------------
