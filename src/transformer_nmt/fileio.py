@@ -47,13 +47,14 @@ class DataError(UserError):
     """Bad or missing input data; the message names the file, line and values at fault."""
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-_FILE_MODE = 0o666 & ~_umask()
+_FILE_MODE = 0o666 & ~umask()
 """Permissions of finished outputs (mkstemp creates 0600 files; outputs follow the umask)."""
 
 

@@ -145,7 +145,11 @@ def _fmt(value: Any) -> str:
 
 def model_card(run_cfg: DictConfig, ckpt: dict[str, Any], results: dict[str, Any] | None,
                vocab_size: int) -> str:
-    """README.md of an exported folder: data, recipe, steps, measured BLEU with signatures."""
+    """README.md of an exported folder: data, recipe, steps (of a training checkpoint or a
+    model file: :func:`transformer_nmt.checkpoint.checkpoint_step`), measured BLEU with
+    signatures."""
+    from transformer_nmt.checkpoint import checkpoint_step
+
     data, model, trainer = run_cfg.data, run_cfg.model, run_cfg.get("trainer", {})
     decode = run_cfg.get("decode", {})
     src, tgt = data.src_lang, data.tgt_lang
@@ -181,7 +185,7 @@ def model_card(run_cfg: DictConfig, ckpt: dict[str, Any], results: dict[str, Any
          f"lr_multiplier {_fmt(trainer.get('lr_multiplier'))}, label_smoothing "
          f"{_fmt(trainer.get('label_smoothing'))}, Adam betas "
          f"{_fmt(_plain(trainer.get('adam_betas')))}"),
-        f"- steps: {_fmt(ckpt.get('step'))}"
+        f"- steps: {_fmt(checkpoint_step(ckpt))}"
         + (f", parameters averaged over {len(ckpt['averaged_from'])} checkpoints "
            f"({', '.join(ckpt['averaged_from'])})" if ckpt.get("averaged_from") else ""),
         (f"- decoding used for the scores below: beam {_fmt(decode.get('beam_size'))}, length "
@@ -240,10 +244,43 @@ def _refuse_output(out_dir: Path, overwrite: bool) -> None:
                           "replace it")
 
 
+def _umask_permissions(folder: Path) -> None:
+    """Give ``folder``, its sub-folders and files the permissions a folder or file created
+    under the process's umask gets (``mkdtemp`` makes 0700; some writers make 0600 files),
+    so that a model handed to other users of a shared machine can be read."""
+    from transformer_nmt.fileio import umask
+
+    mask = umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~mask)
+        for f in files:
+            path = os.path.join(root, f)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666 & ~mask)
+
+
+def check_tokenizer(checkpoint: str | Path, spm_path: Path) -> None:
+    """Refuse to export ``checkpoint`` with a SentencePiece model other than the one it was
+    trained with (by SHA-256, as nmt-translate checks:
+    :func:`transformer_nmt.data.bpe.check_vocab`).
+
+    Raises:
+        ExportError: ``spm_path`` does not exist; DataError: another vocabulary (both named).
+    """
+    from transformer_nmt.data.bpe import SentencePieceTokenizer, check_vocab
+
+    if not spm_path.is_file():
+        raise ExportError(f"SentencePiece model {spm_path} not found (run nmt-prepare first)")
+    check_vocab(checkpoint, SentencePieceTokenizer(spm_path))
+
+
 def _atomic_dir(out_dir: Path, overwrite: bool):
     """Context: a temporary folder beside ``out_dir``, renamed to it on success.
 
-    The folder gets :data:`EXPORT_MARKER`. An existing ``out_dir`` is replaced only when it
+    The folder gets :data:`EXPORT_MARKER` and the umask's permissions (not the temporary
+    folder's 0700). An existing ``out_dir`` is replaced only when it
     holds that marker (an earlier export) and ``overwrite`` is true: an export never removes a
     folder it did not write.
 
@@ -269,6 +306,7 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
         try:
             yield tmp
             (tmp / EXPORT_MARKER).write_bytes(b"")
+            _umask_permissions(tmp)
             _refuse_output(out_dir, True)  # written meanwhile by someone else?
             if out_dir.exists():
                 old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
