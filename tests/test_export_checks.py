@@ -13,15 +13,15 @@ pytest.importorskip("transformers")
 pytest.importorskip("ctranslate2")
 pytest.importorskip("safetensors")
 
-from helpers import new_model, sentences  # noqa: E402
+from helpers import new_model, sentences
 
-from transformer_nmt.checkpoint import save_checkpoint  # noqa: E402
-from transformer_nmt.config import to_plain  # noqa: E402
-from transformer_nmt.data.bpe import vocab_identity  # noqa: E402
-from transformer_nmt.errors import UserError  # noqa: E402
-from transformer_nmt.fileio import spm_model_path  # noqa: E402
-from transformer_nmt.interop import ctranslate2 as ct2  # noqa: E402
-from transformer_nmt.interop import hf  # noqa: E402
+from transformer_nmt.checkpoint import save_checkpoint
+from transformer_nmt.config import to_plain
+from transformer_nmt.data.bpe import vocab_identity
+from transformer_nmt.errors import UserError
+from transformer_nmt.fileio import spm_model_path
+from transformer_nmt.interop import ctranslate2 as ct2
+from transformer_nmt.interop import hf
 
 
 def _save(path, workspace, tokenizer, seed=1, **extra):
