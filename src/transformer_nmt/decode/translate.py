@@ -8,8 +8,9 @@ hold sentences of similar length and little padding), decoded (paper section 6.1
 alpha 0.6, max length source + 50) and written back to their input positions.
 
 Robustness: an empty (or whitespace-only) line translates to an empty line and never
-reaches the model; a line longer than ``decode.max_input_tokens`` pieces is truncated
-with a warning naming the line; a batch that runs out of GPU memory is split in halves
+reaches the model; a line longer than ``decode.max_input_tokens`` pieces (or than a model
+with learned positions has positions for: :func:`input_limit`) is truncated with a warning
+naming the line, and the count of truncated lines is logged; a batch that runs out of GPU memory is split in halves
 and retried.
 
 Speed is reported as sentences per second and target tokens per second (generated
@@ -196,6 +197,41 @@ def decode_ids(
     return best, n_batches
 
 
+def input_limit(decode_cfg: DecodeConfig, model_cfg: Any = None,
+                max_positions: int | None = None) -> tuple[int, str]:
+    """The most source tokens (eos not counted) a line may have, and the settings that say so.
+
+    ``decode.max_input_tokens`` and ``decode.max_tokens - 1``, and, for a model with learned
+    positions (``model_cfg.positions``) or a position table of fixed size
+    (``max_positions``: CTranslate2's copy of ours), ``max_positions - 1`` (the source and its
+    eos must have positions; a trained model's table cannot grow).
+
+    Returns:
+        ``(limit, why)``: ``why`` names the settings, e.g. ``"decode.max_input_tokens=1024,
+        decode.max_tokens=4096, model.max_positions=64 with learned positions"``.
+    """
+    limit = max(1, min(int(decode_cfg.max_input_tokens), int(decode_cfg.max_tokens) - 1))
+    why = f"decode.max_input_tokens={decode_cfg.max_input_tokens}, decode.max_tokens={decode_cfg.max_tokens}"
+    if max_positions is None and model_cfg is not None:
+        kind = getattr(model_cfg, "positions", None)
+        if str(getattr(kind, "value", kind)) == "learned":
+            max_positions = int(model_cfg.max_positions)
+            why += f", model.max_positions={max_positions} with learned positions"
+    elif max_positions is not None:
+        why += f", model.max_positions={max_positions} of the converted model"
+    if max_positions is not None:
+        limit = max(1, min(limit, int(max_positions) - 1))
+    return limit, why
+
+
+def warn_truncated(truncated: int, total: int, limit: int, why: str) -> None:
+    """One warning that counts the lines :func:`input_limit` cut (none when nothing was)."""
+    if truncated:
+        log.warning("%d of %d lines were longer than %d source tokens (%s) and were "
+                    "translated truncated; split them to translate them whole",
+                    truncated, total, limit, why)
+
+
 def translate_lines(
     model: Any,
     tokenizer: Any,
@@ -228,7 +264,7 @@ def translate_lines(
         return model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     start = time.perf_counter()
-    limit = max(1, min(int(decode_cfg.max_input_tokens), int(decode_cfg.max_tokens) - 1))
+    limit, why = input_limit(decode_cfg, getattr(model, "cfg", None))
     empty = truncated = 0
     ids: list[np.ndarray] = []  # encoded non-empty lines
     positions: list[int] = []  # their line numbers (0-based)
@@ -239,11 +275,8 @@ def translate_lines(
             continue
         pieces = tokenizer.encode(text)
         if len(pieces) > limit:
-            log.warning(
-                "line %d has %d source tokens, more than the %d allowed "
-                "(decode.max_input_tokens=%d, decode.max_tokens=%d); truncated",
-                i + 1, len(pieces), limit, decode_cfg.max_input_tokens, decode_cfg.max_tokens,
-            )
+            log.warning("line %d has %d source tokens, more than the %d allowed (%s); truncated",
+                        i + 1, len(pieces), limit, why)
             pieces = pieces[:limit]
             truncated += 1
         if not pieces:
@@ -268,6 +301,7 @@ def translate_lines(
             outputs[positions[j]] = tokenizer.decode(hyps[0].tokens)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    warn_truncated(truncated, len(lines), limit, why)
     seconds = time.perf_counter() - start
     stats = {
         "sentences": len(lines),

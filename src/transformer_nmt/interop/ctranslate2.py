@@ -316,7 +316,9 @@ class CTranslate2Engine:
         """Same inputs, outputs and stats as :func:`transformer_nmt.decode.translate.translate_lines`."""
         self._warn(decode_cfg)
         start = time.perf_counter()
-        limit = max(1, min(int(decode_cfg.max_input_tokens), int(decode_cfg.max_tokens) - 1))
+        from transformer_nmt.decode.translate import input_limit, warn_truncated
+
+        limit, why = input_limit(decode_cfg, max_positions=self.max_positions)
         sp = tokenizer.sp
         empty = truncated = 0
         groups: dict[int, list[tuple[int, list[str]]]] = {}
@@ -324,8 +326,8 @@ class CTranslate2Engine:
             text = line.strip()
             ids = tokenizer.encode(text) if text else []
             if len(ids) > limit:
-                log.warning("line %d has %d source tokens, more than the %d allowed; truncated",
-                            i + 1, len(ids), limit)
+                log.warning("line %d has %d source tokens, more than the %d allowed (%s); "
+                            "truncated", i + 1, len(ids), limit, why)
                 ids, truncated = ids[:limit], truncated + 1
             if not ids:
                 empty += 1
@@ -358,6 +360,7 @@ class CTranslate2Engine:
                         outputs[i] = [(tokenizer.decode(t), s) for t, s in hyps]
                     else:
                         outputs[i] = tokenizer.decode(hyps[0][0])
+        warn_truncated(truncated, len(lines), limit, why)
         seconds = time.perf_counter() - start
         stats = {
             "sentences": len(lines), "empty": empty, "truncated": truncated,
