@@ -21,8 +21,10 @@ batching, search and decoding back to text.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import logging
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -330,17 +332,42 @@ def read_lines(path: str | Path | None) -> list[str]:
 
     The data stage's rule (:func:`transformer_nmt.fileio.iter_lines`): ``\\n`` or
     ``\\r\\n`` ends a line, a lone ``\\r`` stays inside it, so there is one output line
-    per input line.
+    per input line. A FIFO or a character device (``<(cmd)``, ``/dev/stdin``, ``/dev/null``)
+    is read as a stream, once (gzip recognised by its first bytes too).
 
     Raises:
-        FileNotFoundError: naming the file.
+        FileNotFoundError: naming the path.
+        UserError: the path is a folder, a socket or a block device (named as such).
         DataError (a ValueError): naming the file and line number of invalid UTF-8.
     """
     if path is None:
         return list(iter_lines(sys.stdin.buffer, "<stdin>", hint=None))
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"input file not found: {path}")
-    return list(fileio_read_lines(path, hint=None))
+    kind = path_kind(path)
+    if kind == "missing":
+        raise FileNotFoundError(f"translate.input={path}: no such file")
+    if kind == "file":
+        return list(fileio_read_lines(path, hint=None))
+    if kind not in ("FIFO", "character device"):
+        raise UserError(f"translate.input={path} is a {kind}, not a text file; give a file, a "
+                        "pipe, or leave translate.input unset to read standard input")
+    with open(path, "rb") as raw:
+        stream = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == b"\x1f\x8b" else raw
+        return list(iter_lines(stream, str(path), hint=None))
+
+
+def path_kind(path: str | Path) -> str:
+    """What ``path`` names, through symlinks: ``file``, ``folder``, ``FIFO``, ``character
+    device``, ``block device``, ``socket`` or ``missing``."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    for test, kind in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return "special file"
 
 
 def write_lines(lines: Iterable[str], path: str | Path | None) -> None:
