@@ -152,3 +152,14 @@ def test_table_output_refuses_a_results_file_and_writes_through_a_symlink(tmp_pa
     link.symlink_to(target)
     write_report(compose([f"results_glob={glob}", f"table_output={link}"]))
     assert link.is_symlink() and "Table 2" in target.read_text()
+
+
+def test_only_a_runs_checkpoints_folder_is_refused(tmp_path):
+    from transformer_nmt.fileio import check_output
+
+    plain = tmp_path / "checkpoints" / "notes" / "out.de"  # a folder that merely has the name
+    plain.parent.mkdir(parents=True)
+    assert check_output(plain, "translate.output") == plain
+    (tmp_path / ".hydra").mkdir()  # now it is a run's
+    with pytest.raises(UserError, match=f"is inside a run's checkpoints/ folder \\({tmp_path / 'checkpoints'}\\)"):
+        check_output(plain, "translate.output")

@@ -79,7 +79,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as e:
         raise write_error(e, path) or e from e
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with contextlib.suppress(OSError):  # a file system without locks: never taken as dead
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield Path(tmp)
         os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
@@ -107,8 +108,8 @@ def write_errno(e: BaseException, folder: Path | None = None, tmp: Path | None =
                 ) -> int | None:
     """The cause of a failed write as an errno of :data:`WRITE_ERRNOS`, else None.
 
-    By the errno of ``e`` or of an ``OSError`` in its chain of causes; for an exception that
-    hides the errno (torch's C++ writer says ``file write failed`` or ``basic_ios::clear:
+    By the errno of ``e`` or of an ``OSError`` in its chain of causes; for a ``RuntimeError``
+    that hides the errno (torch's C++ writer says ``file write failed`` or ``basic_ios::clear:
     iostream error``, whatever the cause), by the state after the failed write: ENOSPC when
     ``folder``'s device has less than 1 MiB free, EFBIG when the partly written ``tmp``
     reached the process's file-size limit (``RLIMIT_FSIZE``: the kernel writes up to the limit,
@@ -121,6 +122,8 @@ def write_errno(e: BaseException, folder: Path | None = None, tmp: Path | None =
     for link in chain:
         if isinstance(link, OSError) and link.errno is not None:
             return link.errno if link.errno in WRITE_ERRNOS else None
+    if not isinstance(chain[0], RuntimeError) or isinstance(chain[0], UserError):
+        return None  # only a library's own write error hides the errno
     if folder is not None:
         with contextlib.suppress(OSError):
             if shutil.disk_usage(folder).free < (1 << 20):
@@ -225,8 +228,9 @@ def check_output(path: str | os.PathLike, what: str,
                  inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
     """Refuse a user-named output (``what``, e.g. ``translate.output``) that would destroy
     something: a folder, a model file (``.pt``, ``.safetensors``, also behind a symlink), a
-    file inside a run's ``checkpoints/`` folder, or one of ``inputs`` (the same file, by
-    device and inode, through any symlink or hard link).
+    file inside a run's ``checkpoints/`` folder (a folder of that name that holds ``.pt``
+    files or sits beside a ``.hydra`` folder), or one of ``inputs`` (the same file, by device
+    and inode, through any symlink or hard link).
 
     Returns:
         The path resolved through symlinks (where the bytes will go).
@@ -241,9 +245,11 @@ def check_output(path: str | os.PathLike, what: str,
     if any(p.suffix.lower() in MODEL_SUFFIXES for p in (given, real)):
         raise UserError(f"{what}={given} would overwrite a model file ({real.suffix or given.suffix});"
                         " give another path")
-    if "checkpoints" in real.parent.parts:
-        raise UserError(f"{what}={given} is inside a run's checkpoints/ folder ({real.parent});"
-                        " give a path outside it")
+    for folder in (real.parent, *real.parent.parents):
+        if folder.name == "checkpoints" and (
+                (folder.parent / ".hydra").is_dir() or next(folder.glob("*.pt"), None)):
+            raise UserError(f"{what}={given} is inside a run's checkpoints/ folder ({folder});"
+                            " give a path outside it")
     for source in inputs:
         if source is None:
             continue
