@@ -77,7 +77,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
-        raise write_error(e, path) or e from e
+        error = write_error(e, path)
+        if error is None:
+            raise
+        raise error from e
     try:
         with contextlib.suppress(OSError):  # a file system without locks: never taken as dead
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -278,7 +281,10 @@ def output_path(path: str | os.PathLike, what: str = "output") -> Iterator[Path]
         try:
             yield real
         except OSError as e:
-            raise write_error(e, path) or e from e
+            error = write_error(e, path)
+            if error is None:
+                raise
+            raise error from e
         return
     with atomic_path(real) as tmp:
         yield tmp

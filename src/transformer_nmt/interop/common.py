@@ -302,7 +302,10 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
         except OSError as e:
             if isinstance(e, PermissionError) or e.errno == errno.EROFS:
                 raise NotWritableError(f"cannot write {out_dir}: {e.strerror} ({e.filename})") from e
-            raise write_error(e, out_dir) or e from e
+            error = write_error(e, out_dir)
+            if error is None:
+                raise
+            raise error from e
         try:
             yield tmp
             (tmp / EXPORT_MARKER).write_bytes(b"")
