@@ -29,6 +29,7 @@ through a temporary file and a rename.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import re
@@ -41,7 +42,12 @@ from omegaconf import OmegaConf
 
 from transformer_nmt.config import Config, ModelConfig, to_plain
 from transformer_nmt.errors import MissingFileError, UnreadableCheckpointError, UserError
-from transformer_nmt.fileio import atomic_path
+from transformer_nmt.fileio import (
+    atomic_path,
+    read_checkpoint,
+    remove_dead_temps,
+    unreadable_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,44 +63,61 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+TEMP_PATTERN = ".*.pt.*.tmp"
+"""The temporary files of checkpoint and model writes (``.checkpoint_<step>.pt.<random>.tmp``,
+``.averaged.pt.<random>.tmp``: :func:`transformer_nmt.fileio.atomic_path`)."""
+
+
+def remove_killed_saves(folder: Path) -> list[Path]:
+    """Delete the temporary files (:data:`TEMP_PATTERN`) that a killed checkpoint save or
+    ``nmt-average`` left in ``folder``, and log them; a file that a live writer holds locked is
+    kept (:func:`transformer_nmt.fileio.remove_dead_temps`). Returns the deleted paths."""
+    sizes = {}
+    for p in folder.glob(TEMP_PATTERN) if folder.is_dir() else ():
+        with contextlib.suppress(OSError):
+            sizes[p] = p.stat().st_size
+    removed = remove_dead_temps(folder, TEMP_PATTERN)
+    if removed:
+        log.info("removed %d temporary files (%.1f MB) of a killed save from %s: %s",
+                 len(removed), sum(sizes.get(p, 0) for p in removed) / 1e6, folder,
+                 ", ".join(p.name for p in removed))
+    return removed
+
+
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` to ``path`` atomically (temporary file + rename). Returns ``path``."""
+    """Write ``state`` to ``path`` atomically (temporary file + rename). Returns ``path``.
+
+    First removes the temporary files that a killed save or ``nmt-average`` left in the folder
+    (:func:`remove_killed_saves`).
+
+    Raises:
+        WriteError: a full device, a quota, the file-size limit or a read-only file system
+            (:func:`transformer_nmt.fileio.write_error`); ``path`` is left as it was.
+    """
     path = Path(path)
+    remove_killed_saves(path.parent)
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
     return path
 
 
 def unreadable(path: str | Path, error: BaseException) -> UnreadableCheckpointError:
-    """The one-line :class:`UnreadableCheckpointError` for ``path`` after ``error``."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError:
-        size = None
-    detail = " ".join(str(error).split())
-    detail = detail.split(". ")[0][:160] if detail else type(error).__name__
-    what = ("an empty file (0 bytes)" if size == 0
-            else f"truncated or not a checkpoint ({size:,} bytes; {type(error).__name__}: {detail})"
-            if size is not None else f"{type(error).__name__}: {detail}")
-    return UnreadableCheckpointError(f"cannot read checkpoint {path}: {what}")
+    """The one-line :class:`UnreadableCheckpointError` for ``path`` after ``error``
+    (:func:`transformer_nmt.fileio.unreadable_checkpoint`)."""
+    return unreadable_checkpoint(path, error)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``torch.load(weights_only=True)``.
+    """Load a checkpoint with ``torch.load(weights_only=True)``
+    (:func:`transformer_nmt.fileio.read_checkpoint`, the one reader of checkpoint files).
 
     Raises:
-        FileNotFoundError: naming the path when it does not exist.
+        MissingFileError (a FileNotFoundError): naming the path when it does not exist.
         UnreadableCheckpointError (a UserError and a RuntimeError): naming the path and its
-            size when the file is not a readable checkpoint (empty, truncated, other format).
+            size when the file is not a readable checkpoint (empty, truncated, other format,
+            Python objects that weights_only refuses).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated file, wrong format, unsafe pickle
-        raise unreadable(path, e) from e
+    return read_checkpoint(path, map_location=map_location)
 
 
 def training_checkpoint(
@@ -230,7 +253,7 @@ def latest_finite_checkpoint(run_dir: str | Path) -> Path | None:
     map), or None when there is none (unreadable files are passed over)."""
     for path in reversed(step_checkpoints(run_dir)):
         try:
-            model = torch.load(path, map_location="cpu", mmap=True, weights_only=True)["model"]
+            model = read_checkpoint(path, mmap=True)["model"]
         except Exception as e:  # noqa: BLE001 - an unreadable file is not a finite one
             log.warning("cannot read %s (%s); passing over it", path, e)
             continue
@@ -342,12 +365,7 @@ _FREE_FORM = ("data.custom_files",)
 
 def _load_mmap(path: Path) -> dict[str, Any]:
     """A checkpoint read through a memory map (tensors stay on disk until touched)."""
-    if not path.is_file():
-        raise MissingFileError(f"checkpoint not found: {path}")
-    try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # truncated file, wrong format, unsafe pickle
-        raise unreadable(path, e) from e
+    return read_checkpoint(path, mmap=True)
 
 
 def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> None:
@@ -375,6 +393,25 @@ def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> No
                 f"{paths[i]} and {paths[vref]} were trained with different vocabularies "
                 f"({meta['vocab']} != {metas[vref]['vocab']}): average checkpoints of one run only"
             )
+
+
+def check_no_average(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> None:
+    """Refuse to average a model file that is itself an average (it records
+    ``averaged_from``) together with other files: the mean would weigh its checkpoints
+    unequally.
+
+    Raises:
+        UserError: naming the average, the checkpoints it holds and what to list instead.
+    """
+    if len(paths) < 2:
+        return
+    for path, meta in zip(paths, metas):
+        inner = meta.get("averaged_from")
+        if inner is not None:
+            raise UserError(
+                f"average.checkpoints: {path} is itself an average of {len(inner)} checkpoints "
+                f"({', '.join(map(str, inner))}); averaging it with other files weighs those "
+                "unequally: list the step checkpoints themselves")
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
@@ -488,12 +525,17 @@ def average_run(cfg: Config) -> Path:
     Returns:
         The path written.
 
+    Temporary files of a killed save or average in the folder are removed first
+    (:func:`remove_killed_saves`).
+
     Raises:
         UserError: ``average.last`` below 1; checkpoints of different runs or with
-            different keys or shapes (naming them); MissingFileError (a FileNotFoundError):
+            different keys or shapes (naming them); an average listed with other files
+            (:func:`check_no_average`); MissingFileError (a FileNotFoundError):
             no checkpoint to average (names the folder) or a named file missing.
     """
     folder = checkpoint_dir(cfg.run_dir)
+    remove_killed_saves(folder)  # before reading: their space may be needed for the output
     note = ""
     if cfg.average.checkpoints:
         paths = [Path(p) for p in cfg.average.checkpoints]
@@ -520,6 +562,7 @@ def average_run(cfg: Config) -> Path:
         paths = [available[i] for i in keep]
         metas = [metas[i] for i in keep]
     check_same_run(paths, metas)
+    check_no_average(paths, metas)
     steps = [checkpoint_step(m) for m in metas]
     newest = max(range(len(paths)), key=lambda i: (int(steps[i] or 0), i))
     head = {k: metas[newest].get(k) for k in ("config", "vocab_size", "vocab")}

@@ -24,7 +24,13 @@ class DataError(UserError):
     """Bad or missing input data; the message names the file, line and values at fault."""
 
 
-class NoSpaceError(UserError):
+class WriteError(UserError):
+    """A write failed for a cause the user fixes (a full device, a disk quota, the file-size
+    limit, a read-only file system); the message names the cause and the file being written,
+    and the file's earlier version is left as it was."""
+
+
+class NoSpaceError(WriteError):
     """A write failed because the device is full; the message names the file being written."""
 
 
@@ -37,8 +43,9 @@ class MissingDataError(MissingFileError):
 
 
 class UnreadableCheckpointError(UserError, RuntimeError):
-    """A checkpoint file that ``torch.load`` cannot read (empty, truncated, not a checkpoint);
-    the message names the file and its size."""
+    """A checkpoint file that ``torch.load(weights_only=True)`` cannot read (empty, truncated,
+    another format, or Python objects that are refused); the message names the file and its
+    size."""
 
 
 class ExportError(UserError):

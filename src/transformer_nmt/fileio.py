@@ -6,7 +6,13 @@ reports bad input as :class:`DataError`, naming the file and line.
 
 Every stage writes through :func:`atomic_write` (a temporary file in the same folder,
 renamed over the target on success), so a killed run never leaves a half-written
-output that a later run would take as up to date.
+output that a later run would take as up to date. A path the user names
+(``translate.output``, ``table_output``) goes through :func:`write_output`, which writes
+through to a FIFO or device and through symlinks instead of replacing them, and refuses a
+path that is an input or a model (:func:`check_output`). A write that fails for a cause the
+user fixes (full disk, quota, file-size limit, read-only file system) is one
+:class:`~transformer_nmt.errors.WriteError` line, whatever the library's wording
+(:func:`write_error`).
 
 Layout (``root`` is ``data.root``, ``name`` is ``data.name``)::
 
@@ -19,9 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import gzip
 import hashlib
 import os
+import resource
 import shutil
 import tempfile
 import zlib
@@ -35,13 +43,14 @@ from transformer_nmt.config import DataConfig
 from transformer_nmt.errors import DataError, UserError  # noqa: F401  (DataError: re-exported)
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-_FILE_MODE = 0o666 & ~_umask()
+_FILE_MODE = 0o666 & ~umask()
 """Permissions of finished outputs (mkstemp creates 0600 files; outputs follow the umask)."""
 
 
@@ -49,40 +58,140 @@ _FILE_MODE = 0o666 & ~_umask()
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside ``path`` for code that writes a file by name (torch.save, spm).
 
-    Yields a temporary path beside ``path``; renamed to ``path`` if the block succeeds.
+    Yields a temporary path beside ``path`` (``.<name>.<random>.tmp``); renamed to ``path``
+    if the block succeeds. While the block runs this process holds an exclusive ``flock`` on
+    the temporary file, which is how :func:`remove_dead_temps` tells a live writer's file
+    from one a killed writer left behind.
 
     Raises:
-        transformer_nmt.errors.NoSpaceError: the device is full ("no space left on device:
-            <path>"); ``path`` is left as it was.
+        transformer_nmt.errors.WriteError: the write failed for a cause the user fixes (a
+            full device, a quota, the file-size limit, a read-only file system;
+            :func:`write_error`); ``path`` is left as it was.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        error = write_error(e, path)
+        if error is None:
+            raise
+        raise error from e
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks: never taken as dead
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield Path(tmp)
         os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException as e:
-        full = _disk_full(e, path.parent)
+        error = write_error(e, path, Path(tmp)) if isinstance(e, Exception) else None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if full:
-            from transformer_nmt.errors import NoSpaceError
-
-            raise NoSpaceError(f"no space left on device: {path}") from e
+        if error is not None:
+            raise error from e
         raise
+    finally:
+        os.close(fd)
 
 
-def _disk_full(e: BaseException, folder: Path) -> bool:
-    """True when ``e`` is a failed write on a full device: ``OSError`` ENOSPC/EDQUOT, or
-    torch.save's C++ writer (``RuntimeError`` "... file write failed") with no space left."""
-    if isinstance(e, OSError):
-        return e.errno in (errno.ENOSPC, errno.EDQUOT)
-    if isinstance(e, RuntimeError) and "write failed" in str(e):
+WRITE_ERRNOS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large for the file-size limit (ulimit -f)",
+    errno.EROFS: "read-only file system",
+}
+"""The causes of a failed write that are the user's to fix, by errno, and their words."""
+
+
+def write_errno(e: BaseException, folder: Path | None = None, tmp: Path | None = None
+                ) -> int | None:
+    """The cause of a failed write as an errno of :data:`WRITE_ERRNOS`, else None.
+
+    By the errno of ``e`` or of an ``OSError`` in its chain of causes; for a ``RuntimeError``
+    that hides the errno (torch's C++ writer says ``file write failed`` or ``basic_ios::clear:
+    iostream error``, whatever the cause), by the state after the failed write: ENOSPC when
+    ``folder``'s device has less than 1 MiB free, EFBIG when the partly written ``tmp``
+    reached the process's file-size limit (``RLIMIT_FSIZE``: the kernel writes up to the limit,
+    then fails).
+    """
+    chain: list[BaseException] = []
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for link in chain:
+        if isinstance(link, OSError) and link.errno is not None:
+            return link.errno if link.errno in WRITE_ERRNOS else None
+    if not isinstance(chain[0], RuntimeError) or isinstance(chain[0], UserError):
+        return None  # only a library's own write error hides the errno
+    if folder is not None:
         with contextlib.suppress(OSError):
-            return shutil.disk_usage(folder).free < (1 << 20)
-    return False
+            if shutil.disk_usage(folder).free < (1 << 20):
+                return errno.ENOSPC
+    if tmp is not None:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        with contextlib.suppress(OSError):
+            if limit != resource.RLIM_INFINITY and tmp.is_file() and tmp.stat().st_size >= limit:
+                return errno.EFBIG
+    return None
+
+
+def write_error(e: BaseException, path: str | os.PathLike | None = None,
+                tmp: Path | None = None) -> UserError | None:
+    """The one-line error for a write of ``path`` that failed with ``e`` for a cause the user
+    fixes (:func:`write_errno`), else None.
+
+    Returns:
+        :class:`~transformer_nmt.errors.NoSpaceError` ``"no space left on device: <path>"``
+        (ENOSPC), else :class:`~transformer_nmt.errors.WriteError` ``"<cause>: <path>"``
+        (EDQUOT, EFBIG with the limit in bytes, EROFS). Without ``path``, the file the
+        ``OSError`` names, and an error that hides its errno is not classified.
+    """
+    from transformer_nmt.errors import NoSpaceError, WriteError
+
+    folder = Path(path).parent if path is not None else None
+    if path is None:
+        path = getattr(e, "filename", None) or "<unknown file>"
+    path = Path(path)
+    code = write_errno(e, folder, tmp)
+    if code is None:
+        return None
+    if code == errno.ENOSPC:
+        return NoSpaceError(f"no space left on device: {path}")
+    words = WRITE_ERRNOS[code]
+    if code == errno.EFBIG:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            words = f"file too large for the file-size limit of {limit:,} bytes (ulimit -f)"
+    return WriteError(f"{words}: {path}")
+
+
+def is_dead_temp(path: Path) -> bool:
+    """True when no process holds the ``flock`` that :func:`atomic_path` keeps on its
+    temporary file while it writes (the writer was killed); False for a live writer's file."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: a writer is at work
+    finally:
+        os.close(fd)  # closing releases our lock
+    return True
+
+
+def remove_dead_temps(folder: Path, pattern: str = ".*.tmp") -> list[Path]:
+    """Delete the temporary files of :func:`atomic_path` writes in ``folder`` (those matching
+    ``pattern``, e.g. ``.checkpoint_*.pt.*.tmp``) whose writer was killed
+    (:func:`is_dead_temp`); a live writer's file is left alone. Returns the deleted paths."""
+    removed = []
+    if folder.is_dir():
+        for p in sorted(folder.glob(pattern)):
+            if p.is_file() and not p.is_symlink() and is_dead_temp(p):
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
 
 
 @contextlib.contextmanager
@@ -108,6 +217,90 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Ite
         os.fsync(f.fileno())
 
 
+# --- user-named outputs -------------------------------------------------------------------------
+
+MODEL_SUFFIXES = (".pt", ".safetensors")
+"""Suffixes of model files, which no text or figure output may overwrite."""
+
+
+def check_output(path: str | os.PathLike, what: str,
+                 inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
+    """Refuse a user-named output (``what``, e.g. ``translate.output``) that would destroy
+    something: a folder, a model file (``.pt``, ``.safetensors``, also behind a symlink), a
+    file inside a run's ``checkpoints/`` folder (a folder of that name that holds ``.pt``
+    files or sits beside a ``.hydra`` folder), or one of ``inputs`` (the same file, by device
+    and inode, through any symlink or hard link).
+
+    Returns:
+        The path resolved through symlinks (where the bytes will go).
+
+    Raises:
+        UserError: naming the key, the path and why.
+    """
+    given = Path(path)
+    real = Path(os.path.realpath(given))
+    if real.is_dir():
+        raise UserError(f"{what}={given} is a folder; give a file path")
+    if any(p.suffix.lower() in MODEL_SUFFIXES for p in (given, real)):
+        raise UserError(f"{what}={given} would overwrite a model file ({real.suffix or given.suffix});"
+                        " give another path")
+    for folder in (real.parent, *real.parent.parents):
+        if folder.name == "checkpoints" and (
+                (folder.parent / ".hydra").is_dir() or next(folder.glob("*.pt"), None)):
+            raise UserError(f"{what}={given} is inside a run's checkpoints/ folder ({folder});"
+                            " give a path outside it")
+    for source in inputs:
+        if source is None:
+            continue
+        with contextlib.suppress(OSError):
+            if os.path.samefile(real, source):
+                raise UserError(f"{what}={given} is the input file {source}; give another path")
+    return real
+
+
+@contextlib.contextmanager
+def output_path(path: str | os.PathLike, what: str = "output") -> Iterator[Path]:
+    """Where to write a user-named output by name (a figure, a table), without replacing
+    what the path names when it is not a regular file.
+
+    A regular file (or a new path) is written through :func:`atomic_path`, at the end of any
+    symlinks (the link stays a link); anything else (a FIFO, a character device such as
+    ``/dev/null``, a terminal) is written in place, as a shell's ``>`` does. The path is first
+    checked by :func:`check_output`.
+
+    Raises:
+        UserError: from :func:`check_output`; WriteError: as :func:`atomic_path`, also
+            for a device that refuses the bytes (``/dev/full``).
+    """
+    real = check_output(path, what)
+    if real.exists() and not real.is_file():
+        try:
+            yield real
+        except OSError as e:
+            error = write_error(e, path)
+            if error is None:
+                raise
+            raise error from e
+        return
+    with atomic_path(real) as tmp:
+        yield tmp
+
+
+@contextlib.contextmanager
+def write_output(path: str | os.PathLike, mode: str = "w", what: str = "output",
+                 **kwargs: Any) -> Iterator[IO]:
+    """Open a user-named output for writing (:func:`output_path`'s rules: atomically for a
+    regular file, in place for a FIFO or device, through symlinks); ``mode`` and ``kwargs``
+    as :func:`atomic_write`."""
+    if "b" not in mode:
+        kwargs.setdefault("encoding", "utf-8")
+    with output_path(path, what) as target, open(target, mode, **kwargs) as f:
+        yield f
+        f.flush()
+        if target.is_file():
+            os.fsync(f.fileno())
+
+
 def is_up_to_date(outputs: list[Path], inputs: list[Path]) -> bool:
     """True when every output exists and none is older than any input (make's rule)."""
     if not all(p.exists() for p in outputs):
@@ -131,6 +324,73 @@ def spm_model_path(data_cfg: DataConfig | DictConfig) -> Path:
 def bin_prefix(data_cfg: DataConfig | DictConfig, split: str, lang: str) -> Path:
     """Prefix of the binarized files: ``<root>/bin/<name>/<split>.<lang>`` (+ .bin / .idx)."""
     return Path(data_cfg.root) / "bin" / data_cfg.name / f"{split}.{lang}"
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+def unreadable_checkpoint(path: str | os.PathLike, error: BaseException):
+    """The one-line :class:`~transformer_nmt.errors.UnreadableCheckpointError` for ``path``
+    after ``torch.load`` failed with ``error``: an empty file, Python objects that
+    ``weights_only`` refuses (a pickle payload: nothing of it ran), or a truncated or foreign
+    file (its size and torch's first sentence)."""
+    from transformer_nmt.errors import UnreadableCheckpointError
+
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = None
+    detail = " ".join(str(error).split())
+    detail = detail.split(". ")[0][:160] if detail else type(error).__name__
+    if size == 0:
+        what = "an empty file (0 bytes)"
+    elif "Weights only load failed" in detail:
+        what = (f"it holds Python objects other than tensors and plain values ({size:,} bytes), "
+                "which are refused because loading them could run code; use a checkpoint "
+                "written by this project")
+    elif size is not None:
+        what = f"truncated or not a checkpoint ({size:,} bytes; {type(error).__name__}: {detail})"
+    else:
+        what = f"{type(error).__name__}: {detail}"
+    return UnreadableCheckpointError(f"cannot read checkpoint {path}: {what}")
+
+
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
+                    mmap: bool = False) -> dict[str, Any]:
+    """The one way a checkpoint or model file is read: ``torch.load(weights_only=True)``
+    (plain types and tensors only; a pickle payload is refused, never run).
+
+    Args:
+        map_location: where tensors go (``torch.load``'s argument).
+        mmap: read tensors through a memory map (they stay on disk until touched).
+
+    Raises:
+        MissingFileError (a FileNotFoundError): ``checkpoint not found: <path>``.
+        UnreadableCheckpointError (a UserError): an empty, truncated or foreign file, or one
+            holding Python objects (:func:`unreadable_checkpoint`).
+    """
+    import torch
+
+    from transformer_nmt.errors import MissingFileError
+
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"checkpoint not found: {path}")
+    try:
+        try:
+            checkpoint = torch.load(path, map_location=map_location, mmap=mmap,
+                                    weights_only=True)
+        except RuntimeError as e:
+            if not (mmap and "mmap can only be used" in str(e)):
+                raise
+            # not torch's zip format (an old torch.save or a bare pickle): read it whole
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated, another format, refused objects
+        raise unreadable_checkpoint(path, e) from e
+    if not isinstance(checkpoint, dict):
+        raise unreadable_checkpoint(path, TypeError(
+            f"holds a {type(checkpoint).__name__}, not a dict of named parts"))
+    return checkpoint
 
 
 # --- reading ------------------------------------------------------------------------------------

@@ -77,11 +77,20 @@ def _did_you_mean(text: str) -> str:
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Inside a Hydra task: turn :data:`USER_ERRORS` into an exit that :func:`run_app` reports."""
+    """Inside a Hydra task: turn :data:`USER_ERRORS`, and an ``OSError`` whose errno is a
+    write's cause the user fixes (full disk, quota, file-size limit, read-only file system:
+    :func:`transformer_nmt.fileio.write_error`), into an exit that :func:`run_app` reports."""
+    from transformer_nmt.fileio import write_error
+
     try:
         yield
     except USER_ERRORS as e:
         raise _UserExit(one_line(e)) from e
+    except OSError as e:
+        error = write_error(e)
+        if error is None:
+            raise
+        raise _UserExit(one_line(error)) from e
 
 
 def _preflight(overrides: list[str]) -> tuple[Path | None, str | None]:

@@ -30,7 +30,7 @@ from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
 from transformer_nmt.data.clean import normalize
 from transformer_nmt.data.corpora import read_lines
 from transformer_nmt.errors import DataError
-from transformer_nmt.fileio import atomic_write, file_digest, spm_model_path
+from transformer_nmt.fileio import atomic_write, file_digest, read_checkpoint, spm_model_path
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,10 @@ def check_vocab(checkpoint_path: str | os.PathLike, tokenizer: SentencePieceToke
 
     Raises:
         DataError: the identities differ (names both files and the values).
+        MissingFileError, UnreadableCheckpointError: the checkpoint is missing, empty,
+            truncated or holds refused Python objects (:func:`transformer_nmt.fileio.read_checkpoint`).
     """
-    import torch
-
-    checkpoint = torch.load(checkpoint_path, map_location="cpu", mmap=True, weights_only=True)
+    checkpoint = read_checkpoint(checkpoint_path, mmap=True)
     saved = checkpoint.get("vocab")
     if saved is None:
         log.warning("%s records no vocabulary identity (older checkpoint): cannot check that %s "

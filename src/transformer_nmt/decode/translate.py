@@ -8,8 +8,9 @@ hold sentences of similar length and little padding), decoded (paper section 6.1
 alpha 0.6, max length source + 50) and written back to their input positions.
 
 Robustness: an empty (or whitespace-only) line translates to an empty line and never
-reaches the model; a line longer than ``decode.max_input_tokens`` pieces is truncated
-with a warning naming the line; a batch that runs out of GPU memory is split in halves
+reaches the model; a line longer than ``decode.max_input_tokens`` pieces (or than a model
+with learned positions has positions for: :func:`input_limit`) is truncated with a warning
+naming the line, and the count of truncated lines is logged; a batch that runs out of GPU memory is split in halves
 and retried.
 
 Speed is reported as sentences per second and target tokens per second (generated
@@ -20,7 +21,10 @@ batching, search and decoding back to text.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import logging
+import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -41,7 +45,13 @@ from transformer_nmt.decode.beam_search import (
     greedy_search,
 )
 from transformer_nmt.errors import UserError
-from transformer_nmt.fileio import atomic_write, iter_lines
+from transformer_nmt.fileio import (
+    check_output,
+    iter_lines,
+    spm_model_path,
+    write_error,
+    write_output,
+)
 from transformer_nmt.fileio import read_lines as fileio_read_lines
 from transformer_nmt.runtime import autocast_context, resolve_device
 
@@ -189,6 +199,41 @@ def decode_ids(
     return best, n_batches
 
 
+def input_limit(decode_cfg: DecodeConfig, model_cfg: Any = None,
+                max_positions: int | None = None) -> tuple[int, str]:
+    """The most source tokens (eos not counted) a line may have, and the settings that say so.
+
+    ``decode.max_input_tokens`` and ``decode.max_tokens - 1``, and, for a model with learned
+    positions (``model_cfg.positions``) or a position table of fixed size
+    (``max_positions``: CTranslate2's copy of ours), ``max_positions - 1`` (the source and its
+    eos must have positions; a trained model's table cannot grow).
+
+    Returns:
+        ``(limit, why)``: ``why`` names the settings, e.g. ``"decode.max_input_tokens=1024,
+        decode.max_tokens=4096, model.max_positions=64 with learned positions"``.
+    """
+    limit = max(1, min(int(decode_cfg.max_input_tokens), int(decode_cfg.max_tokens) - 1))
+    why = f"decode.max_input_tokens={decode_cfg.max_input_tokens}, decode.max_tokens={decode_cfg.max_tokens}"
+    if max_positions is None and model_cfg is not None:
+        kind = getattr(model_cfg, "positions", None)
+        if str(getattr(kind, "value", kind)) == "learned":
+            max_positions = int(model_cfg.max_positions)
+            why += f", model.max_positions={max_positions} with learned positions"
+    elif max_positions is not None:
+        why += f", model.max_positions={max_positions} of the converted model"
+    if max_positions is not None:
+        limit = max(1, min(limit, int(max_positions) - 1))
+    return limit, why
+
+
+def warn_truncated(truncated: int, total: int, limit: int, why: str) -> None:
+    """One warning that counts the lines :func:`input_limit` cut (none when nothing was)."""
+    if truncated:
+        log.warning("%d of %d lines were longer than %d source tokens (%s) and were "
+                    "translated truncated; split them to translate them whole",
+                    truncated, total, limit, why)
+
+
 def translate_lines(
     model: Any,
     tokenizer: Any,
@@ -221,7 +266,7 @@ def translate_lines(
         return model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     start = time.perf_counter()
-    limit = max(1, min(decode_cfg.max_input_tokens, decode_cfg.max_tokens - 1))
+    limit, why = input_limit(decode_cfg, getattr(model, "cfg", None))
     empty = truncated = 0
     ids: list[np.ndarray] = []  # encoded non-empty lines
     positions: list[int] = []  # their line numbers (0-based)
@@ -232,11 +277,8 @@ def translate_lines(
             continue
         pieces = tokenizer.encode(text)
         if len(pieces) > limit:
-            log.warning(
-                "line %d has %d source tokens, more than the %d allowed "
-                "(decode.max_input_tokens=%d, decode.max_tokens=%d); truncated",
-                i + 1, len(pieces), limit, decode_cfg.max_input_tokens, decode_cfg.max_tokens,
-            )
+            log.warning("line %d has %d source tokens, more than the %d allowed (%s); truncated",
+                        i + 1, len(pieces), limit, why)
             pieces = pieces[:limit]
             truncated += 1
         if not pieces:
@@ -261,6 +303,7 @@ def translate_lines(
             outputs[positions[j]] = tokenizer.decode(hyps[0].tokens)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    warn_truncated(truncated, len(lines), limit, why)
     seconds = time.perf_counter() - start
     stats = {
         "sentences": len(lines),
@@ -289,29 +332,79 @@ def read_lines(path: str | Path | None) -> list[str]:
 
     The data stage's rule (:func:`transformer_nmt.fileio.iter_lines`): ``\\n`` or
     ``\\r\\n`` ends a line, a lone ``\\r`` stays inside it, so there is one output line
-    per input line.
+    per input line. A FIFO or a character device (``<(cmd)``, ``/dev/stdin``, ``/dev/null``)
+    is read as a stream, once (gzip recognised by its first bytes too).
 
     Raises:
-        FileNotFoundError: naming the file.
+        FileNotFoundError: naming the path.
+        UserError: the path is a folder, a socket or a block device (named as such).
         DataError (a ValueError): naming the file and line number of invalid UTF-8.
     """
     if path is None:
         return list(iter_lines(sys.stdin.buffer, "<stdin>", hint=None))
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"input file not found: {path}")
-    return list(fileio_read_lines(path, hint=None))
+    kind = path_kind(path)
+    if kind == "missing":
+        raise FileNotFoundError(f"translate.input={path}: no such file")
+    if kind == "file":
+        return list(fileio_read_lines(path, hint=None))
+    if kind not in ("FIFO", "character device"):
+        raise UserError(f"translate.input={path} is a {kind}, not a text file; give a file, a "
+                        "pipe, or leave translate.input unset to read standard input")
+    with open(path, "rb") as raw:
+        stream = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == b"\x1f\x8b" else raw
+        return list(iter_lines(stream, str(path), hint=None))
+
+
+def path_kind(path: str | Path) -> str:
+    """What ``path`` names, through symlinks: ``file``, ``folder``, ``FIFO``, ``character
+    device``, ``block device``, ``socket`` or ``missing``."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    for test, kind in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return "special file"
 
 
 def write_lines(lines: Iterable[str], path: str | Path | None) -> None:
-    """Write one line per item, atomically to ``path``, or to standard output when None."""
+    """Write one line per item to ``path`` (:func:`transformer_nmt.fileio.write_output`:
+    atomically for a regular file, in place for a FIFO or device, through symlinks), or to
+    standard output when None.
+
+    Raises:
+        WriteError: the file or standard output (``> /dev/full``) cannot take the bytes for a
+            cause the user fixes (full disk, quota, file-size limit, read-only file system);
+            standard output is then pointed at ``/dev/null`` so that the interpreter's final
+            flush stays silent.
+    """
     if path is None:
-        for line in lines:
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        try:
+            for line in lines:
+                sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            error = write_error(e, "<standard output>")
+            if error is None:
+                raise
+            _stdout_to_devnull()
+            raise error from e
         return
-    with atomic_write(path) as f:
+    with write_output(path, what="translate.output") as f:
         for line in lines:
             f.write(line + "\n")
+
+
+def _stdout_to_devnull() -> None:
+    """Drop what standard output still buffers and point it at /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def translate_file(
@@ -358,7 +451,9 @@ def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str
     Raises:
         UserError: another ``decode.engine`` than ``native`` without an ``engine``; a
             checkpoint whose vocabulary is not the tokenizer's; a model that gives NaN or
-            infinite scores (named); ``translate.output`` a folder; a device not present.
+            infinite scores (named); ``translate.output`` a folder, the input, the model, the
+            tokenizer, any ``.pt``/``.safetensors`` file or a file in a run's ``checkpoints/``
+            (:func:`transformer_nmt.fileio.check_output`); a device not present.
     """
     from transformer_nmt.checkpoint import load_model
     from transformer_nmt.data.bpe import check_vocab
@@ -367,10 +462,13 @@ def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str
         raise UserError(f"decode.engine={cfg.decode.engine} is decoded by nmt-translate / "
                         "nmt-evaluate; this call decodes with ours only")
     output = cfg.translate.output
-    if output is not None and Path(output).is_dir():  # found before decoding, not after
-        raise UserError(f"translate.output={output} is a folder; give a file path")
+    if output is not None:  # found before decoding, not after
+        check_output(output, "translate.output",
+                     inputs=(cfg.translate.input, spm_model_path(cfg.data)))
     device = resolve_device(cfg.decode.device)
     path = resolve_checkpoint(cfg)
+    if output is not None:
+        check_output(output, "translate.output", inputs=(path,))
     tokenizer = load_tokenizer(cfg.data)
     check_vocab(path, tokenizer)  # before any engine conversion reads the tokenizer
     model, _ = load_model(path, device)

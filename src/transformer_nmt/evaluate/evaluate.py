@@ -47,7 +47,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig
 
 from transformer_nmt.checkpoint import checkpoint_step
@@ -84,14 +83,9 @@ def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
         UnreadableCheckpointError (a UserError): naming the path and its size when the file
             is empty, truncated or not a checkpoint.
     """
-    from transformer_nmt.checkpoint import unreadable
+    from transformer_nmt.fileio import read_checkpoint
 
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # empty, truncated, another format
-        raise unreadable(path, e) from e
+    ckpt = read_checkpoint(path, mmap=True)
     averaged = ckpt.get("averaged_from")
     return {
         "step": checkpoint_step(ckpt),

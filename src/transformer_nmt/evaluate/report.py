@@ -52,7 +52,7 @@ from transformer_nmt.evaluate.paper import (
     PaperRow,
 )
 from transformer_nmt.evaluate.table3 import setting
-from transformer_nmt.fileio import atomic_write
+from transformer_nmt.fileio import check_output, write_output
 
 log = logging.getLogger(__name__)
 
@@ -563,17 +563,20 @@ def build_report(results: list[dict[str, Any]],
 
 
 def write_report(cfg: Config) -> Path:
-    """``nmt-table``: read ``cfg.table.results_glob``, write ``cfg.table.output`` atomically.
+    """``nmt-table``: read ``cfg.table.results_glob``, write ``cfg.table.output``
+    (:func:`transformer_nmt.fileio.write_output`: atomically for a regular file, in place for a
+    FIFO or device, through symlinks; never over a results file or a model).
 
     Returns:
         The path written.
     """
     t = cfg.table
+    out = Path(t.output)
+    check_output(out, "table.output", inputs=glob.glob(t.results_glob, recursive=True))
     results = load_results(t.results_glob)
     if not results:
         log.warning("no results files match %s; writing the paper's numbers only", t.results_glob)
-    out = Path(t.output)
-    with atomic_write(out) as f:
+    with write_output(out, what="table.output") as f:
         f.write(build_report(results, t.tables))
     log.info("wrote %s from %d results files", out, len(results))
     if t.table3_plot:

@@ -139,7 +139,11 @@ def _fmt(value: Any) -> str:
 
 def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | None,
                vocab_size: int) -> str:
-    """README.md of an exported folder: data, recipe, steps, measured BLEU with signatures."""
+    """README.md of an exported folder: data, recipe, steps (of a training checkpoint or a
+    model file: :func:`transformer_nmt.checkpoint.checkpoint_step`), measured BLEU with
+    signatures."""
+    from transformer_nmt.checkpoint import checkpoint_step
+
     data, model, trainer, decode = run_cfg.data, run_cfg.model, run_cfg.trainer, run_cfg.decode
     src, tgt = data.src_lang, data.tgt_lang
     lines = [
@@ -172,7 +176,7 @@ def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | 
         (f"- training: max_tokens {trainer.max_tokens} x update_freq {trainer.update_freq}, "
          f"warmup_steps {trainer.warmup_steps}, lr_multiplier {trainer.lr_multiplier}, "
          f"label_smoothing {trainer.label_smoothing}, Adam betas {list(trainer.adam_betas)}"),
-        f"- steps: {_fmt(ckpt.get('step'))}"
+        f"- steps: {_fmt(checkpoint_step(ckpt))}"
         + (f", parameters averaged over {len(ckpt['averaged_from'])} checkpoints "
            f"({', '.join(ckpt['averaged_from'])})" if ckpt.get("averaged_from") else ""),
         (f"- decoding used for the scores below: beam {decode.beam_size}, length "
@@ -231,21 +235,54 @@ def _refuse_output(out_dir: Path, overwrite: bool) -> None:
                           "replace it")
 
 
+def _umask_permissions(folder: Path) -> None:
+    """Give ``folder``, its sub-folders and files the permissions a folder or file created
+    under the process's umask gets (``mkdtemp`` makes 0700; some writers make 0600 files),
+    so that a model handed to other users of a shared machine can be read."""
+    from transformer_nmt.fileio import umask
+
+    mask = umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~mask)
+        for f in files:
+            path = os.path.join(root, f)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666 & ~mask)
+
+
+def check_tokenizer(checkpoint: str | Path, spm_path: Path) -> None:
+    """Refuse to export ``checkpoint`` with a SentencePiece model other than the one it was
+    trained with (by SHA-256, as nmt-translate checks:
+    :func:`transformer_nmt.data.bpe.check_vocab`).
+
+    Raises:
+        ExportError: ``spm_path`` does not exist; DataError: another vocabulary (both named).
+    """
+    from transformer_nmt.data.bpe import SentencePieceTokenizer, check_vocab
+
+    if not spm_path.is_file():
+        raise ExportError(f"SentencePiece model {spm_path} not found (run nmt-prepare first)")
+    check_vocab(checkpoint, SentencePieceTokenizer(spm_path))
+
+
 def _atomic_dir(out_dir: Path, overwrite: bool):
     """Context: a temporary folder beside ``out_dir``, renamed to it on success.
 
-    The folder gets :data:`EXPORT_MARKER`. An existing ``out_dir`` is replaced only when it
+    The folder gets :data:`EXPORT_MARKER` and the umask's permissions (not the temporary
+    folder's 0700). An existing ``out_dir`` is replaced only when it
     holds that marker (an earlier export) and ``overwrite`` is true: an export never removes a
     folder it did not write.
 
     Raises:
         ExportError: ``out_dir`` exists and is not a replaceable export folder.
-        NoSpaceError: the device filled up while writing (nothing is left behind).
+        WriteError: the device filled up (NoSpaceError), a quota or the file-size limit was
+            reached while writing (nothing is left behind).
     """
     import contextlib
 
-    from transformer_nmt.errors import NoSpaceError
-    from transformer_nmt.fileio import _disk_full
+    from transformer_nmt.fileio import write_error
 
     @contextlib.contextmanager
     def ctx():
@@ -256,12 +293,14 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
         except OSError as e:
             if isinstance(e, PermissionError) or e.errno == errno.EROFS:
                 raise NotWritableError(f"cannot write {out_dir}: {e.strerror} ({e.filename})") from e
-            if _disk_full(e, out_dir.parent):
-                raise NoSpaceError(f"no space left on device: {out_dir}") from e
-            raise
+            error = write_error(e, out_dir)
+            if error is None:
+                raise
+            raise error from e
         try:
             yield tmp
             (tmp / EXPORT_MARKER).write_bytes(b"")
+            _umask_permissions(tmp)
             _refuse_output(out_dir, True)  # written meanwhile by someone else?
             if out_dir.exists():
                 old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
@@ -271,9 +310,10 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
             else:
                 os.replace(tmp, out_dir)
         except BaseException as e:
+            error = write_error(e, out_dir) if isinstance(e, Exception) else None
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, Exception) and _disk_full(e, out_dir.parent):
-                raise NoSpaceError(f"no space left on device: {out_dir}") from e
+            if error is not None:
+                raise error from e
             raise
     return ctx()
 

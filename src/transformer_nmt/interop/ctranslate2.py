@@ -13,6 +13,7 @@ our model.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -32,7 +33,7 @@ from transformer_nmt.config import (
     Config,
     DecodeConfig,
 )
-from transformer_nmt.fileio import file_digest
+from transformer_nmt.fileio import atomic_write, file_digest
 from transformer_nmt.interop.common import (
     ENGINES,
     LAYER_NORM_EPS,
@@ -44,6 +45,7 @@ from transformer_nmt.interop.common import (
     _load,
     _piece_vocab,
     check_exportable,
+    check_tokenizer,
     require,
 )
 
@@ -143,12 +145,12 @@ def export_ctranslate2(checkpoint: str | Path, spm_path: str | Path, out_dir: st
         overwrite: replace an existing folder.
 
     Raises:
-        ExportError: an inexpressible model, a missing file.
+        ExportError: unknown quantization, an inexpressible model, a missing file.
+        DataError: ``spm_path`` is not the vocabulary the checkpoint was trained with.
     """
     ctranslate2 = require("ctranslate2")
     spm_path, out_dir = Path(spm_path), Path(out_dir)
-    if not spm_path.is_file():
-        raise ExportError(f"SentencePiece model {spm_path} not found (run nmt-prepare first)")
+    check_tokenizer(checkpoint, spm_path)
     _, _, model = _load(checkpoint)
     spec = ctranslate2_spec(model, _piece_vocab(spm_path))
 
@@ -176,8 +178,6 @@ by an older mapping is converted again."""
 def cache_key(checkpoint: str | Path, spm_path: str | Path, quantization: str = "none") -> str:
     """Hex SHA-256 of everything a conversion depends on: the checkpoint's and the
     SentencePiece model's bytes, the quantization, CTranslate2's version and ours."""
-    import json
-
     ctranslate2 = require("ctranslate2")
     parts = {"checkpoint": file_digest(checkpoint), "spm": file_digest(spm_path),
              "quantization": quantization, "ctranslate2": ctranslate2.__version__,
@@ -200,18 +200,15 @@ def cached_ctranslate2(checkpoint: str | Path, spm_path: str | Path) -> Path:
     converted. Cached in ``<root>/<first 16 hex digits of>`` :func:`cache_key` (so another
     checkpoint, tokenizer, quantization or converter is converted again), the root being the
     first of :func:`cache_roots` that holds it or can be written; written through a
-    temporary folder and a rename, so a cache folder is complete or absent.
+    temporary folder and a rename, so a cache folder is complete or absent. After a
+    conversion the root keeps one model per checkpoint file (:func:`prune_cache`).
 
     Raises:
         DataError: the tokenizer is not the checkpoint's vocabulary.
         ExportError: no cache folder can be written; NoSpaceError: the device is full.
     """
-    from transformer_nmt.data.bpe import SentencePieceTokenizer, check_vocab
-
     checkpoint, spm_path = Path(checkpoint), Path(spm_path)
-    if not spm_path.is_file():
-        raise ExportError(f"SentencePiece model {spm_path} not found (run nmt-prepare first)")
-    check_vocab(checkpoint, SentencePieceTokenizer(spm_path))
+    check_tokenizer(checkpoint, spm_path)
     digest = cache_key(checkpoint, spm_path)[:16]
     roots = cache_roots(checkpoint)
     for root in roots:
@@ -222,12 +219,48 @@ def cached_ctranslate2(checkpoint: str | Path, spm_path: str | Path) -> Path:
         out = root / digest
         log.info("converting %s for CTranslate2 into %s", checkpoint, out)
         try:
-            return export_ctranslate2(checkpoint, spm_path, out, "none", overwrite=True)
+            export_ctranslate2(checkpoint, spm_path, out, "none", overwrite=True)
         except NotWritableError as e:
             log.warning("%s; trying the next cache folder", e)
             refused.append(str(e))
+            continue
+        with atomic_write(out / CACHE_SOURCE) as f:
+            json.dump({"checkpoint": str(checkpoint.resolve())}, f)
+        prune_cache(root, checkpoint, keep=out)
+        return out
     raise ExportError("cannot write a CTranslate2 cache folder: " + "; ".join(refused)
                       + " (decode with decode.engine=native, or make one of them writable)")
+
+
+CACHE_SOURCE = "source.json"
+"""File in a cache folder naming the checkpoint it was converted from (its resolved path)."""
+
+
+def prune_cache(root: Path, checkpoint: Path, keep: Path) -> list[Path]:
+    """Delete the stale conversions in a cache ``root``: those of ``checkpoint`` other than
+    ``keep`` (the file was rewritten, e.g. averaged again), those of checkpoint files that no
+    longer exist (pruned by ``trainer.keep_last``), and export folders that record no source
+    (an earlier layout). Conversions of other checkpoints that still exist are kept; a
+    folder that is not a finished export of ours is never touched. Returns what was deleted.
+    """
+    from transformer_nmt.interop.common import EXPORT_MARKER
+
+    removed = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else ():
+        if folder == keep or not (folder / EXPORT_MARKER).is_file():
+            continue
+        try:
+            source = Path(json.loads((folder / CACHE_SOURCE).read_text(encoding="utf-8"))
+                          ["checkpoint"])
+        except (OSError, ValueError, KeyError, TypeError):
+            source = None
+        if source is None or source == checkpoint.resolve() or not source.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    if removed:
+        log.info("removed %d stale CTranslate2 conversions from %s: %s", len(removed), root,
+                 ", ".join(p.name for p in removed))
+    return removed
 
 
 class CTranslate2Engine:
@@ -281,7 +314,9 @@ class CTranslate2Engine:
         """Same inputs, outputs and stats as :func:`transformer_nmt.decode.translate.translate_lines`."""
         self._warn(decode_cfg)
         start = time.perf_counter()
-        limit = max(1, min(int(decode_cfg.max_input_tokens), int(decode_cfg.max_tokens) - 1))
+        from transformer_nmt.decode.translate import input_limit, warn_truncated
+
+        limit, why = input_limit(decode_cfg, max_positions=self.max_positions)
         sp = tokenizer.sp
         empty = truncated = 0
         groups: dict[int, list[tuple[int, list[str]]]] = {}
@@ -289,8 +324,8 @@ class CTranslate2Engine:
             text = line.strip()
             ids = tokenizer.encode(text) if text else []
             if len(ids) > limit:
-                log.warning("line %d has %d source tokens, more than the %d allowed; truncated",
-                            i + 1, len(ids), limit)
+                log.warning("line %d has %d source tokens, more than the %d allowed (%s); "
+                            "truncated", i + 1, len(ids), limit, why)
                 ids, truncated = ids[:limit], truncated + 1
             if not ids:
                 empty += 1
@@ -323,6 +358,7 @@ class CTranslate2Engine:
                         outputs[i] = [(tokenizer.decode(t), s) for t, s in hyps]
                     else:
                         outputs[i] = tokenizer.decode(hyps[0][0])
+        warn_truncated(truncated, len(lines), limit, why)
         seconds = time.perf_counter() - start
         stats = {
             "sentences": len(lines), "empty": empty, "truncated": truncated,

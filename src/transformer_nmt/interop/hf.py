@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from transformer_nmt.checkpoint import checkpoint_step
 from transformer_nmt.config import (
     BOS_ID,
     EOS_ID,
@@ -25,13 +26,13 @@ from transformer_nmt.config import (
 from transformer_nmt.interop.common import (
     SIDECAR,
     SPECIAL_PIECES,
-    ExportError,
     _atomic_dir,
     _load,
     _piece_vocab,
     _plain,
     _unicode_form,
     check_exportable,
+    check_tokenizer,
     model_card,
     require,
 )
@@ -76,14 +77,14 @@ def export_hf(checkpoint: str | Path, spm_path: str | Path, out_dir: str | Path,
     Raises:
         ExportError: a model Marian cannot express, a SentencePiece model without our
             special ids, or an existing ``out_dir`` without ``overwrite``.
+        DataError: ``spm_path`` is not the vocabulary the checkpoint was trained with.
     """
     transformers = require("transformers")
     require("safetensors")
     ckpt, run_cfg, model = _load(checkpoint)
     check_exportable(run_cfg.model, "hf")
     spm_path, out_dir = Path(spm_path), Path(out_dir)
-    if not spm_path.is_file():
-        raise ExportError(f"SentencePiece model {spm_path} not found (run nmt-prepare first)")
+    check_tokenizer(checkpoint, spm_path)
     mm = port_to_marian(model)
     decode = run_cfg.decode
     max_length = run_cfg.model.max_positions
@@ -101,7 +102,7 @@ def export_hf(checkpoint: str | Path, spm_path: str | Path, out_dir: str | Path,
         (tmp / "README.md").write_text(
             model_card(run_cfg, ckpt, results, model.vocab_size), encoding="utf-8")
         (tmp / SIDECAR).write_text(json.dumps({
-            "unicode_form": _unicode_form(spm_path), "step": ckpt.get("step"),
+            "unicode_form": _unicode_form(spm_path), "step": checkpoint_step(ckpt),
             "averaged_from": ckpt.get("averaged_from"), "config": _plain(run_cfg),
         }, indent=2), encoding="utf-8")
     log.info("wrote %s", out_dir)

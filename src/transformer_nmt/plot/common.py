@@ -14,7 +14,7 @@ matplotlib.use("Agg")  # before pyplot: files only, never a window
 import matplotlib.pyplot as plt
 
 from transformer_nmt.choices import PlotFormat
-from transformer_nmt.fileio import atomic_path
+from transformer_nmt.fileio import output_path
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ FORMATS = tuple(f.value for f in PlotFormat)
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
-    """Write ``fig`` to ``path`` (format from the suffix: .png or .svg) atomically.
+    """Write ``fig`` to ``path`` (format from the suffix: .png or .svg) atomically
+    (:func:`transformer_nmt.fileio.output_path`: in place for a FIFO or device, through symlinks).
 
     Raises:
         ValueError: for a suffix other than .png or .svg.
@@ -38,7 +39,7 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
     fmt = path.suffix.lstrip(".").lower()
     if fmt not in FORMATS:
         raise ValueError(f"{path}: figures are written as {list(FORMATS)}, not {fmt!r}")
-    with atomic_path(path) as tmp:
+    with output_path(path, what="figure") as tmp:
         fig.savefig(tmp, format=fmt, dpi=dpi)
     log.info("wrote %s", path)
     return path
