@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.errors import UserError
 
 

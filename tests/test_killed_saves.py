@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from transformer_nmt.checkpoint import average_run, save_checkpoint
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.errors import UserError
 
 _WRITER = """

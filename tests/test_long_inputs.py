@@ -10,7 +10,7 @@ import torch
 from helpers import DECODE_MODEL, new_model
 
 from transformer_nmt.checkpoint import save_checkpoint
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.config import to_plain
 from transformer_nmt.decode.translate import translate_lines
 

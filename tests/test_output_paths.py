@@ -1,5 +1,5 @@
 """Where user-named outputs go: through symlinks, FIFOs and devices (never replacing them), and
-never over the input, a model file or a run's checkpoints (translate.output, table_output)."""
+never over the input, a model file or a run's checkpoints (translate.output, table.output)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_nmt.cli import compose
+from transformer_nmt.config import compose
 from transformer_nmt.errors import UserError
 
 
@@ -143,14 +143,14 @@ def test_table_output_refuses_a_results_file_and_writes_through_a_symlink(tmp_pa
     results.parent.mkdir(parents=True)
     results.write_text("{}")
     glob = str(tmp_path / "runs" / "**" / "results.json")
-    cfg = compose([f"results_glob={glob}", f"table_output={results}"])
-    with pytest.raises(UserError, match=f"^table_output={results} is the input file"):
+    cfg = compose([f"table.results_glob={glob}", f"table.output={results}"])
+    with pytest.raises(UserError, match=f"^table.output={results} is the input file"):
         write_report(cfg)
     assert results.read_text() == "{}"
     target = tmp_path / "results.md"
     link = tmp_path / "table.md"
     link.symlink_to(target)
-    write_report(compose([f"results_glob={glob}", f"table_output={link}"]))
+    write_report(compose([f"table.results_glob={glob}", f"table.output={link}"]))
     assert link.is_symlink() and "Table 2" in target.read_text()
 
 

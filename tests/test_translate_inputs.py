@@ -53,7 +53,7 @@ def test_dev_null_is_no_lines_and_other_kinds_are_named(tmp_path):
 def test_translate_reads_a_pipe(workspace, tokenizer, tmp_path):
     from helpers import DECODE_MODEL, new_model, write_checkpoint
 
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
     from transformer_nmt.decode.translate import translate
 
     root, cfg = workspace

@@ -116,7 +116,7 @@ def run(workspace, tokenizer, tmp_path):
     from helpers import DECODE_MODEL, new_model, write_checkpoint
 
     from transformer_nmt.checkpoint import average_run
-    from transformer_nmt.cli import compose
+    from transformer_nmt.config import compose
 
     root, cfg = workspace
     folder = tmp_path / "run" / "checkpoints"

@@ -7,7 +7,7 @@ reports bad input as :class:`DataError`, naming the file and line.
 Every stage writes through :func:`atomic_write` (a temporary file in the same folder,
 renamed over the target on success), so a killed run never leaves a half-written
 output that a later run would take as up to date. A path the user names
-(``translate.output``, ``table_output``) goes through :func:`write_output`, which writes
+(``translate.output``, ``table.output``) goes through :func:`write_output`, which writes
 through to a FIFO or device and through symlinks instead of replacing them, and refuses a
 path that is an input or a model (:func:`check_output`). A write that fails for a cause the
 user fixes (full disk, quota, file-size limit, read-only file system) is one
