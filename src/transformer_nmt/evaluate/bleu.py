@@ -42,14 +42,15 @@ with tools that score that way; it is not the paper's number. Scores are on the 
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
 
-import regex
 from sacrebleu.metrics import BLEU, CHRF
+
+from transformer_nmt.data import moses
+from transformer_nmt.data.moses import MOSES_COMMIT
 
 SACREBLEU_LABEL = "sacreBLEU (detokenized, 13a, mixed case)"
 CHRF_LABEL = "chrF (detokenized, sacreBLEU)"
@@ -76,9 +77,6 @@ def paper_forms(lang: str) -> tuple[str, ...]:
     and ``moses-a`` are accepted for German too, the ``t2t-*`` forms for German only."""
     return T2T_FORMS if lang == "de" else MOSES_FORMS
 
-MOSES_COMMIT = "59bad94"
-"""mosesdecoder commit whose ``tokenizer.perl``, nonbreaking prefixes,
-``replace-unicode-punctuation.perl`` and ``multi-bleu.perl`` are reproduced (2017-05-29)."""
 
 GERMAN_QUOTES = "\u201e\u201c\u201d\u00ab\u00bb"  # „ “ ” « »
 """Double quotes the tensor2tensor EN-DE reference had turned into ``"`` before tokenizing."""
@@ -195,107 +193,17 @@ def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str
     }
 
 
-# Perl's character classes, as tokenizer.perl uses them: \p{IsAlnum} = Alphabetic or decimal
-# digit, \p{IsAlpha} = Alphabetic, \p{IsN} = any number, \p{IsLower} = Lowercase, \s = White_Space,
-# with the membership Perl 5.36 gives them (Unicode 14.0) where the regex module's newer
-# Unicode data differs: there 38 combining marks are Alphabetic and 6 letters moved in or out
-# of Lowercase (found by running tokenizer.perl on every assigned code point,
-# docs/paper_bleu.md). Sets in the regex module's V1 syntax.
-_ALPHA = (r"[\p{Alphabetic}--[\u0363-\u036f\u0c04\u0f82\u0f83\u1dd3-\u1de6"
-          r"\U00011080\U00011081]]")
-_ALNUM, _N = rf"\p{{Nd}}{_ALPHA}", r"\p{N}"
-_LOWER = r"[[\p{Lowercase}\u0295]--[\u10fc\ua7f2-\ua7f4\uab69]]"
-
-
-def _perl_re(pattern: str):
-    return regex.compile(pattern, flags=regex.V1)
-
-
-_PERL_LOWER = _perl_re(_LOWER)
-_PERL_ALPHA = _perl_re(_ALPHA)
-_PERL_BLANK_LINE = regex.compile(r"\p{White_Space}*")
-
-# Nonbreaking prefixes sacremoses ships that the 59bad94 files lack (mosesdecoder 4da86c3,
-# 2019-11-05, added "Rs" to nonbreaking_prefix.en).
-_LATER_PREFIXES = {"en": ("Rs",)}
-
-
-@functools.cache
-def _perl_moses_tokenizer(lang: str):
-    from sacremoses import MosesTokenizer
-
-    class PerlMosesTokenizer(MosesTokenizer):
-        r"""sacremoses' tokenizer with the character classes of Perl's regular expressions.
-
-        sacremoses lists the members of each class as an old Perl (Unicode 7.0) printed them,
-        without the CJK ideographs and Hangul syllables and with the Indic viramas and nuktas
-        added; Python's ``\s`` also takes the control characters U+001C-U+001F, which
-        tokenizer.perl deletes. Here every class is the Unicode property Perl uses.
-        """
-
-        DEDUPLICATE_SPACE = _perl_re(r"\p{White_Space}+"), " "
-        PAD_NOT_ISALNUM = _perl_re(rf"([^{_ALNUM}\p{{White_Space}}\.'`,\-])"), r" \1 "
-        AGGRESSIVE_HYPHEN_SPLIT = _perl_re(rf"([{_ALNUM}])\-(?=[{_ALNUM}])"), r"\1 @-@ "
-        COMMA_SEPARATE_1 = _perl_re(rf"([^{_N}])[,]"), r"\1 , "
-        COMMA_SEPARATE_2 = _perl_re(rf"[,]([^{_N}])"), r" , \1"
-        COMMA_SEPARATE_3 = _perl_re(rf"([{_N}])[,]$"), r"\1 , "
-        ENGLISH_SPECIFIC_APOSTROPHE = (
-            (_perl_re(rf"([^{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([^{_ALPHA}{_N}])[']([{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([{_ALPHA}])[']([{_ALPHA}])"), r"\1 '\2"),
-            (_perl_re(rf"([{_N}])[']([s])"), r"\1 '\2"),
-        )
-        FR_IT_SPECIFIC_APOSTROPHE = (
-            (_perl_re(rf"([^{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([^{_ALPHA}])[']([{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([{_ALPHA}])[']([{_ALPHA}])"), r"\1' \2"),
-        )
-
-        def __init__(self, lang: str):
-            super().__init__(lang=lang)
-            for name in ("PAD_NOT_ISALNUM", "AGGRESSIVE_HYPHEN_SPLIT"):
-                self.__dict__.pop(name, None)  # sacremoses' own classes for zh/ja/ko
-            later = _LATER_PREFIXES.get(lang, ())
-            self.NONBREAKING_PREFIXES = [p for p in self.NONBREAKING_PREFIXES if p not in later]
-
-        def islower(self, text: str) -> bool:
-            return all(_PERL_LOWER.match(ch) for ch in text)
-
-        def isanyalpha(self, text: str) -> bool:
-            return _PERL_ALPHA.search(text) is not None
-
-    return PerlMosesTokenizer(lang)
-
-
 def moses_tokenize(
     lines: Sequence[str], lang: str, compound_split: bool = False, aggressive: bool = False
 ) -> list[str]:
     """Moses-tokenize lines exactly as ``tokenizer.perl -l <lang>`` of mosesdecoder 59bad94
-    (escaping on; ``-a`` when ``aggressive``).
-
-    As the script, a line that is empty or only whitespace is returned unchanged, and a word
-    ending in a full stop keeps it when it is a nonbreaking prefix of the language, even at
-    the end of the line (``"Er wohnt in der Hauptstr. 5."`` ->
-    ``"Er wohnt in der Hauptstr . 5."``, ``5`` being a German prefix; the script splits every
-    final dot only from 2018-11 on).
-
-    Args:
-        lines: detokenized text.
-        lang: language code for the tokenizer's rules (``de``, ``fr``, ``en``, ...).
-        compound_split: also apply :func:`split_compounds` (EN-DE recipe).
-        aggressive: the ``-a`` flag: ``a-b`` -> ``a @-@ b`` between letters or digits.
+    (escaping on; ``-a`` when ``aggressive``): :func:`transformer_nmt.data.moses.tokenize`,
+    then :func:`split_compounds` when ``compound_split`` (EN-DE recipe).
 
     Returns:
         Tokenized lines, tokens separated by single spaces.
     """
-    tok = _perl_moses_tokenizer(lang)
-    out = [
-        line if _PERL_BLANK_LINE.fullmatch(line) else
-        tok.tokenize(line, aggressive_dash_splits=aggressive, return_str=True, escape=True)
-        for line in lines
-    ]
+    out = moses.tokenize(lines, lang, aggressive=aggressive)
     if compound_split:
         out = [split_compounds(line) for line in out]
     return out
