@@ -203,8 +203,10 @@ def translate_lines(
     Args:
         model: the Transformer, in eval mode, on ``device``.
         tokenizer: ``encode(str) -> list[int]`` and ``decode(ids) -> str``
-            (:class:`transformer_nmt.data.bpe.SentencePieceTokenizer`).
-        lines: source sentences (a trailing newline is ignored).
+            (:class:`transformer_nmt.data.bpe.SentencePieceTokenizer`); its
+            ``detokenize(lines)``, when it has one, turns the decoded text into the output
+            (Moses detokenization for data prepared with ``data.pretokenize=moses``).
+        lines: source sentences as the data stage wrote them (a trailing newline is ignored).
         decode_cfg: :class:`transformer_nmt.config.DecodeConfig` (beam_size, lenpen,
             lenpen_form, max_len_a, max_len_b, nbest, max_tokens = source tokens per batch,
             max_input_tokens, precision).
@@ -253,12 +255,14 @@ def translate_lines(
 
     outputs: list[Any] = [[("", 0.0)] if return_hypotheses else "" for _ in lines]
     target_tokens = 0
+    detokenize = getattr(tokenizer, "detokenize", None) or list  # data.pretokenize=moses
     for j, hyps in enumerate(best):
         target_tokens += len(hyps[0].tokens) + 1
+        texts = detokenize([tokenizer.decode(h.tokens) for h in hyps])
         if return_hypotheses:
-            outputs[positions[j]] = [(tokenizer.decode(h.tokens), h.score) for h in hyps]
+            outputs[positions[j]] = [(text, h.score) for text, h in zip(texts, hyps)]
         else:
-            outputs[positions[j]] = tokenizer.decode(hyps[0].tokens)
+            outputs[positions[j]] = texts[0]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
@@ -324,13 +328,16 @@ def translate_file(
 ) -> dict[str, Any]:
     """Translate a file (or standard input) to a file (or standard output).
 
-    With ``decode_cfg.nbest > 1`` each input line gives ``nbest`` lines
+    Input lines are lowercased and Moses-tokenized first when the data was
+    (``tokenizer.preprocess``). With ``decode_cfg.nbest > 1`` each input line gives ``nbest`` lines
     ``<line number, 0-based> ||| <translation> ||| <score>`` (the Moses n-best layout).
 
     Returns:
         The stats of :func:`translate_lines`.
     """
     lines = read_lines(input_path)
+    if hasattr(tokenizer, "preprocess"):  # data.lowercase, data.pretokenize
+        lines = tokenizer.preprocess(lines)
     if decode_cfg.nbest > 1 and decode_cfg.beam_size > 1:
         nbest, stats = translate_lines(
             model, tokenizer, lines, decode_cfg, device, return_hypotheses=True
