@@ -25,6 +25,10 @@ Two different numbers, never to be mixed up; every result carries its ``label`` 
   - Every target language: ``tokenizer.perl -l <lang>`` on both sides and ``multi-bleu.perl``,
     without (form ``moses``, the default for EN-FR) or with ``-a`` (form ``moses-a``,
     aggressive hyphen splitting ``a-b`` -> ``a @-@ b``); no compound split.
+  - Form ``mmt``, the BLEU of the Multi30k papers (Elliott et al. 2016; Wu et al. 2021), any
+    target language: both sides through ``lowercase.perl``, ``normalize-punctuation.perl -l
+    <lang>`` and ``tokenizer.perl -l <lang>`` (no ``-a``), scored by ``multi-bleu.perl -lc``
+    (what fairseq's BLEU4 gives on the same tokenized, lowercased files).
 
   ``multi-bleu.perl`` is case-sensitive over whitespace-separated tokens, unsmoothed (an
   n-gram order with zero matches gives BLEU 0), brevity penalty exp(1 - r/c) when c < r;
@@ -62,6 +66,8 @@ PAPER_LABELS = {
     "t2t-2018": "paper BLEU (t2t get_ende_bleu.sh, 2018 form: + replace-unicode-punctuation)",
     "moses": "paper BLEU (Moses tokenizer, multi-bleu)",
     "moses-a": "paper BLEU (Moses tokenizer -a, multi-bleu)",
+    "mmt": "paper BLEU (Multi30k papers: lowercased, Moses normalize-punctuation + tokenizer, "
+           "multi-bleu -lc)",
 }
 """The label of each form of :func:`paper_bleu`."""
 PAPER_DE_LABEL = PAPER_LABELS["t2t-2017"]
@@ -69,12 +75,15 @@ PAPER_LABEL = PAPER_LABELS["moses"]
 
 T2T_FORMS = ("t2t-2017", "t2t-2018")
 MOSES_FORMS = ("moses", "moses-a")
+MMT_FORM = "mmt"
+"""The Multi30k papers' form: any target language, scored beside the defaults by :func:`score_all`."""
 
 
 def paper_forms(lang: str) -> tuple[str, ...]:
     """The forms the paper's number may have had for target ``lang``, the default first:
     ``("t2t-2017", "t2t-2018")`` for German, ``("moses", "moses-a")`` otherwise. ``moses``
-    and ``moses-a`` are accepted for German too, the ``t2t-*`` forms for German only."""
+    and ``moses-a`` are accepted for German too, the ``t2t-*`` forms for German only
+    (:data:`MMT_FORM`, the Multi30k papers' form, for any language, is not among them)."""
     return T2T_FORMS if lang == "de" else MOSES_FORMS
 
 
@@ -224,8 +233,11 @@ def _moses_version() -> str:
     return f"{MOSES_COMMIT}+sacremoses-{version('sacremoses')}"
 
 
-def multi_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """BLEU on already tokenized text, as ``multi-bleu.perl`` (case-sensitive, one reference).
+def multi_bleu(
+    hypotheses: Sequence[str], references: Sequence[str], lowercase: bool = False
+) -> dict[str, Any]:
+    """BLEU on already tokenized text, as ``multi-bleu.perl`` (case-sensitive, one reference;
+    ``multi-bleu.perl -lc`` when ``lowercase``).
 
     Modified n-gram precisions p_1..p_4 over the corpus, geometric mean with equal weights,
     no smoothing (0 when some p_n is 0), brevity penalty exp(1 - r/c) if c < r else 1, with
@@ -239,7 +251,7 @@ def multi_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str
         ValueError: when the line counts differ.
     """
     _check_lengths(hypotheses, references)
-    metric = BLEU(tokenize="none", smooth_method="none", lowercase=False, force=True)
+    metric = BLEU(tokenize="none", smooth_method="none", lowercase=lowercase, force=True)
     result = metric.corpus_score(list(hypotheses), [list(references)])
     return _bleu_dict(
         "multi_bleu", "BLEU (pre-tokenized, multi-bleu)", result, str(metric.get_signature())
@@ -291,6 +303,8 @@ def _check_form(lang: str, form: str | None) -> str:
         return paper_forms(lang)[0]
     if form not in PAPER_LABELS:
         raise ValueError(f"unknown paper BLEU form {form!r}; one of {', '.join(PAPER_LABELS)}")
+    if form == MMT_FORM:
+        return form
     if form in T2T_FORMS and lang != "de":
         raise ValueError(f"form {form!r} is tensor2tensor's EN-DE script: German targets only, "
                          f"not {lang!r} (use one of {', '.join(MOSES_FORMS)})")
@@ -306,7 +320,9 @@ def paper_tokenize(
     ``t2t-2018``: the same after :func:`replace_unicode_punctuation`; both: reference ->
     :func:`normalize_german_quotes` -> Moses tokenizer (``de``) -> :func:`split_compounds`.
     ``moses`` / ``moses-a``: the Moses tokenizer of ``lang`` (``-a`` for ``moses-a``) on both
-    sides, nothing else.
+    sides, nothing else. ``mmt``: Moses ``lowercase.perl``, ``normalize-punctuation.perl -l
+    <lang>`` and ``tokenizer.perl -l <lang>`` on both sides
+    (:func:`transformer_nmt.data.moses.preprocess`).
 
     Args:
         hypotheses: detokenized translations.
@@ -323,6 +339,9 @@ def paper_tokenize(
     """
     form = _check_form(lang, form)
     _check_lengths(hypotheses, references)
+    if form == MMT_FORM:
+        return (moses.preprocess(hypotheses, lang, lower=True, moses=True),
+                moses.preprocess(references, lang, lower=True, moses=True))
     if form in T2T_FORMS:
         hyp = list(hypotheses)
         if form == "t2t-2018":
@@ -344,8 +363,9 @@ def paper_bleu(
     ``t2t-2017`` (German default: tensor2tensor's ``get_ende_bleu.sh`` as first published,
     2017-06-29 to 2018-04-05), ``t2t-2018`` (the same script from 2018-04-05 on:
     ``replace-unicode-punctuation.perl`` on the hypothesis first), ``moses`` (default for any
-    other language: ``tokenizer.perl`` and ``multi-bleu.perl``) and ``moses-a`` (the tokenizer
-    with ``-a``). Each form's tokenized lines and BLEU equal the Perl scripts'
+    other language: ``tokenizer.perl`` and ``multi-bleu.perl``), ``moses-a`` (the tokenizer
+    with ``-a``) and ``mmt`` (the Multi30k papers': lowercased, ``normalize-punctuation.perl``,
+    ``tokenizer.perl``, ``multi-bleu.perl -lc``). Each form's tokenized lines and BLEU equal the Perl scripts'
     (tests/data/paper_bleu).
 
     Args:
@@ -365,7 +385,10 @@ def paper_bleu(
     """
     form = _check_form(lang, form)
     hyp_tok, ref_tok = paper_tokenize(hypotheses, references, lang, form)
-    if form in T2T_FORMS:
+    if form == MMT_FORM:
+        recipe = "moses-multi-bleu-lc"
+        steps = f"hyp:lc+norm-punct-{lang}+tok-{lang}|ref:lc+norm-punct-{lang}+tok-{lang}"
+    elif form in T2T_FORMS:
         recipe = "t2t-get_ende_bleu"
         punct = "replace-unicode-punctuation+" if form == "t2t-2018" else ""
         steps = f"hyp:{punct}tok-de+atat|ref:german-quotes+tok-de+atat"
@@ -373,7 +396,7 @@ def paper_bleu(
         recipe = "moses-multi-bleu"
         flag = "-a" if form == "moses-a" else ""
         steps = f"hyp:tok-{lang}{flag}|ref:tok-{lang}{flag}"
-    result = multi_bleu(hyp_tok, ref_tok)
+    result = multi_bleu(hyp_tok, ref_tok, lowercase=form == MMT_FORM)
     result["type"] = "paper_bleu"
     result["label"] = PAPER_LABELS[form]
     result["recipe"] = recipe
@@ -386,7 +409,8 @@ def paper_bleu(
 def score_all(
     hypotheses: Sequence[str], references: Sequence[str], lang: str
 ) -> dict[str, dict[str, Any]]:
-    """sacreBLEU (the headline), the paper's BLEU in every form, and chrF of one test set.
+    """sacreBLEU (the headline), the paper's BLEU in every form, the Multi30k papers' BLEU
+    (form ``mmt``) and chrF of one test set.
 
     Args:
         hypotheses: detokenized translations.
@@ -397,14 +421,14 @@ def score_all(
         ``{"sacrebleu": ..., "paper_bleu": ..., "paper_bleu:<form>": ..., "chrf": ...}``:
         ``paper_bleu`` in the default form of ``lang``, then one ``paper_bleu:<form>`` per
         other form of :func:`paper_forms` (``paper_bleu:t2t-2018`` for German,
-        ``paper_bleu:moses-a`` otherwise), to be listed beside it.
+        ``paper_bleu:moses-a`` otherwise) and ``paper_bleu:mmt``, to be listed beside it.
     """
     default, *others = paper_forms(lang)
     scores = {
         "sacrebleu": sacrebleu_score(hypotheses, references),
         "paper_bleu": paper_bleu(hypotheses, references, lang, default),
     }
-    for form in others:
+    for form in (*others, MMT_FORM):
         scores[f"paper_bleu:{form}"] = paper_bleu(hypotheses, references, lang, form)
     scores["chrf"] = chrf_score(hypotheses, references)
     return scores
