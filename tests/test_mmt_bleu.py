@@ -120,3 +120,35 @@ def test_mmt_golden_lines_match_on_handmade_text():
         hyp_tok, ref_tok = paper_tokenize(inputs["hyp"], inputs["ref"], lang, "mmt")
         assert hyp_tok == golden["hyp_tok"] and ref_tok == golden["ref_tok"]
         assert multi_bleu_line(paper_bleu(inputs["hyp"], inputs["ref"], lang, "mmt")) == golden["bleu"]
+
+
+def test_nmt_table_shows_the_mmt_form_in_its_own_column(tmp_path):
+    """A results.json with ``paper_bleu:mmt`` (as nmt-evaluate writes it): nmt-table puts the
+    score under the column named for the form, and lists its label and signature."""
+    from transformer_nmt.cli import compose
+    from transformer_nmt.evaluate.report import write_report
+
+    hyps = ["Ein Hund läuft schnell über die grüne Wiese."]
+    refs = ["ein Hund läuft schnell über die grüne Wiese ."]  # mmt: 100, paper BLEU: less
+    scores = score_all(hyps, refs, "de")
+    result = {
+        "experiment": "wu", "steps": 8000, "num_checkpoints_averaged": 10,
+        "data": {"name": "multi30k_en_de_wu2021", "corpus": "multi30k", "src_lang": "en",
+                 "tgt_lang": "de", "max_train_pairs": None},
+        "model": {"name": "tiny_wu2021", "params": 2_605_056, "config": None},
+        "test_sets": {"test_2016_flickr": {
+            "bleu": {k: v for k, v in scores.items() if k != "chrf"}, "chrf": scores["chrf"]}},
+    }
+    path = tmp_path / "runs" / "wu" / "results.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(result), encoding="utf-8")
+    cfg = compose([f"results_glob={tmp_path}/runs/*/results.json",
+                   f"table_output={tmp_path}/results.md"])
+    text = write_report(cfg).read_text(encoding="utf-8")
+    header = next(line for line in text.splitlines() if "| Multi30k BLEU (mmt) |" in line)
+    row = next(line for line in text.splitlines() if line.startswith("| wu |"))
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["Multi30k BLEU (mmt)"] == f"{scores['paper_bleu:mmt']['score']:.2f}"
+    assert cells["sacreBLEU"] == f"{scores['sacrebleu']['score']:.2f}"
+    assert cells["Multi30k BLEU (mmt)"] != cells["paper BLEU"]
+    assert f"- {PAPER_LABELS['mmt']}: `{scores['paper_bleu:mmt']['signature']}`" in text
