@@ -13,6 +13,7 @@ from transformer_nmt.cli import compose
 from transformer_nmt.data import moses
 from transformer_nmt.data.bpe import load_tokenizer, spm_params
 from transformer_nmt.data.clean import clean_params, preprocess_pair
+from transformer_nmt.evaluate.bleu import PAPER_LABELS
 from transformer_nmt.fileio import raw_path
 from transformer_nmt.train.optim import inverse_sqrt_lr
 
@@ -89,7 +90,7 @@ def test_a_bad_pretokenize_value_is_refused():
         compose(["experiment=multi30k_wu2021", "data.pretokenize=spacy"])
 
 
-def test_tiny_end_to_end_run_with_the_options(tmp_path, multi30k_mirror, tiny_model):
+def test_tiny_end_to_end_run_with_the_options(tmp_path, multi30k_mirror, tiny_model, capsys):
     """prepare -> train (a few steps) -> evaluate -> translate with the preset's data options on
     a slice of Multi30k: the prepared text is lowercased and tokenized, the references are kept
     as distributed, the translations are detokenized, and results.json has the mmt form."""
@@ -124,6 +125,7 @@ def test_tiny_end_to_end_run_with_the_options(tmp_path, multi30k_mirror, tiny_mo
     assert json.loads((run_dir / "train_summary.json").read_text())["steps"] == 4
     average_run(cfg)
     results = evaluate(cfg)
+    assert f"  {PAPER_LABELS['mmt']}: " in capsys.readouterr().out  # the nmt-evaluate printout
     bleu = results["test_sets"]["test_2016_flickr"]["bleu"]
     assert bleu["paper_bleu:mmt"]["form"] == "mmt"
     assert 0.0 <= bleu["paper_bleu:mmt"]["score"] <= 100.0
