@@ -146,3 +146,25 @@ def test_tiny_end_to_end_run_with_the_options(tmp_path, multi30k_mirror, tiny_mo
     out2 = tmp_path / "out2.de"
     translate(compose([*overrides, f"translate.input={src}", f"translate.output={out2}"]))
     assert out2.read_text(encoding="utf-8").splitlines() == lines
+
+
+def test_translations_of_every_engine_are_detokenized():
+    """decode.engine=ctranslate2 decodes outside our beam search: its output is detokenized
+    the same way (best and n-best)."""
+    from types import SimpleNamespace
+
+    from transformer_nmt.decode.translate import translate_lines
+
+    class Engine:
+        is_ctranslate2 = True
+
+        def translate_lines(self, tokenizer, lines, decode_cfg, return_hypotheses=False):
+            if return_hypotheses:
+                return [[("ein hund &apos;s ball .", -1.0), ("ein ball .", -2.0)]], {"n": 1}
+            return ["ein hund &apos;s ball .", ""], {"n": 2}
+
+    tokenizer = SimpleNamespace(detokenize=lambda lines: moses.detokenize(lines, "de"))
+    out, stats = translate_lines(Engine(), tokenizer, ["a", ""], None)
+    assert out == ["ein hund 's ball.", ""] and stats == {"n": 2}
+    nbest, _ = translate_lines(Engine(), tokenizer, ["a"], None, return_hypotheses=True)
+    assert nbest == [[("ein hund 's ball.", -1.0), ("ein ball.", -2.0)]]

@@ -219,8 +219,13 @@ def translate_lines(
         ``empty``, ``truncated``, ``target_tokens``, ``seconds``, ``sentences_per_second``,
         ``target_tokens_per_second``, ``batches``, ``device``, ``precision``, ``beam_size``.
     """
+    detokenize = getattr(tokenizer, "detokenize", None) or list  # data.pretokenize=moses
     if getattr(model, "is_ctranslate2", False):  # decode.engine=ctranslate2 (interop/ctranslate2.py)
-        return model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
+        outputs, stats = model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
+        if return_hypotheses:
+            return [list(zip(detokenize([t for t, _ in h]), [s for _, s in h]))
+                    for h in outputs], stats
+        return detokenize(outputs), stats
     device = torch.device(device) if device is not None else next(model.parameters()).device
     start = time.perf_counter()
     limit = max(1, min(int(decode_cfg.max_input_tokens), int(decode_cfg.max_tokens) - 1))
@@ -255,7 +260,6 @@ def translate_lines(
 
     outputs: list[Any] = [[("", 0.0)] if return_hypotheses else "" for _ in lines]
     target_tokens = 0
-    detokenize = getattr(tokenizer, "detokenize", None) or list  # data.pretokenize=moses
     for j, hyps in enumerate(best):
         target_tokens += len(hyps[0].tokens) + 1
         texts = detokenize([tokenizer.decode(h.tokens) for h in hyps])
