@@ -13,7 +13,6 @@ import pytest
 from transformer_nmt.data import moses
 from transformer_nmt.evaluate.bleu import (
     PAPER_LABELS,
-    multi_bleu,
     multi_bleu_line,
     paper_bleu,
     paper_tokenize,

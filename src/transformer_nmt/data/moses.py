@@ -174,7 +174,7 @@ def normalize_punctuation(line: str, lang: str) -> str:
     for pattern, sub in rules:
         text = pattern.sub(sub, text)
     text = _NUMBER_COMMA.sub(r"\1,\2" if lang in _COMMA_LANGS else r"\1.\2", text)
-    return text[:-1] if text.endswith("\n") else text
+    return text.removesuffix("\n")
 
 
 def lowercase(line: str) -> str:
