@@ -3,8 +3,10 @@
 Writes ``tests/data/paper_bleu/handmade.json`` and ``tests/data/paper_bleu/multi30k.json``:
 what Moses ``tokenizer.perl`` / ``replace-unicode-punctuation.perl`` / ``multi-bleu.perl`` and
 tensor2tensor's ``get_ende_bleu.sh`` print for every form of :func:`transformer_nmt.evaluate.bleu.paper_bleu`
-(``t2t-2017``, ``t2t-2018``, ``moses``, ``moses-a``). tests/test_bleu.py checks that ours gives
-the same tokenized lines and the same BLEU line. The scripts are not part of this repository:
+(``t2t-2017``, ``t2t-2018``, ``moses``, ``moses-a``, ``mmt``), and what ``lowercase.perl`` and
+``normalize-punctuation.perl`` print for the lines of :data:`STEP_LINES`.
+tests/test_evaluate_bleu.py and tests/test_mmt_bleu.py check that ours gives the same lines
+and the same BLEU line. The scripts are not part of this repository:
 check them out at the commits named in tests/data/paper_bleu/README.md and pass their paths::
 
     python scripts/paper_bleu_goldens.py --moses /tmp/perl-scripts/moses-2017 \\
@@ -12,7 +14,9 @@ check them out at the commits named in tests/data/paper_bleu/README.md and pass 
         --t2t-2018 /tmp/perl-scripts/t2t/get_ende_bleu.fc9335c0.sh \\
         --multi30k ../shared/data/multi30k
 
-(``--moses`` is a folder with mosesdecoder's ``scripts/``.) Per form and per pair of hypothesis
+(``--moses`` is a folder with mosesdecoder's ``scripts/``.) ``--forms mmt`` recomputes only the
+``mmt`` form and the step lines, keeping the other forms of the JSON files as they are (the
+tensor2tensor scripts are then not needed). Per form and per pair of hypothesis
 and reference files it runs, in a scratch folder:
 
 * ``t2t-2017`` / ``t2t-2018`` (German only): the reference is made the way tensor2tensor's
@@ -24,6 +28,8 @@ and reference files it runs, in a scratch folder:
   lines are its ``hyp.tok.atat`` and ``newstest2013.tok.de.atat``.
 * ``moses`` / ``moses-a``: ``tokenizer.perl -l <lang> [-a]`` on both sides, then
   ``multi-bleu.perl ref.tok < hyp.tok``.
+* ``mmt``: ``lowercase.perl | normalize-punctuation.perl -l <lang> | tokenizer.perl -l <lang>``
+  on both sides, then ``multi-bleu.perl -lc ref.tok < hyp.tok``.
 
 Inputs: the hand-made lines below (every kind of quote, dash, apostrophe, ellipsis, compound,
 escaped character, full-width punctuation, number format, URL; one empty hypothesis per
@@ -51,6 +57,8 @@ MULTI30K_SETS = ("test_2016_flickr", "test_2017_flickr")
 LANGS = ("de", "fr", "en")
 T2T_FORMS = ("t2t-2017", "t2t-2018")
 MOSES_FORMS = ("moses", "moses-a")
+MMT_FORM = "mmt"
+ALL_FORMS = (*T2T_FORMS, *MOSES_FORMS, MMT_FORM)
 
 # ----------------------------------------------------------------------------- inputs
 
@@ -220,6 +228,23 @@ HANDMADE: dict[str, list[tuple[str, str]]] = {
 }
 
 
+# Lines for lowercase.perl and normalize-punctuation.perl alone (every rule of the latter:
+# brackets and the spaces around them, "%", ":", ";", backticks and '' quotes, typographic
+# quotes and dashes, ’ between letters, no-break spaces before punctuation and between digits,
+# quote and full stop at the end of a line, capital letters beyond ASCII, a final sigma).
+STEP_LINES = [
+    "Ein Mann ( links ) , eine Frau (rechts ) .", "Er sagt: ``Hallo'' und `ja'.",
+    'Sie sagte "gut." Dann ging sie.', 'Er sagte "gut."', 'Sie sagte "ja", dann "nein".',
+    "Das kostet 10\u00a0000 Euro, also 20 % mehr ; oder 30\u00a0% ?",
+    "\u00ab\u00a0Oui\u00a0\u00bb, dit-il\u00a0! Pourquoi\u00a0? Voil\u00e0\u00a0; fini\u00a0: bon",
+    "\u00abNon\u00bb et \u00ab non \u00bb, n\u00ba\u00a012, 5\u00a0\u00baC, 3\u00a0cm,\u00a0fin",
+    "Don\u2019t \u2018quote\u2019 \u201aso\u2018 \u201eso\u201c \u201cso\u201d \u00b4x\u00b4 x\u00b4\u00b4",
+    "A \u2013 B \u2014 C\u2014D \u2026 E\u2026", "\u00c4RGER \u00dcBER \u00c9T\u00c9 \u0130STANBUL \u1e9e",
+    "\u039f\u0394\u039f\u03a3 \u03a3\u039f\u03a3", "Tab\there  two  spaces", "",
+    "He said \"Stop\", then \"go\".", "1\u00a02\u00a03 and 4\u00a05",
+]
+"""Lines that exercise ``lowercase.perl`` and every rule of ``normalize-punctuation.perl``."""
+
 # ----------------------------------------------------------------------------- Perl
 
 
@@ -241,6 +266,8 @@ def run_form(form: str, hyps: list[str], refs: list[str], lang: str, args) -> di
     """The Perl pipeline of ``form`` on one pair of files: tokenized lines and BLEU line."""
     moses = Path(args.moses).resolve()
     tokenizer = str(moses / "scripts" / "tokenizer" / "tokenizer.perl")
+    lowercase = str(moses / "scripts" / "tokenizer" / "lowercase.perl")
+    normalize = str(moses / "scripts" / "tokenizer" / "normalize-punctuation.perl")
     multi_bleu = str(moses / "scripts" / "generic" / "multi-bleu.perl")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -257,6 +284,15 @@ def run_form(form: str, hyps: list[str], refs: list[str], lang: str, args) -> di
             proc = subprocess.run(["bash", str(script), "hyp"], cwd=d, env=env, check=True,
                                   capture_output=True, text=True)
             hyp_tok, ref_tok = _read(d / "hyp.tok.atat"), _read(d / "newstest2013.tok.de.atat")
+        elif form == MMT_FORM:
+            for side in ("hyp", "ref"):
+                _perl(["perl", lowercase], d / side, d / f"{side}.lc", d)
+                _perl(["perl", normalize, "-l", lang], d / f"{side}.lc", d / f"{side}.norm", d)
+                _perl(["perl", tokenizer, "-l", lang], d / f"{side}.norm", d / f"{side}.tok", d)
+            with open(d / "hyp.tok", "rb") as fin:
+                proc = subprocess.run(["perl", multi_bleu, "-lc", str(d / "ref.tok")], stdin=fin,
+                                      cwd=d, check=True, capture_output=True, text=True)
+            hyp_tok, ref_tok = _read(d / "hyp.tok"), _read(d / "ref.tok")
         else:
             flags = ["-a"] if form == "moses-a" else []
             _perl(["perl", tokenizer, "-l", lang, *flags], d / "hyp", d / "hyp.tok", d)
@@ -270,25 +306,46 @@ def run_form(form: str, hyps: list[str], refs: list[str], lang: str, args) -> di
     return {"bleu": bleu[0], "hyp_tok": hyp_tok, "ref_tok": ref_tok}
 
 
-def forms_of(lang: str) -> tuple[str, ...]:
-    return (*T2T_FORMS, *MOSES_FORMS) if lang == "de" else MOSES_FORMS
+def forms_of(lang: str, wanted: tuple[str, ...] = ALL_FORMS) -> tuple[str, ...]:
+    forms = (*T2T_FORMS, *MOSES_FORMS, MMT_FORM) if lang == "de" else (*MOSES_FORMS, MMT_FORM)
+    return tuple(f for f in forms if f in wanted)
+
+
+def steps(args) -> dict:
+    """``lowercase.perl`` and ``normalize-punctuation.perl -l <lang>`` on :data:`STEP_LINES`."""
+    scripts = Path(args.moses).resolve() / "scripts" / "tokenizer"
+    out = {"lines": STEP_LINES, "lowercase": None, "normalize_punctuation": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        _write(d / "in", STEP_LINES)
+        _perl(["perl", str(scripts / "lowercase.perl")], d / "in", d / "lc", d)
+        out["lowercase"] = _read(d / "lc")
+        for lang in (*LANGS, "cs"):
+            _perl(["perl", str(scripts / "normalize-punctuation.perl"), "-l", lang], d / "in",
+                  d / f"norm.{lang}", d)
+            out["normalize_punctuation"][lang] = _read(d / f"norm.{lang}")
+    return out
 
 
 def _sha256(lines: list[str]) -> str:
     return hashlib.sha256("".join(f"{line}\n" for line in lines).encode("utf-8")).hexdigest()
 
 
-def handmade(args) -> dict:
+def handmade(args, old: dict) -> dict:
     out = {"inputs": {}, "forms": {}}
     for lang, pairs in HANDMADE.items():
         refs, hyps = [r for r, _ in pairs], [h for _, h in pairs]
         out["inputs"][lang] = {"ref": refs, "hyp": hyps}
-        out["forms"][lang] = {form: run_form(form, hyps, refs, lang, args)
-                              for form in forms_of(lang)}
+        out["forms"][lang] = dict(old.get("forms", {}).get(lang, {}))
+        out["forms"][lang].update({form: run_form(form, hyps, refs, lang, args)
+                                   for form in forms_of(lang, args.forms)})
+    if old and old.get("inputs") != out["inputs"]:
+        raise SystemExit("the hand-made lines changed: regenerate every form (no --forms)")
+    out["steps"] = steps(args)
     return out
 
 
-def multi30k(args) -> dict:
+def multi30k(args, old: dict) -> dict:
     out = {"keep": args.keep, "sets": {}}
     for name in MULTI30K_SETS:
         out["sets"][name] = {}
@@ -297,8 +354,9 @@ def multi30k(args) -> dict:
             refs = gzip.decompress(path.read_bytes()).decode("utf-8").split("\n")
             refs = refs[:-1] if refs[-1] == "" else refs
             hyps = [synthetic_hypothesis(r, i, lang) for i, r in enumerate(refs)]
-            entry = {"lines": len(refs), "forms": {}}
-            for form in forms_of(lang):
+            kept = old.get("sets", {}).get(name, {}).get(lang, {}).get("forms", {})
+            entry = {"lines": len(refs), "forms": dict(kept)}
+            for form in forms_of(lang, args.forms):
                 full = run_form(form, hyps, refs, lang, args)
                 head = run_form(form, hyps[: args.keep], refs[: args.keep], lang, args)
                 entry["forms"][form] = {
@@ -317,18 +375,28 @@ def multi30k(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--moses", required=True, help="mosesdecoder checkout (has scripts/)")
-    parser.add_argument("--t2t-2017", required=True, help="get_ende_bleu.sh without the "
-                        "unicode step (tensor2tensor bca81bee)")
-    parser.add_argument("--t2t-2018", required=True, help="get_ende_bleu.sh with it "
-                        "(tensor2tensor fc9335c0)")
+    parser.add_argument("--t2t-2017", help="get_ende_bleu.sh without the "
+                        "unicode step (tensor2tensor bca81bee); needed for form t2t-2017")
+    parser.add_argument("--t2t-2018", help="get_ende_bleu.sh with it "
+                        "(tensor2tensor fc9335c0); needed for form t2t-2018")
+    parser.add_argument("--forms", nargs="+", choices=ALL_FORMS, default=list(ALL_FORMS),
+                        help="forms to compute; the others are kept from the existing files")
     parser.add_argument("--multi30k", default=str(REPO.parent / "shared" / "data" / "multi30k"))
     parser.add_argument("--keep", type=int, default=50,
                         help="tokenized Multi30k lines kept verbatim per file")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
+    args.forms = tuple(args.forms)
+    for form in T2T_FORMS:
+        if form in args.forms and not getattr(args, form.replace("-", "_")):
+            parser.error(f"form {form} needs --{form}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, data in (("handmade", handmade(args)), ("multi30k", multi30k(args))):
+    every = set(args.forms) == set(ALL_FORMS)
+    for name, build in (("handmade", handmade), ("multi30k", multi30k)):
+        path = out / f"{name}.json"
+        old = {} if every or not path.is_file() else json.loads(path.read_text(encoding="utf-8"))
+        data = build(args, old)
         text = json.dumps(data, ensure_ascii=False, indent=1) + "\n"
         (out / f"{name}.json").write_text(text, encoding="utf-8")
         print(f"wrote {out / name}.json ({len(text.encode()):,} bytes)")

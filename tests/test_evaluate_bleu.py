@@ -109,7 +109,8 @@ def test_compound_splitting():
 
 def test_every_score_is_labelled_with_signature():
     results = score_all(HYPS, REFS, lang="de")
-    assert list(results) == ["sacrebleu", "paper_bleu", "paper_bleu:t2t-2018", "chrf"]
+    assert list(results) == ["sacrebleu", "paper_bleu", "paper_bleu:t2t-2018", "paper_bleu:mmt",
+                             "chrf"]
     assert results["sacrebleu"]["label"] == SACREBLEU_LABEL
     assert results["chrf"]["label"] == CHRF_LABEL
     assert results["paper_bleu"]["label"] == PAPER_DE_LABEL == PAPER_LABELS["t2t-2017"]
@@ -124,7 +125,7 @@ def test_every_score_is_labelled_with_signature():
     assert "|form:t2t-2018|hyp:replace-unicode-punctuation+tok-de+atat|" in (
         results["paper_bleu:t2t-2018"]["signature"])
     fr = score_all(HYPS, REFS, lang="fr")
-    assert list(fr) == ["sacrebleu", "paper_bleu", "paper_bleu:moses-a", "chrf"]
+    assert list(fr) == ["sacrebleu", "paper_bleu", "paper_bleu:moses-a", "paper_bleu:mmt", "chrf"]
     assert fr["paper_bleu"]["label"] == PAPER_LABEL == PAPER_LABELS["moses"]
     assert "|form:moses-a|hyp:tok-fr-a|ref:tok-fr-a|" in fr["paper_bleu:moses-a"]["signature"]
     for r in results.values():

@@ -50,6 +50,13 @@ class UnicodeForm(Choice):
     none = "none"
 
 
+class Pretokenize(Choice):
+    """data.pretokenize: word tokenization of every line before BPE (``none``: none)."""
+
+    none = "none"
+    moses = "moses"
+
+
 class SpmModelType(Choice):
     """data.spm_model_type: the SentencePiece algorithm."""
 

@@ -23,6 +23,7 @@ from transformer_nmt.choices import (
     PlotFormat,
     PlotKind,
     Positions,
+    Pretokenize,
     Quantization,
     ReportTable,
     ShareEmbeddings,

@@ -44,6 +44,7 @@ from transformer_nmt.choices import (
     PlotFormat,
     PlotKind,
     Positions,
+    Pretokenize,
     Quantization,
     ReportTable,
     ShareEmbeddings,
@@ -113,6 +114,14 @@ class DataConfig:
     (short captions vary a lot in relative length). Set 0 to apply it to all pairs."""
     dedup: bool = False
     """Drop exact duplicate (source, target) pairs."""
+    lowercase: bool = False
+    """Lowercase every line of every split after normalisation (Moses ``lowercase.perl``), as
+    the Multi30k papers' data; translations stay lowercased. The official references are
+    kept as distributed."""
+    pretokenize: Pretokenize = Pretokenize.none
+    """``moses``: every line of every split goes through Moses ``normalize-punctuation.perl``
+    and ``tokenizer.perl -l <lang>`` (escaping on, no ``-a``; after ``lowercase``) before BPE;
+    translations are Moses-detokenized (``nmt-translate`` also tokenizes its input)."""
 
     # --- SentencePiece ----------------------------------------------------------------
     vocab_size: int = 8000

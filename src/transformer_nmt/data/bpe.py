@@ -27,7 +27,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig
-from transformer_nmt.data.clean import normalize
+from transformer_nmt.data import moses
+from transformer_nmt.data.clean import normalize, text_steps
 from transformer_nmt.data.corpora import read_lines
 from transformer_nmt.errors import DataError
 from transformer_nmt.fileio import atomic_write, file_digest, read_checkpoint, spm_model_path
@@ -83,10 +84,17 @@ def meta_path(model_path: str | os.PathLike) -> Path:
 
 
 def spm_params(data_cfg: DataConfig) -> dict:
-    """The config values the SentencePiece model depends on (a change means training again)."""
+    """The config values the SentencePiece model depends on (a change means training again);
+    with ``data.lowercase`` / ``data.pretokenize`` set, also those and the two languages
+    (:func:`transformer_nmt.data.clean.text_steps`), which :class:`SentencePieceTokenizer`
+    reads back from ``spm.json``."""
     keys = ("vocab_size", "spm_model_type", "spm_character_coverage", "spm_sample_sentences",
             "spm_seed", "unicode_form")
-    return {k: getattr(data_cfg, k) for k in keys}
+    params = {k: getattr(data_cfg, k) for k in keys}
+    steps = text_steps(data_cfg)
+    if steps:
+        params.update(steps, src_lang=data_cfg.src_lang, tgt_lang=data_cfg.tgt_lang)
+    return params
 
 
 def reservoir_sample(lines: Iterable[str], k: int, seed: int) -> tuple[list[str], int]:
@@ -193,6 +201,9 @@ class SentencePieceTokenizer:
     Attributes:
         vocab_size: number of pieces (ids ``0 .. vocab_size - 1``).
         pad_id, unk_id, bos_id, eos_id: 0, 1, 2, 3.
+        lowercase, pretokenize, src_lang, tgt_lang: the text steps the data was prepared
+            with (``spm.json``; False, None, None, None when it has none):
+            :meth:`preprocess` and :meth:`detokenize` repeat and undo them.
     """
 
     def __init__(self, model_path: str | os.PathLike) -> None:
@@ -202,9 +213,11 @@ class SentencePieceTokenizer:
         self.model_path = path
         self.sp = spm.SentencePieceProcessor(model_file=str(path))
         meta = meta_path(path)
-        self.unicode_form = (
-            json.loads(meta.read_text())["params"]["unicode_form"] if meta.is_file() else None
-        )
+        params = json.loads(meta.read_text())["params"] if meta.is_file() else {}
+        self.unicode_form = params.get("unicode_form")
+        self.lowercase = bool(params.get("lowercase", False))
+        self.pretokenize = params.get("pretokenize")
+        self.src_lang, self.tgt_lang = params.get("src_lang"), params.get("tgt_lang")
         self.vocab_size = self.sp.get_piece_size()
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
@@ -214,6 +227,21 @@ class SentencePieceTokenizer:
                 f"{self.bos_id}/{self.eos_id}, expected {PAD_ID}/{UNK_ID}/{BOS_ID}/{EOS_ID}"
             )
         self._special = {PAD_ID, BOS_ID, EOS_ID}
+
+    def preprocess(self, lines: Sequence[str]) -> list[str]:
+        """Source text as the data stage wrote it: lowercased and Moses-tokenized when the
+        data was (the cleaned files under ``data/raw`` already are; new input is not)."""
+        if not (self.lowercase or self.pretokenize == "moses"):
+            return list(lines)
+        return moses.preprocess([self._norm(line) for line in lines], self.src_lang,
+                                self.lowercase, self.pretokenize == "moses")
+
+    def detokenize(self, lines: Sequence[str]) -> list[str]:
+        """Translations as text: Moses-detokenized (``tgt_lang``) when the data was
+        Moses-tokenized, else unchanged."""
+        if self.pretokenize != "moses":
+            return list(lines)
+        return moses.detokenize(lines, self.tgt_lang)
 
     def _norm(self, text: str) -> str:
         return normalize(text, self.unicode_form) if self.unicode_form else text

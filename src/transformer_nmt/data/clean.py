@@ -1,7 +1,8 @@
 """Cleaning: Unicode normalisation, control-character removal and pair filters.
 
-Every line of every split is normalised (:func:`normalize`). Only the training split is
-filtered, by these rules in this order (a pair is counted under the first rule it breaks):
+Every line of every split is normalised (:func:`normalize`), then lowercased and
+Moses-tokenized when ``data.lowercase`` / ``data.pretokenize=moses`` say so
+(:func:`preprocess_pair`). Only the training split is filtered (on the text as written), by these rules in this order (a pair is counted under the first rule it breaks):
 
 ``empty``      either side is empty after normalisation;
 ``too_long``   either side has more than ``data.max_len`` whitespace-separated words;
@@ -25,6 +26,7 @@ import unicodedata
 from pathlib import Path
 
 from transformer_nmt.config import DataConfig
+from transformer_nmt.data import moses
 from transformer_nmt.data.corpora import SplitSource
 from transformer_nmt.errors import DataError
 from transformer_nmt.fileio import atomic_write, raw_path, read_lines
@@ -56,6 +58,31 @@ def normalize(text: str, form: str = "NFKC") -> str:
     if form != "none":
         text = unicodedata.normalize(form, text)
     return " ".join(text.split())
+
+
+def text_steps(data_cfg: DataConfig) -> dict:
+    """The text steps after normalisation that ``data_cfg`` asks for: ``{"lowercase": True}``
+    and/or ``{"pretokenize": "moses"}``; ``{}`` when none (so stamps and ``spm.json`` of data
+    prepared without them stay as they were)."""
+    steps: dict = {}
+    if getattr(data_cfg, "lowercase", False):
+        steps["lowercase"] = True
+    if str(getattr(data_cfg, "pretokenize", "none")) != "none":
+        steps["pretokenize"] = str(data_cfg.pretokenize)
+    return steps
+
+
+def preprocess_pair(src: str, tgt: str, data_cfg: DataConfig) -> tuple[str, str]:
+    """One normalised pair through :func:`text_steps`: :func:`transformer_nmt.data.moses.lowercase`,
+    then Moses ``normalize-punctuation.perl`` and ``tokenizer.perl -l <lang>`` per side
+    (:func:`transformer_nmt.data.moses.preprocess`)."""
+    steps = text_steps(data_cfg)
+    if not steps:
+        return src, tgt
+    lower, tok = bool(steps.get("lowercase")), steps.get("pretokenize") == "moses"
+    (s,) = moses.preprocess([src], data_cfg.src_lang, lower, tok)
+    (t,) = moses.preprocess([tgt], data_cfg.tgt_lang, lower, tok)
+    return s, t
 
 
 def n_words(line: str) -> int:
@@ -134,7 +161,7 @@ def clean_split(source: SplitSource, data_cfg: DataConfig, pair_filter: PairFilt
                 extra = 1 + sum(1 for _ in src_lines)
                 _mismatch(source, read + extra, read)
             read += 1
-            s, t = normalize(s, form), normalize(t, form)
+            s, t = preprocess_pair(normalize(s, form), normalize(t, form), data_cfg)
             if pair_filter is None or pair_filter.rule(s, t) is None:
                 fs.write(s + "\n")
                 ft.write(t + "\n")
@@ -170,7 +197,7 @@ def clean_params(data_cfg: DataConfig) -> dict:
     """The config values the cleaned text depends on (a change means cleaning again)."""
     keys = ("corpus", "src_lang", "tgt_lang", "unicode_form", "encoding_errors", "max_len",
             "max_ratio", "ratio_min_len", "dedup", "max_train_pairs")
-    return {k: getattr(data_cfg, k) for k in keys}
+    return {**{k: getattr(data_cfg, k) for k in keys}, **text_steps(data_cfg)}
 
 
 def clean_corpus(data_cfg: DataConfig, sources: list[SplitSource]) -> dict:

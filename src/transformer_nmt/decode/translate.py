@@ -248,8 +248,10 @@ def translate_lines(
     Args:
         model: the Transformer, in eval mode, on ``device``.
         tokenizer: ``encode(str) -> list[int]`` and ``decode(ids) -> str``
-            (:class:`transformer_nmt.data.bpe.SentencePieceTokenizer`).
-        lines: source sentences (a trailing newline is ignored).
+            (:class:`transformer_nmt.data.bpe.SentencePieceTokenizer`); its
+            ``detokenize(lines)``, when it has one, turns the decoded text into the output
+            (Moses detokenization for data prepared with ``data.pretokenize=moses``).
+        lines: source sentences as the data stage wrote them (a trailing newline is ignored).
         decode_cfg: :class:`transformer_nmt.config.DecodeConfig` (beam_size, lenpen,
             lenpen_form, max_len_a, max_len_b, nbest, max_tokens = source tokens per batch,
             max_input_tokens, precision).
@@ -262,8 +264,13 @@ def translate_lines(
         ``empty``, ``truncated``, ``target_tokens``, ``seconds``, ``sentences_per_second``,
         ``target_tokens_per_second``, ``batches``, ``device``, ``precision``, ``beam_size``.
     """
+    detokenize = getattr(tokenizer, "detokenize", None) or list  # data.pretokenize=moses
     if getattr(model, "is_ctranslate2", False):  # decode.engine=ctranslate2 (interop/ctranslate2.py)
-        return model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
+        outputs, stats = model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
+        if return_hypotheses:
+            return [list(zip(detokenize([t for t, _ in h]), [s for _, s in h]))
+                    for h in outputs], stats
+        return detokenize(outputs), stats
     device = torch.device(device) if device is not None else next(model.parameters()).device
     start = time.perf_counter()
     limit, why = input_limit(decode_cfg, getattr(model, "cfg", None))
@@ -297,10 +304,11 @@ def translate_lines(
     target_tokens = 0
     for j, hyps in enumerate(best):
         target_tokens += len(hyps[0].tokens) + 1
+        texts = detokenize([tokenizer.decode(h.tokens) for h in hyps])
         if return_hypotheses:
-            outputs[positions[j]] = [(tokenizer.decode(h.tokens), h.score) for h in hyps]
+            outputs[positions[j]] = [(text, h.score) for text, h in zip(texts, hyps)]
         else:
-            outputs[positions[j]] = tokenizer.decode(hyps[0].tokens)
+            outputs[positions[j]] = texts[0]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     warn_truncated(truncated, len(lines), limit, why)
@@ -417,13 +425,16 @@ def translate_file(
 ) -> dict[str, Any]:
     """Translate a file (or standard input) to a file (or standard output).
 
-    With ``decode_cfg.nbest > 1`` each input line gives ``nbest`` lines
+    Input lines are lowercased and Moses-tokenized first when the data was
+    (``tokenizer.preprocess``). With ``decode_cfg.nbest > 1`` each input line gives ``nbest`` lines
     ``<line number, 0-based> ||| <translation> ||| <score>`` (the Moses n-best layout).
 
     Returns:
         The stats of :func:`translate_lines`.
     """
     lines = read_lines(input_path)
+    if hasattr(tokenizer, "preprocess"):  # data.lowercase, data.pretokenize
+        lines = tokenizer.preprocess(lines)
     if decode_cfg.nbest > 1 and decode_cfg.beam_size > 1:
         nbest, stats = translate_lines(
             model, tokenizer, lines, decode_cfg, device, return_hypotheses=True

@@ -25,6 +25,10 @@ Two different numbers, never to be mixed up; every result carries its ``label`` 
   - Every target language: ``tokenizer.perl -l <lang>`` on both sides and ``multi-bleu.perl``,
     without (form ``moses``, the default for EN-FR) or with ``-a`` (form ``moses-a``,
     aggressive hyphen splitting ``a-b`` -> ``a @-@ b``); no compound split.
+  - Form ``mmt``, the BLEU of the Multi30k papers (Elliott et al. 2016; Wu et al. 2021), any
+    target language: both sides through ``lowercase.perl``, ``normalize-punctuation.perl -l
+    <lang>`` and ``tokenizer.perl -l <lang>`` (no ``-a``), scored by ``multi-bleu.perl -lc``
+    (what fairseq's BLEU4 gives on the same tokenized, lowercased files).
 
   ``multi-bleu.perl`` is case-sensitive over whitespace-separated tokens, unsmoothed (an
   n-gram order with zero matches gives BLEU 0), brevity penalty exp(1 - r/c) when c < r;
@@ -42,14 +46,15 @@ with tools that score that way; it is not the paper's number. Scores are on the 
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
 
-import regex
 from sacrebleu.metrics import BLEU, CHRF
+
+from transformer_nmt.data import moses
+from transformer_nmt.data.moses import MOSES_COMMIT
 
 SACREBLEU_LABEL = "sacreBLEU (detokenized, 13a, mixed case)"
 CHRF_LABEL = "chrF (detokenized, sacreBLEU)"
@@ -61,6 +66,8 @@ PAPER_LABELS = {
     "t2t-2018": "paper BLEU (t2t get_ende_bleu.sh, 2018 form: + replace-unicode-punctuation)",
     "moses": "paper BLEU (Moses tokenizer, multi-bleu)",
     "moses-a": "paper BLEU (Moses tokenizer -a, multi-bleu)",
+    "mmt": "paper BLEU (Multi30k papers: lowercased, Moses normalize-punctuation + tokenizer, "
+           "multi-bleu -lc)",
 }
 """The label of each form of :func:`paper_bleu`."""
 PAPER_DE_LABEL = PAPER_LABELS["t2t-2017"]
@@ -68,17 +75,17 @@ PAPER_LABEL = PAPER_LABELS["moses"]
 
 T2T_FORMS = ("t2t-2017", "t2t-2018")
 MOSES_FORMS = ("moses", "moses-a")
+MMT_FORM = "mmt"
+"""The Multi30k papers' form: any target language, scored beside the defaults by :func:`score_all`."""
 
 
 def paper_forms(lang: str) -> tuple[str, ...]:
     """The forms the paper's number may have had for target ``lang``, the default first:
     ``("t2t-2017", "t2t-2018")`` for German, ``("moses", "moses-a")`` otherwise. ``moses``
-    and ``moses-a`` are accepted for German too, the ``t2t-*`` forms for German only."""
+    and ``moses-a`` are accepted for German too, the ``t2t-*`` forms for German only
+    (:data:`MMT_FORM`, the Multi30k papers' form, for any language, is not among them)."""
     return T2T_FORMS if lang == "de" else MOSES_FORMS
 
-MOSES_COMMIT = "59bad94"
-"""mosesdecoder commit whose ``tokenizer.perl``, nonbreaking prefixes,
-``replace-unicode-punctuation.perl`` and ``multi-bleu.perl`` are reproduced (2017-05-29)."""
 
 GERMAN_QUOTES = "\u201e\u201c\u201d\u00ab\u00bb"  # „ “ ” « »
 """Double quotes the tensor2tensor EN-DE reference had turned into ``"`` before tokenizing."""
@@ -195,107 +202,17 @@ def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str
     }
 
 
-# Perl's character classes, as tokenizer.perl uses them: \p{IsAlnum} = Alphabetic or decimal
-# digit, \p{IsAlpha} = Alphabetic, \p{IsN} = any number, \p{IsLower} = Lowercase, \s = White_Space,
-# with the membership Perl 5.36 gives them (Unicode 14.0) where the regex module's newer
-# Unicode data differs: there 38 combining marks are Alphabetic and 6 letters moved in or out
-# of Lowercase (found by running tokenizer.perl on every assigned code point,
-# docs/paper_bleu.md). Sets in the regex module's V1 syntax.
-_ALPHA = (r"[\p{Alphabetic}--[\u0363-\u036f\u0c04\u0f82\u0f83\u1dd3-\u1de6"
-          r"\U00011080\U00011081]]")
-_ALNUM, _N = rf"\p{{Nd}}{_ALPHA}", r"\p{N}"
-_LOWER = r"[[\p{Lowercase}\u0295]--[\u10fc\ua7f2-\ua7f4\uab69]]"
-
-
-def _perl_re(pattern: str):
-    return regex.compile(pattern, flags=regex.V1)
-
-
-_PERL_LOWER = _perl_re(_LOWER)
-_PERL_ALPHA = _perl_re(_ALPHA)
-_PERL_BLANK_LINE = regex.compile(r"\p{White_Space}*")
-
-# Nonbreaking prefixes sacremoses ships that the 59bad94 files lack (mosesdecoder 4da86c3,
-# 2019-11-05, added "Rs" to nonbreaking_prefix.en).
-_LATER_PREFIXES = {"en": ("Rs",)}
-
-
-@functools.cache
-def _perl_moses_tokenizer(lang: str):
-    from sacremoses import MosesTokenizer
-
-    class PerlMosesTokenizer(MosesTokenizer):
-        r"""sacremoses' tokenizer with the character classes of Perl's regular expressions.
-
-        sacremoses lists the members of each class as an old Perl (Unicode 7.0) printed them,
-        without the CJK ideographs and Hangul syllables and with the Indic viramas and nuktas
-        added; Python's ``\s`` also takes the control characters U+001C-U+001F, which
-        tokenizer.perl deletes. Here every class is the Unicode property Perl uses.
-        """
-
-        DEDUPLICATE_SPACE = _perl_re(r"\p{White_Space}+"), " "
-        PAD_NOT_ISALNUM = _perl_re(rf"([^{_ALNUM}\p{{White_Space}}\.'`,\-])"), r" \1 "
-        AGGRESSIVE_HYPHEN_SPLIT = _perl_re(rf"([{_ALNUM}])\-(?=[{_ALNUM}])"), r"\1 @-@ "
-        COMMA_SEPARATE_1 = _perl_re(rf"([^{_N}])[,]"), r"\1 , "
-        COMMA_SEPARATE_2 = _perl_re(rf"[,]([^{_N}])"), r" , \1"
-        COMMA_SEPARATE_3 = _perl_re(rf"([{_N}])[,]$"), r"\1 , "
-        ENGLISH_SPECIFIC_APOSTROPHE = (
-            (_perl_re(rf"([^{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([^{_ALPHA}{_N}])[']([{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([{_ALPHA}])[']([{_ALPHA}])"), r"\1 '\2"),
-            (_perl_re(rf"([{_N}])[']([s])"), r"\1 '\2"),
-        )
-        FR_IT_SPECIFIC_APOSTROPHE = (
-            (_perl_re(rf"([^{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([^{_ALPHA}])[']([{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([{_ALPHA}])[']([^{_ALPHA}])"), r"\1 ' \2"),
-            (_perl_re(rf"([{_ALPHA}])[']([{_ALPHA}])"), r"\1' \2"),
-        )
-
-        def __init__(self, lang: str):
-            super().__init__(lang=lang)
-            for name in ("PAD_NOT_ISALNUM", "AGGRESSIVE_HYPHEN_SPLIT"):
-                self.__dict__.pop(name, None)  # sacremoses' own classes for zh/ja/ko
-            later = _LATER_PREFIXES.get(lang, ())
-            self.NONBREAKING_PREFIXES = [p for p in self.NONBREAKING_PREFIXES if p not in later]
-
-        def islower(self, text: str) -> bool:
-            return all(_PERL_LOWER.match(ch) for ch in text)
-
-        def isanyalpha(self, text: str) -> bool:
-            return _PERL_ALPHA.search(text) is not None
-
-    return PerlMosesTokenizer(lang)
-
-
 def moses_tokenize(
     lines: Sequence[str], lang: str, compound_split: bool = False, aggressive: bool = False
 ) -> list[str]:
     """Moses-tokenize lines exactly as ``tokenizer.perl -l <lang>`` of mosesdecoder 59bad94
-    (escaping on; ``-a`` when ``aggressive``).
-
-    As the script, a line that is empty or only whitespace is returned unchanged, and a word
-    ending in a full stop keeps it when it is a nonbreaking prefix of the language, even at
-    the end of the line (``"Er wohnt in der Hauptstr. 5."`` ->
-    ``"Er wohnt in der Hauptstr . 5."``, ``5`` being a German prefix; the script splits every
-    final dot only from 2018-11 on).
-
-    Args:
-        lines: detokenized text.
-        lang: language code for the tokenizer's rules (``de``, ``fr``, ``en``, ...).
-        compound_split: also apply :func:`split_compounds` (EN-DE recipe).
-        aggressive: the ``-a`` flag: ``a-b`` -> ``a @-@ b`` between letters or digits.
+    (escaping on; ``-a`` when ``aggressive``): :func:`transformer_nmt.data.moses.tokenize`,
+    then :func:`split_compounds` when ``compound_split`` (EN-DE recipe).
 
     Returns:
         Tokenized lines, tokens separated by single spaces.
     """
-    tok = _perl_moses_tokenizer(lang)
-    out = [
-        line if _PERL_BLANK_LINE.fullmatch(line) else
-        tok.tokenize(line, aggressive_dash_splits=aggressive, return_str=True, escape=True)
-        for line in lines
-    ]
+    out = moses.tokenize(lines, lang, aggressive=aggressive)
     if compound_split:
         out = [split_compounds(line) for line in out]
     return out
@@ -316,8 +233,11 @@ def _moses_version() -> str:
     return f"{MOSES_COMMIT}+sacremoses-{version('sacremoses')}"
 
 
-def multi_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """BLEU on already tokenized text, as ``multi-bleu.perl`` (case-sensitive, one reference).
+def multi_bleu(
+    hypotheses: Sequence[str], references: Sequence[str], lowercase: bool = False
+) -> dict[str, Any]:
+    """BLEU on already tokenized text, as ``multi-bleu.perl`` (case-sensitive, one reference;
+    ``multi-bleu.perl -lc`` when ``lowercase``).
 
     Modified n-gram precisions p_1..p_4 over the corpus, geometric mean with equal weights,
     no smoothing (0 when some p_n is 0), brevity penalty exp(1 - r/c) if c < r else 1, with
@@ -331,7 +251,7 @@ def multi_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str
         ValueError: when the line counts differ.
     """
     _check_lengths(hypotheses, references)
-    metric = BLEU(tokenize="none", smooth_method="none", lowercase=False, force=True)
+    metric = BLEU(tokenize="none", smooth_method="none", lowercase=lowercase, force=True)
     result = metric.corpus_score(list(hypotheses), [list(references)])
     return _bleu_dict(
         "multi_bleu", "BLEU (pre-tokenized, multi-bleu)", result, str(metric.get_signature())
@@ -383,6 +303,8 @@ def _check_form(lang: str, form: str | None) -> str:
         return paper_forms(lang)[0]
     if form not in PAPER_LABELS:
         raise ValueError(f"unknown paper BLEU form {form!r}; one of {', '.join(PAPER_LABELS)}")
+    if form == MMT_FORM:
+        return form
     if form in T2T_FORMS and lang != "de":
         raise ValueError(f"form {form!r} is tensor2tensor's EN-DE script: German targets only, "
                          f"not {lang!r} (use one of {', '.join(MOSES_FORMS)})")
@@ -398,7 +320,9 @@ def paper_tokenize(
     ``t2t-2018``: the same after :func:`replace_unicode_punctuation`; both: reference ->
     :func:`normalize_german_quotes` -> Moses tokenizer (``de``) -> :func:`split_compounds`.
     ``moses`` / ``moses-a``: the Moses tokenizer of ``lang`` (``-a`` for ``moses-a``) on both
-    sides, nothing else.
+    sides, nothing else. ``mmt``: Moses ``lowercase.perl``, ``normalize-punctuation.perl -l
+    <lang>`` and ``tokenizer.perl -l <lang>`` on both sides
+    (:func:`transformer_nmt.data.moses.preprocess`).
 
     Args:
         hypotheses: detokenized translations.
@@ -415,6 +339,9 @@ def paper_tokenize(
     """
     form = _check_form(lang, form)
     _check_lengths(hypotheses, references)
+    if form == MMT_FORM:
+        return (moses.preprocess(hypotheses, lang, lower=True, moses=True),
+                moses.preprocess(references, lang, lower=True, moses=True))
     if form in T2T_FORMS:
         hyp = list(hypotheses)
         if form == "t2t-2018":
@@ -436,8 +363,9 @@ def paper_bleu(
     ``t2t-2017`` (German default: tensor2tensor's ``get_ende_bleu.sh`` as first published,
     2017-06-29 to 2018-04-05), ``t2t-2018`` (the same script from 2018-04-05 on:
     ``replace-unicode-punctuation.perl`` on the hypothesis first), ``moses`` (default for any
-    other language: ``tokenizer.perl`` and ``multi-bleu.perl``) and ``moses-a`` (the tokenizer
-    with ``-a``). Each form's tokenized lines and BLEU equal the Perl scripts'
+    other language: ``tokenizer.perl`` and ``multi-bleu.perl``), ``moses-a`` (the tokenizer
+    with ``-a``) and ``mmt`` (the Multi30k papers': lowercased, ``normalize-punctuation.perl``,
+    ``tokenizer.perl``, ``multi-bleu.perl -lc``). Each form's tokenized lines and BLEU equal the Perl scripts'
     (tests/data/paper_bleu).
 
     Args:
@@ -457,7 +385,10 @@ def paper_bleu(
     """
     form = _check_form(lang, form)
     hyp_tok, ref_tok = paper_tokenize(hypotheses, references, lang, form)
-    if form in T2T_FORMS:
+    if form == MMT_FORM:
+        recipe = "moses-multi-bleu-lc"
+        steps = f"hyp:lc+norm-punct-{lang}+tok-{lang}|ref:lc+norm-punct-{lang}+tok-{lang}"
+    elif form in T2T_FORMS:
         recipe = "t2t-get_ende_bleu"
         punct = "replace-unicode-punctuation+" if form == "t2t-2018" else ""
         steps = f"hyp:{punct}tok-de+atat|ref:german-quotes+tok-de+atat"
@@ -465,7 +396,7 @@ def paper_bleu(
         recipe = "moses-multi-bleu"
         flag = "-a" if form == "moses-a" else ""
         steps = f"hyp:tok-{lang}{flag}|ref:tok-{lang}{flag}"
-    result = multi_bleu(hyp_tok, ref_tok)
+    result = multi_bleu(hyp_tok, ref_tok, lowercase=form == MMT_FORM)
     result["type"] = "paper_bleu"
     result["label"] = PAPER_LABELS[form]
     result["recipe"] = recipe
@@ -478,7 +409,8 @@ def paper_bleu(
 def score_all(
     hypotheses: Sequence[str], references: Sequence[str], lang: str
 ) -> dict[str, dict[str, Any]]:
-    """sacreBLEU (the headline), the paper's BLEU in every form, and chrF of one test set.
+    """sacreBLEU (the headline), the paper's BLEU in every form, the Multi30k papers' BLEU
+    (form ``mmt``) and chrF of one test set.
 
     Args:
         hypotheses: detokenized translations.
@@ -489,14 +421,14 @@ def score_all(
         ``{"sacrebleu": ..., "paper_bleu": ..., "paper_bleu:<form>": ..., "chrf": ...}``:
         ``paper_bleu`` in the default form of ``lang``, then one ``paper_bleu:<form>`` per
         other form of :func:`paper_forms` (``paper_bleu:t2t-2018`` for German,
-        ``paper_bleu:moses-a`` otherwise), to be listed beside it.
+        ``paper_bleu:moses-a`` otherwise) and ``paper_bleu:mmt``, to be listed beside it.
     """
     default, *others = paper_forms(lang)
     scores = {
         "sacrebleu": sacrebleu_score(hypotheses, references),
         "paper_bleu": paper_bleu(hypotheses, references, lang, default),
     }
-    for form in others:
+    for form in (*others, MMT_FORM):
         scores[f"paper_bleu:{form}"] = paper_bleu(hypotheses, references, lang, form)
     scores["chrf"] = chrf_score(hypotheses, references)
     return scores

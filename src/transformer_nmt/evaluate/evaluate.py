@@ -13,7 +13,9 @@ scored against the official reference exactly as distributed,
   ``sacrebleu data/raw/<data>/ref/<split>.<tgt> -i runs/<name>/translations/<split>.<tgt>``;
 * the paper's BLEU (tensor2tensor's ``get_ende_bleu.sh`` for German, Moses tokenizer +
   multi-bleu otherwise) in its default form, with the other historical form beside it
-  (``t2t-2018``, ``moses-a``), see :mod:`transformer_nmt.evaluate.bleu` and docs/paper_bleu.md.
+  (``t2t-2018``, ``moses-a``), and the Multi30k papers' form (``mmt``: lowercased, Moses
+  normalize-punctuation and tokenizer, multi-bleu -lc), see :mod:`transformer_nmt.evaluate.bleu`
+  and docs/paper_bleu.md.
 
 ``runs/<name>/results.json`` (written atomically) records::
 
@@ -29,7 +31,8 @@ scored against the official reference exactly as distributed,
       "decode": {beam_size, lenpen, lenpen_form, max_len_a, max_len_b, precision, ...},
       "test_sets": {split: {"sentences", "source", "reference", "translations",
                     "bleu": {"sacrebleu": {...}, "paper_bleu": {...},
-                             "paper_bleu:<other form>": {...}}, "chrf": {...},
+                             "paper_bleu:<other form>": {...}, "paper_bleu:mmt": {...}},
+                    "chrf": {...},
                     "speed": {...}}},
       "training_cost": {"gpu_hours", "flops", "train_seconds", "world_size"} or null,
       "train_summary": the run's train_summary.json or null

@@ -22,7 +22,8 @@ Every BLEU number is in a column or cell that names its kind. The paper's number
 tokenized BLEU; they are compared only with ours computed the same way (``paper_bleu`` in
 results.json: tensor2tensor's ``get_ende_bleu.sh`` in its 2017 form for EN-DE, Moses
 tokenizer + multi-bleu for EN-FR, see :mod:`transformer_nmt.evaluate.bleu`; the other forms
-are in results.json as ``paper_bleu:<form>`` and listed with the signatures); sacreBLEU, our
+are in results.json as ``paper_bleu:<form>`` and listed with the signatures; the Multi30k
+papers' form, ``paper_bleu:mmt``, has its own column in the per-test-set tables); sacreBLEU, our
 headline, is shown beside it.
 A results.json without ``paper_bleu`` (written before it existed) shows "–" there. Training
 cost, in two columns named by their definitions: the paper's FLOPs are GPU time x sustained
@@ -62,8 +63,11 @@ TOK = "paper BLEU"
 TOK_DE = "paper BLEU (t2t get_ende_bleu.sh, 2017 form)"
 TOK_FR = "paper BLEU (Moses tokenizer, multi-bleu)"
 SACRE = "sacreBLEU"
+MMT = "Multi30k BLEU (mmt)"
 PAPER_KIND = "paper_bleu"
 """results.json key of our BLEU computed the paper's way."""
+MMT_KIND = "paper_bleu:mmt"
+"""results.json key of the Multi30k papers' BLEU (lowercased, Moses-tokenized, multi-bleu -lc)."""
 
 
 def load_results(pattern: str) -> list[dict[str, Any]]:
@@ -465,7 +469,8 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
                 _name(r), f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
                 str((r.get("model") or {}).get("name")), _params(r), str(r.get("steps", "–")),
                 str(n_avg) if n_avg else "none", split,
-                _fmt(_score(r, split, PAPER_KIND), 2), _fmt(_score(r, split, "sacrebleu"), 2),
+                _fmt(_score(r, split, PAPER_KIND), 2), _fmt(_score(r, split, MMT_KIND), 2),
+                _fmt(_score(r, split, "sacrebleu"), 2),
                 _fmt(_score(r, split, "chrf"), 2), _fmt(hours, 2), _fmt_e(flops),
             ])
     return rows
@@ -473,12 +478,13 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
 
 _PER_TEST_SET_HEADER = [
     "run", "data", "model", "params", "steps", "checkpoints averaged", "test set",
-    TOK, SACRE, "chrF", "GPU-hours", "FLOPs",
+    TOK, MMT, SACRE, "chrF", "GPU-hours", "FLOPs",
 ]
 _PER_TEST_SET_LEGEND = (
     f"{TOK}: the paper's way (German targets: t2t get_ende_bleu.sh, 2017 form; others: Moses "
-    f"tokenizer, multi-bleu); {SACRE}: detokenized, 13a, mixed case, official reference; "
-    "chrF: sacreBLEU's chrF."
+    f"tokenizer, multi-bleu); {MMT}: the Multi30k papers' way (lowercased, Moses "
+    "normalize-punctuation and tokenizer, multi-bleu -lc; Elliott et al. 2016, Wu et al. 2021); "
+    f"{SACRE}: detokenized, 13a, mixed case, official reference; chrF: sacreBLEU's chrF."
 )
 
 
