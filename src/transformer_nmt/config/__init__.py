@@ -62,7 +62,7 @@ __all__ = [
     "AverageConfig", "Choice", "Config", "ConfigError", "Corpus", "DataConfig", "DecodeConfig",
     "DecodePrecision", "EncodingErrors", "Engine", "ExportConfig", "ExportFormat",
     "GradCompression", "Init", "LenpenForm", "ModelConfig", "Norm", "PlotConfig", "PlotFormat",
-    "PlotKind", "Positions", "Quantization", "ReportTable", "ShareEmbeddings", "SpmModelType",
+    "PlotKind", "Positions", "Pretokenize", "Quantization", "ReportTable", "ShareEmbeddings", "SpmModelType",
     "Stopping", "Table3Config", "TableConfig", "TooLong", "TrainPrecision", "TrainerConfig",
     "TranslateConfig",
     "UnicodeForm", "apply_row", "check_known_keys", "compose", "register_configs", "to_plain",
