@@ -253,7 +253,12 @@ class TrainerConfig:
 
     dry_run: bool = False
     """Build everything on a small slice of the data and run a few steps."""
-    dry_run_steps: int = 3
+    dry_run_steps: int = 10
+    """Timed optimizer steps of a dry run (after ``dry_run_warmup_steps``), each of the real
+    plan's ``update_freq`` micro-batches of ``max_tokens``."""
+    dry_run_warmup_steps: int = 2
+    """Dry-run steps run before the timed ones and left out of its bill (compilation,
+    allocator and loader warm-up)."""
 
     resume_changed: list[str] = field(default_factory=list)
     """Dotted keys (``model.dropout``, ``trainer.lr_multiplier``) whose change from the
