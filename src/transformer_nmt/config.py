@@ -201,6 +201,15 @@ class TrainerConfig:
     """Gradient all-reduce in bf16 across nodes (see :class:`GradCompression`)."""
     bucket_cap_mb: float = 25.0
     """DDP's gradient bucket size in MB (PyTorch's default)."""
+    sdpa_backends: list[str] = field(default_factory=lambda: ["flash", "efficient", "math"])
+    """Attention kernels ``F.scaled_dot_product_attention`` may use in training and
+    validation, in order of preference (``torch.nn.attention.sdpa_kernel``): ``flash``,
+    ``efficient`` (memory-efficient), ``cudnn``, ``math``. The default leaves out cuDNN
+    attention, which PyTorch prefers on sm90 GPUs with a recent cuDNN: it builds a graph for
+    every new (batch, source, target) shape (50-400 ms each, thousands with dynamic batches)
+    and has a reported NaN gradient with masks; flash serves the causal decoder
+    self-attention, memory-efficient the masked encoder and cross attention, math whatever
+    neither takes. The kernels chosen are logged at the first step."""
     precision: TrainPrecision = TrainPrecision.auto
     """``auto`` (bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU), ``fp32``,
     ``bf16`` or ``fp16`` (dynamic loss scaling)."""
@@ -297,6 +306,8 @@ class DecodeConfig:
     device: str = "auto"
     checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
+    sdpa_backends: list[str] = field(default_factory=lambda: ["flash", "efficient", "math"])
+    """Attention kernels for decoding, in order of preference (as ``trainer.sdpa_backends``)."""
 
 
 @dataclass

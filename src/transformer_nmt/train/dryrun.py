@@ -22,7 +22,7 @@ from typing import Any
 
 from transformer_nmt.config import Config
 from transformer_nmt.fileio import atomic_write
-from transformer_nmt.model.flops import peak_flops
+from transformer_nmt.model.flops import peak_flops, peak_flops_source
 from transformer_nmt.train import distributed
 from transformer_nmt.train.data import data_ready
 from transformer_nmt.train.loop import train
@@ -199,6 +199,7 @@ def write_projection(cfg: Config, summary: dict[str, Any], total_steps: int | No
         peak_flops_per_device=peak_flops(str(summary["device"]), str(summary["precision"])),
         peak_memory_bytes=peak_mem, skip=skip)
     out["device"], out["precision"] = summary["device"], summary["precision"]
+    out["peak_flops_source"] = peak_flops_source(str(summary["device"]), str(summary["precision"]))
     out["max_tokens"] = int(cfg.trainer.max_tokens)  # as the run derived them
     out["update_freq"] = int(cfg.trainer.update_freq)
     with atomic_write(run_dir / "projection.json") as f:
@@ -210,6 +211,7 @@ def write_projection(cfg: Config, summary: dict[str, Any], total_steps: int | No
              fmt(out["tokens_per_s"], ",.0f"),
              fmt(out["tokens_per_s_per_device"], ",.0f"), fmt(out["mfu"], ".1%"),
              fmt(out["peak_memory_gib"], ".1f"))
+    log.info("MFU denominator: %s", out["peak_flops_source"])
     log.info("projection for %s steps: %s h wall time, %s device-hours (%s target tokens at "
              "the measured %s tokens/s; validation and checkpoints not included)",
              fmt(total_steps, ","), fmt(out["projected_wall_hours"], ",.1f"),

@@ -153,6 +153,11 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         log.info("weights from %s (trainer.init_from)", t_cfg.init_from)
     model = model.to(device)
     log.info("model %s: %s parameters", cfg.model.name, f"{model.num_parameters():,}")
+    model.set_sdpa_backends(list(t_cfg.sdpa_backends))
+    kernels = model.sdpa_kernels(device, _activation_dtype(precision))
+    log.info("attention kernels (trainer.sdpa_backends=%s): masked encoder and cross "
+             "attention %s, causal decoder self-attention %s", ",".join(t_cfg.sdpa_backends),
+             kernels["masked"], kernels["causal"])
     optimizer = build_optimizer(model, t_cfg)
     scheduler = build_scheduler(optimizer, int(cfg.model.d_model), t_cfg)
     scaler = grad_scaler(precision == "fp16")
@@ -171,6 +176,11 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         pad_to_multiple=pad_to_multiple,
         grads_in_buckets=info.distributed,
     )
+
+
+def _activation_dtype(precision: str) -> torch.dtype:
+    """The dtype of attention inputs under the run's autocast precision."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(precision), torch.float32)
 
 
 def _device_cap(cfg: Config, info: distributed.DistInfo,
