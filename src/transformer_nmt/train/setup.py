@@ -85,6 +85,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     """
     t_cfg = cfg.trainer
     device = info.device
+    check_bucket_cap_mb(float(t_cfg.bucket_cap_mb))
     if device.type == "cuda" and t_cfg.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -261,6 +262,23 @@ def resolve_grad_compression(setting: str, device: torch.device,
         raise ValueError("trainer.grad_compression=bf16 needs CUDA (DDP's bf16 hook runs on "
                          f"NCCL); this run is on {device.type}: use none or auto")
     return setting
+
+
+MIN_BUCKET_CAP_MB = 1.0
+"""The smallest ``trainer.bucket_cap_mb`` accepted: below 1 MB compiled DDP's graph
+splitting fails with an AssertionError (torch 2.13)."""
+
+
+def check_bucket_cap_mb(value: float) -> None:
+    """Refuse a ``trainer.bucket_cap_mb`` below :data:`MIN_BUCKET_CAP_MB` (checked on every
+    run, single-GPU ones included, so the setting fails before a multi-GPU job does).
+
+    Raises:
+        UserError: naming the value and the smallest allowed.
+    """
+    if not value >= MIN_BUCKET_CAP_MB:
+        raise UserError(f"trainer.bucket_cap_mb={value:g}: DDP gradient buckets must be at "
+                        f"least {MIN_BUCKET_CAP_MB:g} MB (PyTorch's default is 25)")
 
 
 def compile_enabled(setting: bool | None, device: torch.device) -> bool:
