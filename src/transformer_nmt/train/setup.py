@@ -330,7 +330,26 @@ def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: b
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    return torch.compile(wrapped, backend=backend) if compile else wrapped
+    if not compile:
+        return wrapped
+    limit_recompiles(model_device(model))
+    return torch.compile(wrapped, backend=backend)
+
+
+RECOMPILE_LIMIT = 8
+"""Graphs ``torch.compile`` may trace for one frame (the model's forward, the loss) before
+the run stops with an error instead of running that frame eagerly from then on (torch's
+default is to fall back silently, which would halve the speed without a word)."""
+
+
+def limit_recompiles(device: torch.device) -> None:
+    """Make a recompilation beyond :data:`RECOMPILE_LIMIT` raise
+    (``torch._dynamo.config.fail_on_recompile_limit_hit``), and on CUDA log every
+    recompilation with its reason (what ``TORCH_LOGS=recompiles`` prints)."""
+    torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    if device.type == "cuda":
+        torch._logging.set_logs(recompiles=True)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
