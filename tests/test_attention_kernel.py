@@ -66,6 +66,23 @@ def test_every_attention_runs_under_the_configured_backends(monkeypatch):
     assert recorder.calls == [([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], True)] * attention_calls
 
 
+def test_configured_backends_keep_the_training_forward_one_graph():
+    """The ``sdpa_kernel`` context inside every attention traces into the compiled graph,
+    with the batch and length dimensions dynamic as the training step marks them."""
+    from transformer_nmt.train.step import mark_dynamic_batch
+
+    model = Transformer(TINY, vocab_size=V).train()
+    model.set_sdpa_backends(["flash", "efficient", "math"])
+    src, tgt = _padded_batch([(7, 5), (3, 6), (5, 2)])
+    keep = tgt.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)
+    mark_dynamic_batch(src, tgt, keep)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(src, tgt, keep)
+    torch._dynamo.reset()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
 def test_decoding_runs_under_decode_sdpa_backends(monkeypatch):
     """``search`` (nmt-translate, nmt-evaluate) enters ``decode.sdpa_backends`` around the
     search; a model that carries its own list (a training run's validation) keeps it."""

@@ -75,13 +75,14 @@ def loss_function(model: torch.nn.Module) -> Any:
     that Inductor fuses the loss into one forward and one backward kernel, docstring of
     :mod:`transformer_nmt.train.loss`), eager otherwise. One compiled loss per model; its
     target-count dimension is marked dynamic by the step, the vocabulary stays static."""
-    if not isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+    callback = getattr(getattr(model, "dynamo_ctx", None), "callback", None)
+    if not isinstance(model, torch._dynamo.eval_frame.OptimizedModule) or callback is None:
         return label_smoothed_nll_loss
     fn = _COMPILED_LOSS.get(model)
     if fn is None:
         from torch._dynamo.eval_frame import innermost_backend
 
-        backend = innermost_backend(model.dynamo_ctx.callback)
+        backend = innermost_backend(callback)
         fn = _COMPILED_LOSS[model] = torch.compile(label_smoothed_nll_loss, backend=backend)
     return fn
 
