@@ -12,10 +12,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import gpu_check  # noqa: E402
+import gpu_check
 
-from transformer_nmt.cli import compose  # noqa: E402
-from transformer_nmt.train.optim import inverse_sqrt_lr  # noqa: E402
+from transformer_nmt.cli import compose
+from transformer_nmt.train.optim import inverse_sqrt_lr
 
 
 def test_base_checks_peak_at_the_papers_learning_rate():
@@ -53,7 +53,6 @@ def test_every_command_logs_recompilations(tmp_path, monkeypatch):
 
     def fake_run(cmd, cwd, env, stdout, stderr, timeout, check):
         seen.update(env)
-        return None
 
     monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
     gpu_check._run(["true"], tmp_path / "log", timeout=1)

@@ -126,14 +126,13 @@ def test_inductor_fuses_the_loss_into_one_kernel_each_way_with_no_float32_logits
 def test_training_step_compiles_the_loss_with_the_model_backend_once():
     """A compiled model gets the loss compiled with its backend (a second frame beside the
     model's), traced once for every token count; an uncompiled model gets the eager loss."""
+    import numpy as np
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from transformer_nmt.config import ModelConfig
     from transformer_nmt.data.batching import collate
     from transformer_nmt.model.transformer import Transformer
     from transformer_nmt.train.step import forward_backward, loss_function
-
-    import numpy as np
 
     cfg = ModelConfig(name="test", encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32,
                       heads=2, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,

@@ -66,7 +66,7 @@ def mark_dynamic_batch(src_tokens: torch.Tensor, tgt_in: torch.Tensor,
     mark(keep, 0)
 
 
-_COMPILED_LOSS: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
+_COMPILED_LOSS: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
 
 
 def loss_function(model: torch.nn.Module) -> Any:
