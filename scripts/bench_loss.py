@@ -1,6 +1,6 @@
 """Bytes and time of one label-smoothed loss call (forward + backward) over (N, V) logits.
 
-Compares ``chunked`` (``transformer_nmt.train.loss.label_smoothed_nll_loss``, what training
+Compares ``current`` (``transformer_nmt.train.loss.label_smoothed_nll_loss``, what training
 uses) with ``previous`` (:class:`PreviousLoss`, the version before it: a float32 (N, V)
 log-softmax kept for the backward). Each variant runs in its own fresh process:
 
@@ -34,7 +34,7 @@ from transformer_nmt.train.loss import label_smoothed_nll_loss
 
 
 class PreviousLoss(torch.autograd.Function):
-    """The label-smoothed loss as it was before chunking (kept for this comparison and for
+    """The label-smoothed loss as it was before the chunked and fused versions (kept for this comparison and for
     tests/test_train_loss.py): float32 log-softmax of all (N, V) logits, saved for an
     analytic backward that turns it into the gradient in place."""
 
@@ -64,7 +64,7 @@ def previous_loss(logits: torch.Tensor, target: torch.Tensor, epsilon: float):
     return PreviousLoss.apply(logits, target, float(epsilon))
 
 
-VARIANTS = {"chunked": lambda x, t: label_smoothed_nll_loss(x, t, 0.1, ignore_index=None),
+VARIANTS = {"current": lambda x, t: label_smoothed_nll_loss(x, t, 0.1, ignore_index=None),
             "previous": lambda x, t: previous_loss(x, t, 0.1)}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
                                  args.repeats)))
         return
     lines = []
-    for variant in ("previous", "chunked"):  # each in a fresh process: its own peak memory
+    for variant in ("previous", "current"):  # each in a fresh process: its own peak memory
         cmd = [sys.executable, __file__, "--variant", variant, "--n", str(args.n),
                "--vocab", str(args.vocab), "--dtype", args.dtype, "--device", args.device,
                "--repeats", str(args.repeats), "--threads", str(args.threads)]

@@ -4,22 +4,28 @@ On a machine with a CUDA build of torch (README: install it into .venv, then ``m
 it runs, each as the pipeline's own commands:
 
 1. the GPU tests (``pytest -m gpu``: every test that needs CUDA carries the mark);
-2. ``base`` on Multi30k EN-DE for a few hundred steps in bf16 and in fp16 (the loss must fall
+2. ``base`` on Multi30k EN-DE for a few hundred steps in bf16 and in fp16, at the paper's peak
+   learning rate (:func:`paper_lr_multiplier`; the loss must fall
    by :data:`MIN_LOSS_DROP` nats and the greedy validation BLEU reach :data:`MIN_VALID_BLEU`, which a
    collapsed model, one output for every input, does not; fp16 may skip steps only while the
    loss scale calibrates);
 3. ``base`` compiled (``trainer.compile=true``) with ``update_freq 2``;
 4. the bf16 run resumed from its GPU checkpoint for more steps;
 5. SIGTERM during a run: a stop checkpoint, exit 0, then a resume from it;
-6. 2-process DDP (NCCL) in bf16 and in fp16 when two or more GPUs are visible;
-7. ``big`` at the WMT14 big preset's ``max_tokens`` and vocabulary size (peak memory of a real
-   training step with the real output layer);
+6. 2-process DDP (NCCL) in bf16 and in fp16 when two or more GPUs are visible (reported as
+   ``not run`` on one GPU);
+7. ``big`` with the WMT14 big preset's settings (:func:`preset_overrides`: dropout, clipping,
+   ``tokens_per_step`` and ``auto_max_tokens``, so ``max_tokens`` is the size the run derives on
+   this GPU) and vocabulary size: peak memory of a real training step with the real output
+   layer;
 8. beam-4 decoding of test_2016_flickr on the GPU (sentences/s) with the bf16 model;
 9. the training benchmark against fairseq and Marian (``scripts/bench_train.py``) with MFU, run
    with the interpreter of ``.venv-bench`` (``make bench-install``) where the peers live.
 
 Every training check reports target tokens/s, MFU (against the GPU's peak at the run's
-precision, :data:`transformer_nmt.model.flops.PEAK_FLOPS`) and peak memory. Each check
+precision, :data:`transformer_nmt.model.flops.PEAK_FLOPS`), peak memory and the attention
+kernels it logged; every command runs with ``TORCH_LOGS=recompiles``, and a compiled run stops
+at torch.compile's recompile limit instead of falling back to eager. Each check
 starts from an empty run directory: a second ``make gpu-check`` measures again instead of
 finding the first one's finished runs.
 
@@ -54,6 +60,8 @@ BIG_PRESET = "wmt14_en_de_big"
 """The experiment whose ``trainer.max_tokens`` and ``data.vocab_size`` the big check uses."""
 BENCH_PYTHON = REPO / ".venv-bench" / "bin" / "python"
 """The interpreter with fairseq and transformers (``make bench-install``)."""
+PAPER_WARMUP_STEPS = 4000
+"""The paper's warm-up (section 5.3): with it the schedule peaks at d_model^-0.5 x 4000^-0.5."""
 MIN_LOSS_DROP = 1.0
 """Nats the training loss must fall between the first and the last logged window."""
 MIN_VALID_BLEU = 5.0
@@ -67,6 +75,47 @@ def preset_figures(experiment: str = BIG_PRESET) -> tuple[int, int]:
 
     cfg = compose([f"experiment={experiment}"])
     return int(cfg.trainer.max_tokens), int(cfg.data.vocab_size)
+
+
+def paper_lr_multiplier(warmup_steps: int) -> float:
+    """``trainer.lr_multiplier`` that makes a schedule warmed up over ``warmup_steps`` peak at
+    the paper's learning rate (d^-0.5 x min(step^-0.5, step x w^-1.5) peaks at d^-0.5 x w^-0.5,
+    so the factor is sqrt(w / 4000))."""
+    return (int(warmup_steps) / PAPER_WARMUP_STEPS) ** 0.5
+
+
+PRESET_TRAINER_KEYS = ("tokens_per_step", "tokens_per_step_tolerance", "auto_max_tokens",
+                       "max_tokens", "clip_norm", "label_smoothing")
+"""The trainer settings of a preset the big check takes over (the schedule's length is the
+check's own)."""
+
+
+def preset_overrides(experiment: str = BIG_PRESET) -> list[str]:
+    """Overrides that give a Multi30k run ``experiment``'s model (dropout included) and the
+    trainer settings that size and regularise its step (:data:`PRESET_TRAINER_KEYS`)."""
+    import dataclasses
+
+    from transformer_nmt.cli import compose
+
+    cfg = compose([f"experiment={experiment}"])
+
+    def value(v):  # YAML spelling: null, the Enum's value
+        return "null" if v is None else getattr(v, "value", v)
+
+    model = [f"model.{f.name}={value(getattr(cfg.model, f.name))}"
+             for f in dataclasses.fields(cfg.model)
+             if not isinstance(getattr(cfg.model, f.name), (dict, list))]
+    return model + [f"trainer.{k}={value(getattr(cfg.trainer, k))}" for k in PRESET_TRAINER_KEYS]
+
+
+def _logged(log: Path, marker: str) -> str | None:
+    """The first line of ``log`` holding ``marker``, from the marker on."""
+    if not log.is_file():
+        return None
+    for line in log.read_text(errors="replace").splitlines():
+        if marker in line:
+            return line[line.index(marker):].strip()
+    return None
 
 
 def training_passed(records: list[dict], valid: dict, smoke: bool) -> tuple[bool, str]:
@@ -117,7 +166,7 @@ class Check:
 
 def _run(cmd: list[str], log: Path, timeout: float) -> subprocess.CompletedProcess:
     """Run one command from the repository root; its output goes to ``log``."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_LOGS": "recompiles"}
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
@@ -164,7 +213,8 @@ class GpuCheck:
             f"trainer.save_every_steps={steps}", "trainer.save_every_minutes=null",
             f"trainer.validate_every_steps={steps}", f"trainer.log_every_steps={max(steps // 10, 1)}",
             f"trainer.max_tokens={max_tokens or (512 if self.smoke else 4096)}",
-            f"trainer.warmup_steps={4 if self.smoke else 100}", "trainer.lr_multiplier=1.0",
+            f"trainer.warmup_steps={4 if self.smoke else 100}",
+            f"trainer.lr_multiplier={1.0 if self.smoke else paper_lr_multiplier(100):.6g}",
             "trainer.valid_bleu=true",
             f"trainer.valid_bleu_sentences={20 if self.smoke else 200}", *extra,
         ]
@@ -218,6 +268,9 @@ class GpuCheck:
                           "last_loss": round(records[-1]["loss"], 3),
                           "skipped_steps": summary["skipped_steps"],
                           "valid_bleu": summary["valid"].get("bleu")})
+        kernels = _logged(log, "attention kernels")
+        if kernels:
+            c.figures["attention"] = kernels
         ok, why = training_passed(records, summary["valid"], self.smoke)
         c.status, c.note = ("passed" if ok else "failed"), why
 
@@ -287,6 +340,7 @@ class GpuCheck:
 
     def ddp(self, c: Check, precision: str = "bf16") -> None:
         if not self.smoke and self.gpus < 2:
+            c.status = "not run"
             c.note = f"{self.gpus} GPU visible: NCCL needs one GPU per process"
             return
         if self.smoke and precision == "fp16":
@@ -301,17 +355,21 @@ class GpuCheck:
             c.figures["world_size"] = summary["world_size"]
 
     def big_memory(self, c: Check) -> None:
-        """``big`` at the big preset's max_tokens with its vocabulary size (the model is built
-        with it: the output layer and the loss are the real run's), bf16, 30 steps."""
+        """``big`` with the big preset's settings (:func:`preset_overrides`: on the GPU
+        ``max_tokens`` is what ``auto_max_tokens`` derives for ``tokens_per_step``, the size
+        the real run trains at) and its vocabulary size (the model is built with it: the
+        output layer and the loss are the real run's), bf16, 30 steps. ``--smoke``: the
+        preset's ``max_tokens``, one micro-batch a step, 2 steps (a 37k-class output layer in
+        fp32 on the CPU costs seconds a step)."""
         max_tokens, vocab = preset_figures()
-        # --smoke: 2 steps (a 37k-class output layer in fp32 on the CPU costs seconds a step)
         saved, self.args.steps = self.args.steps, min(self.args.steps, 2 if self.smoke else 30)
         try:
+            extra = (("trainer.validate_every_steps=null", "trainer.valid_bleu=false")
+                     if self.smoke else
+                     (*preset_overrides(), "trainer.precision=bf16",
+                      f"trainer.lr_multiplier={paper_lr_multiplier(100):.6g}"))
             cmd, run_dir = self._train_cmd("gpu_check_big", "fp32" if self.smoke else "bf16",
-                                           preset="big", max_tokens=max_tokens,
-                                           extra=(("trainer.validate_every_steps=null",
-                                                   "trainer.valid_bleu=false")
-                                                  if self.smoke else ()))
+                                           preset="big", max_tokens=max_tokens, extra=extra)
         finally:
             self.args.steps = saved
         worker = [sys.executable, str(Path(__file__).resolve()), "--train-with-vocab", str(vocab),
@@ -321,7 +379,13 @@ class GpuCheck:
         c.status = "passed" if proc.returncode == 0 and records else "failed"
         if records:
             c.figures.update(speed_figures(run_dir, records))
-            c.figures.update({"max_tokens": max_tokens, "model_vocab_size": vocab})
+            summary = json.loads((run_dir / "train_summary.json").read_text())
+            c.figures.update({"max_tokens": summary.get("max_tokens", max_tokens),
+                              "update_freq": summary.get("update_freq"),
+                              "model_vocab_size": vocab})
+            kernels = _logged(self.work / "train_big.log", "attention kernels")
+            if kernels:
+                c.figures["attention"] = kernels
 
     def decode(self, c: Check) -> None:
         run_dir = self.work / "runs" / "gpu_check_bf16"

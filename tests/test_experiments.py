@@ -59,6 +59,8 @@ def test_wmt14_experiment_dry_run(experiment, slice_files, tmp_path):
         f"run_dir={run_dir}",
         "trainer.dry_run=true",
         "trainer.dry_run_steps=1",
+        "trainer.dry_run_warmup_steps=0",
+        "trainer.tokens_per_step=null",  # one micro-batch per step: a CPU step of a big model
         "trainer.max_tokens=160",  # the paper's 3125 per GPU costs minutes per step on a CPU
     ]
     summary = dry_run(compose(overrides))

@@ -133,14 +133,15 @@ def test_ignore_index_none_equals_selecting_real_positions():
     assert torch.allclose(a.grad[keep], b.grad, atol=1e-7)
 
 
-def test_fused_backward_returns_logits_dtype_and_refuses_a_second_pass():
+def test_fused_backward_returns_logits_dtype_and_the_same_gradient_twice():
     logits = torch.randn(6, 11).to(torch.bfloat16).requires_grad_()
     target = torch.tensor([4, 5, 6, PAD_ID, 7, 8])
     loss, _ = label_smoothed_nll_loss(logits, target, 0.1)
     loss.backward(retain_graph=True)
     assert logits.grad.dtype == torch.bfloat16
-    with pytest.raises(RuntimeError, match="retain_graph"):
-        loss.backward()
+    first = logits.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(logits.grad, 2 * first)
 
 
 def test_loss_rejects_bad_shapes():
@@ -163,17 +164,15 @@ def _previous_loss():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_chunked_loss_equals_the_previous_function_and_the_float64_formula(dtype):
-    """Chunks of 3 rows (uneven: 40 = 13 x 3 + 1) give what one pass over all rows gave
-    (the previous function, float32 log-softmax of the whole (N, V)) and what the plain
-    formula gives in float64, for the values and the gradient."""
+def test_loss_equals_the_previous_function_and_the_float64_formula(dtype):
+    """The loss gives what the float32 log-softmax of the whole (N, V) gave (the previous
+    function) and what the plain formula gives in float64, for the values and the gradient."""
     torch.manual_seed(7)
     n, v = 40, 97
     logits = (torch.randn(n, v) * 4).to(dtype)
     target = torch.randint(4, v, (n,))
     chunked = logits.clone().requires_grad_()
-    loss, nll = label_smoothed_nll_loss(chunked, target, 0.1, ignore_index=None,
-                                        chunk_elements=3 * v)
+    loss, nll = label_smoothed_nll_loss(chunked, target, 0.1, ignore_index=None)
     (0.7 * loss + 0.3 * nll).backward()
     before = logits.clone().requires_grad_()
     prev_loss, prev_nll = _previous_loss()(before, target, 0.1)
@@ -183,7 +182,8 @@ def test_chunked_loss_equals_the_previous_function_and_the_float64_formula(dtype
     ref_nll = F.cross_entropy(exact, target, reduction="sum")
     (0.7 * ref_loss + 0.3 * ref_nll).backward()
 
-    assert torch.equal(loss, prev_loss) and torch.equal(nll, prev_nll)  # the same arithmetic
+    assert loss.item() == pytest.approx(prev_loss.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(prev_nll.item(), rel=1e-6)
     assert chunked.grad.dtype == dtype
     atol = 1e-2 if dtype == torch.bfloat16 else 1e-6  # bf16: 8 bits of mantissa
     torch.testing.assert_close(chunked.grad, before.grad, rtol=0, atol=atol)
@@ -205,28 +205,30 @@ def test_loss_keeps_no_float32_copy_of_the_logits_for_the_backward():
     logits = torch.randn(64, 300).bfloat16().requires_grad_()
     target = torch.randint(4, 300, (64,))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=None,
-                                          chunk_elements=1000)
+        loss, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=None)
     loss.backward()
     assert saved, "no saved tensors seen"
-    big = [(shape, dtype) for shape, dtype in saved if len(shape) == 2]
+    big = [(shape, dtype) for shape, dtype in saved if shape[-1] == 300]
     assert big == [((64, 300), torch.bfloat16)], saved
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_chunked_loss_on_cuda_in_bf16_matches_float64_and_keeps_no_float32_copy():
-    """On the GPU, WMT-sized rows (V = 37,000): the values and gradient of the plain formula
-    in float64, and the allocator's peak above the bf16 logits and their gradient stays
-    below one (N, V) float32 buffer."""
+def test_compiled_loss_on_cuda_in_bf16_matches_float64_and_keeps_no_float32_copy():
+    """On the GPU, compiled as the training step compiles it, WMT-sized rows (V = 37,000):
+    the values and gradient of the plain formula in float64, and the allocator's peak above
+    the bf16 logits and their gradient stays below one (N, V) float32 buffer."""
     torch.manual_seed(8)
+    loss_fn = torch.compile(label_smoothed_nll_loss, dynamic=True)
+    warm = torch.randn(64, 37_000, device="cuda").bfloat16().requires_grad_()
+    loss_fn(warm, torch.randint(4, 37_000, (64,), device="cuda"), 0.1, None)[0].backward()
     n, v = 512, 37_000
     logits = (torch.randn(n, v, device="cuda") * 4).bfloat16().requires_grad_()
     target = torch.randint(4, v, (n,), device="cuda")
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    loss, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=None)
+    loss, _ = loss_fn(logits, target, 0.1, None)
     loss.backward()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before - logits.grad.numel() * 2

@@ -307,6 +307,7 @@ RESUME_HARMLESS_KEYS: tuple[str, ...] = (
     "trainer.tokens_per_step", "trainer.tokens_per_step_tolerance", "trainer.auto_max_tokens",
     # data loading and gradient communication (not what is computed)
     "trainer.prefetch_factor", "trainer.grad_compression", "trainer.bucket_cap_mb",
+    "trainer.sdpa_backends",
     # paths and sources of files whose content is checked otherwise (the vocabulary's
     # SHA-256 is compared on resume); init_from is ignored once a run has checkpoints
     "data.root", "data.mirror", "data.url", "trainer.init_from",

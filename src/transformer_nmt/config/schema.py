@@ -215,6 +215,15 @@ class TrainerConfig:
     """Gradient all-reduce in bf16 across nodes (see :class:`GradCompression`)."""
     bucket_cap_mb: float = 25.0
     """DDP's gradient bucket size in MB (PyTorch's default)."""
+    sdpa_backends: list[str] = field(default_factory=lambda: ["flash", "efficient", "math"])
+    """Attention kernels ``F.scaled_dot_product_attention`` may use in training and
+    validation, in order of preference (``torch.nn.attention.sdpa_kernel``): ``flash``,
+    ``efficient`` (memory-efficient), ``cudnn``, ``math``. The default leaves out cuDNN
+    attention, which PyTorch prefers on sm90 GPUs with a recent cuDNN: it builds a graph for
+    every new (batch, source, target) shape (50-400 ms each, thousands with dynamic batches)
+    and has a reported NaN gradient with masks; flash serves the causal decoder
+    self-attention, memory-efficient the masked encoder and cross attention, math whatever
+    neither takes. The kernels chosen are logged at the first step."""
     precision: TrainPrecision = TrainPrecision.auto
     """``auto`` (bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU), ``fp32``,
     ``bf16`` or ``fp16`` (dynamic loss scaling)."""
@@ -267,7 +276,12 @@ class TrainerConfig:
 
     dry_run: bool = False
     """Build everything on a small slice of the data and run a few steps."""
-    dry_run_steps: int = 3
+    dry_run_steps: int = 10
+    """Timed optimizer steps of a dry run (after ``dry_run_warmup_steps``), each of the real
+    plan's ``update_freq`` micro-batches of ``max_tokens``."""
+    dry_run_warmup_steps: int = 2
+    """Dry-run steps run before the timed ones and left out of its bill (compilation,
+    allocator and loader warm-up)."""
 
     resume_changed: list[str] = field(default_factory=list)
     """Dotted keys (``model.dropout``, ``trainer.lr_multiplier``) whose change from the
@@ -306,6 +320,8 @@ class DecodeConfig:
     device: str = "auto"
     checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
+    sdpa_backends: list[str] = field(default_factory=lambda: ["flash", "efficient", "math"])
+    """Attention kernels for decoding, in order of preference (as ``trainer.sdpa_backends``)."""
 
 
 @dataclass

@@ -26,7 +26,10 @@ def build_dataloader(
     """A ``DataLoader`` over ``dataset`` with ``sampler`` as its batch sampler.
 
     ``pad_to_multiple`` and ``max_length`` go to :func:`collate`; ``prefetch_factor``:
-    batches each worker prepares ahead (``num_workers > 0`` only; None = PyTorch's 2).
+    batches each worker prepares ahead (``num_workers > 0`` only; None = PyTorch's 2). The
+    workers persist across epochs (``persistent_workers``): they are forked once, before the
+    compile and TensorBoard threads exist, not again at every epoch; the batch sampler runs
+    in the main process, so each epoch's ``set_epoch`` and resume position still apply.
 
     ``generator``: a private RNG for the loader (worker seeds). The training loop passes one
     so that creating a loader iterator never draws from the global torch RNG: dropout after
@@ -53,7 +56,7 @@ def build_dataloader(
         generator=generator,
         worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
         prefetch_factor=prefetch_factor if num_workers > 0 else None,
-        persistent_workers=False,
+        persistent_workers=num_workers > 0,
     )
 
 

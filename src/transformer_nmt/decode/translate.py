@@ -53,6 +53,7 @@ from transformer_nmt.fileio import (
     write_output,
 )
 from transformer_nmt.fileio import read_lines as fileio_read_lines
+from transformer_nmt.model.transformer import sdpa_backends, sdpa_context
 from transformer_nmt.runtime import autocast_context, resolve_device
 
 log = logging.getLogger(__name__)
@@ -119,22 +120,27 @@ def search(model: Any, src_tokens: torch.Tensor, decode_cfg: DecodeConfig
     Args:
         src_tokens: (B, S) long on the model's device.
 
+    The attention runs under ``decode_cfg.sdpa_backends`` (``torch.nn.attention.sdpa_kernel``)
+    unless the model carries its own (:meth:`Transformer.set_sdpa_backends`, a training run's).
+
     Returns:
         Per sentence, up to ``decode_cfg.nbest`` hypotheses, best first.
     """
-    if decode_cfg.beam_size == 1:
-        return greedy_search(model, src_tokens, decode_cfg.max_len_a, decode_cfg.max_len_b)
-    return beam_search(
-        model,
-        src_tokens,
-        beam_size=decode_cfg.beam_size,
-        lenpen=decode_cfg.lenpen,
-        lenpen_form=decode_cfg.lenpen_form,
-        max_len_a=decode_cfg.max_len_a,
-        max_len_b=decode_cfg.max_len_b,
-        nbest=decode_cfg.nbest,
-        stopping=decode_cfg.stopping,
-    )
+    names = getattr(decode_cfg, "sdpa_backends", None)
+    with sdpa_context(sdpa_backends(names) if names is not None else None):
+        if decode_cfg.beam_size == 1:
+            return greedy_search(model, src_tokens, decode_cfg.max_len_a, decode_cfg.max_len_b)
+        return beam_search(
+            model,
+            src_tokens,
+            beam_size=decode_cfg.beam_size,
+            lenpen=decode_cfg.lenpen,
+            lenpen_form=decode_cfg.lenpen_form,
+            max_len_a=decode_cfg.max_len_a,
+            max_len_b=decode_cfg.max_len_b,
+            nbest=decode_cfg.nbest,
+            stopping=decode_cfg.stopping,
+        )
 
 
 def _search_splitting_on_oom(model, src_tokens, decode_cfg):

@@ -34,24 +34,60 @@ FORMULA = (
 """The formula in one line, as written into train_summary.json."""
 
 
-PEAK_FLOPS = {
-    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H100 SXM": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "fp32": 378e12},
+    "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "fp32": 418e12},
+    "H200 SXM": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "H200 NVL": {"bf16": 835e12, "fp16": 835e12, "fp32": 418e12},
+    "GH200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
     "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
 }
-"""Dense peak FLOP/s per GPU of the SXM parts by precision (NVIDIA's data sheets, no
-sparsity; fp32 is TF32 tensor-core math, what ``trainer.tf32=true`` uses): the MFU
-denominator."""
+"""Dense peak FLOP/s per GPU by part and precision (NVIDIA's data sheets, without sparsity;
+fp32 is TF32 tensor-core math, what ``trainer.tf32=true`` uses): the MFU denominator."""
+
+DEVICE_PARTS: tuple[tuple[str, str], ...] = (
+    (r"NVIDIA H100 80GB HBM3|NVIDIA H100 SXM5.*", "H100 SXM"),
+    (r"NVIDIA H100 PCIe", "H100 PCIe"),
+    (r"NVIDIA H100 NVL", "H100 NVL"),
+    (r"NVIDIA H200|NVIDIA H200 SXM.*|NVIDIA H200 141GB HBM3e", "H200 SXM"),
+    (r"NVIDIA H200 NVL", "H200 NVL"),
+    (r"NVIDIA GH200( \d+GB)?", "GH200"),
+    (r"NVIDIA A100[- ](SXM4|PCIE)[- ]\d+GB|NVIDIA A100 \d+GB PCIe|NVIDIA A100", "A100"),
+)
+"""``torch.cuda.get_device_name`` strings (matched whole) and the part in :data:`PEAK_FLOPS`
+they name. A name that matches none gets no peak (no MFU), never a neighbour's."""
+
+
+def device_part(device_name: str) -> str | None:
+    """The :data:`PEAK_FLOPS` part of the device ``device_name`` (``torch.cuda.get_device_name``),
+    matched whole against :data:`DEVICE_PARTS`; None for any other device (CPUs included)."""
+    import re
+
+    name = " ".join(str(device_name).split())
+    for pattern, part in DEVICE_PARTS:
+        if re.fullmatch(pattern, name):
+            return part
+    return None
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:
     """Peak FLOP/s of one device named ``device_name`` (``torch.cuda.get_device_name``) at
-    ``precision`` (``bf16``, ``fp16``, ``fp32``), or None for a device not in
-    :data:`PEAK_FLOPS` (CPUs included)."""
-    for family, peaks in PEAK_FLOPS.items():
-        if family in device_name:
-            return peaks.get(precision)
-    return None
+    ``precision`` (``bf16``, ``fp16``, ``fp32``): its part's entry in :data:`PEAK_FLOPS`
+    (:func:`device_part`), or None for a device not listed (CPUs included)."""
+    part = device_part(device_name)
+    return None if part is None else PEAK_FLOPS[part].get(str(precision))
+
+
+def peak_flops_source(device_name: str, precision: str) -> str:
+    """Which peak :func:`peak_flops` used, in words: part, precision and TFLOP/s, or why
+    there is none."""
+    part = device_part(device_name)
+    peak = peak_flops(device_name, precision)
+    if peak is None:
+        return (f"no peak for {device_name!r} at {precision} (not one of "
+                f"{', '.join(PEAK_FLOPS)}): no MFU")
+    return f"{part} dense {precision} peak {peak / 1e12:g} TFLOP/s (NVIDIA data sheet)"
 
 
 @dataclass

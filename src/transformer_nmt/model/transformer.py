@@ -38,14 +38,17 @@ The decoder's incremental cache is :class:`transformer_nmt.model.cache.DecoderCa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer_nmt.config import PAD_ID, ModelConfig, validate_model_config
+from transformer_nmt.errors import UserError
 from transformer_nmt.model.cache import DecoderCache
 
 logger = logging.getLogger(__name__)
@@ -54,6 +57,50 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------
 # Masks (the one place they are built; True = may attend)
 # --------------------------------------------------------------------------------------
+
+
+SDPA_BACKENDS: dict[str, SDPBackend] = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+"""The names ``trainer.sdpa_backends`` and ``decode.sdpa_backends`` accept, and the SDPA
+backends they name (``torch.nn.attention.SDPBackend``)."""
+
+
+def sdpa_backends(names: list[str] | tuple[str, ...]) -> list[SDPBackend]:
+    """The SDPA backends named by ``names`` (:data:`SDPA_BACKENDS`), in that order.
+
+    Raises:
+        UserError: an unknown name or an empty list (with the allowed names).
+    """
+    names = [str(n) for n in names]
+    unknown = [n for n in names if n not in SDPA_BACKENDS]
+    if unknown or not names:
+        what = f"unknown {', '.join(unknown)}" if unknown else "empty"
+        raise UserError(f"sdpa_backends={names}: {what}; choose from "
+                        f"{', '.join(SDPA_BACKENDS)}, in order of preference")
+    return [SDPA_BACKENDS[n] for n in names]
+
+
+def sdpa_context(backends: list[SDPBackend] | None) -> contextlib.AbstractContextManager:
+    """``torch.nn.attention.sdpa_kernel(backends, set_priority=True)``: every
+    ``F.scaled_dot_product_attention`` inside uses the first of ``backends`` that supports
+    its inputs; None: PyTorch's own choice (no context)."""
+    if backends is None:
+        return contextlib.nullcontext()
+    return sdpa_kernel(backends, set_priority=True)
+
+
+def sdpa_choice(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                is_causal: bool = False, dropout_p: float = 0.0) -> str:
+    """The name of the backend ``F.scaled_dot_product_attention`` runs for these inputs
+    under the backends enabled now (PyTorch's own choice, ``torch._fused_sdp_choice``):
+    one of :data:`SDPA_BACKENDS`' names, or ``"none"`` when no enabled backend fits."""
+    index = torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal)
+    by_value = {int(b.value): name for name, b in SDPA_BACKENDS.items()}
+    return by_value.get(int(index), "none")
 
 
 def key_padding_attn_mask(key_mask: Tensor, drop_if_unpadded: bool = True) -> Tensor | None:
@@ -218,6 +265,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.heads, self.d_k, self.d_v = heads, d_k, d_v
         self.self_attention = self_attention
+        self.sdpa_backends: list[SDPBackend] | None = None
+        """The SDPA backends tried in order (:meth:`Transformer.set_sdpa_backends`); None:
+        PyTorch's choice."""
         self.attention_dropout = attention_dropout
         if self_attention:
             self.in_proj = nn.Linear(d_model, heads * (2 * d_k + d_v))
@@ -302,10 +352,11 @@ class MultiHeadAttention(nn.Module):
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
         """SDPA with attention dropout in training: (B, H, t, Dk), (B, H, S, Dk|Dv) -> (B, H, t, Dv)."""
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-            dropout_p=self.attention_dropout if self.training else 0.0,
-        )  # (B, H, t, Dv)
+        with sdpa_context(self.sdpa_backends):
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                dropout_p=self.attention_dropout if self.training else 0.0,
+            )  # (B, H, t, Dv)
 
     def _grouped_cross_attention(
         self, x: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, cached: bool
@@ -337,7 +388,8 @@ class MultiHeadAttention(nn.Module):
         if self._cpu_step(x):
             out = _matmul_attention(q, k, v, attn_mask)  # (N, H, g*t, Dv)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (N, H, g*t, Dv)
+            with sdpa_context(self.sdpa_backends):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (N, H, g*t, Dv)
         out = out.view(n_src, self.heads, g, t, self.d_v).permute(0, 2, 3, 1, 4)  # (N, g, t, H, Dv)
         return out.reshape(b, t, self.heads * self.d_v)  # (B, t, H*Dv)
 
@@ -595,6 +647,34 @@ class Transformer(nn.Module):
                             linear.bias.zero_()
                 elif isinstance(module, nn.LayerNorm):
                     module.reset_parameters()
+
+    def set_sdpa_backends(self, names: list[str] | tuple[str, ...] | None) -> None:
+        """Run every attention of the model under ``torch.nn.attention.sdpa_kernel`` with the
+        backends ``names`` (``trainer.sdpa_backends``, ``decode.sdpa_backends``), tried in
+        that order; None: PyTorch's own choice.
+
+        Raises:
+            UserError: an unknown name or an empty list (:func:`sdpa_backends`).
+        """
+        backends = None if names is None else sdpa_backends(names)
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.sdpa_backends = backends
+
+    def sdpa_kernels(self, device: torch.device, dtype: torch.dtype) -> dict[str, str]:
+        """The SDPA backend each kind of attention of this model runs on ``device`` with
+        ``dtype`` activations under its backends (PyTorch's own choice for inputs of the
+        model's head sizes, :func:`sdpa_choice`): ``masked`` (encoder and cross attention
+        with a (B, 1, 1, S) key-padding mask), ``causal`` (decoder self-attention)."""
+        attn = next(m for m in self.modules() if isinstance(m, MultiHeadAttention))
+        b, s = 2, 13  # a length that is no multiple of 8
+        q = torch.zeros(b, attn.heads, s, self.d_k, device=device, dtype=dtype)
+        v = torch.zeros(b, attn.heads, s, self.d_v, device=device, dtype=dtype)
+        mask = torch.ones(b, 1, 1, s, device=device, dtype=torch.bool)
+        dropout = float(self.cfg.attention_dropout)
+        with sdpa_context(attn.sdpa_backends):
+            return {"masked": sdpa_choice(q, q, v, mask, False, dropout),
+                    "causal": sdpa_choice(q, q, v, None, True, dropout)}
 
     def num_parameters(self) -> int:
         """Number of distinct trainable parameters (a tied matrix counts once)."""

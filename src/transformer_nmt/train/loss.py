@@ -14,100 +14,88 @@ Positions whose reference is ``ignore_index`` (padding) contribute nothing to ei
 Both returned values are **sums** over the non-padding positions: the training loop divides
 them once by the global count of non-padding target tokens of the optimizer step.
 
-The gradient is computed analytically (:class:`_LabelSmoothedCrossEntropy`): for weights
-``g_loss`` and ``g_nll`` of the two sums,
+The forward needs three numbers per row, each a reduction over the row's logits ``x``:
+the log-sum-exp ``lse = log sum_v exp(x_v)``, the sum ``sum_v x_v`` and the reference logit
+``x_y``; then ``nll = lse - x_y`` and ``sum_v -log p(v) = V * lse - sum_v x_v``. The gradient
+is analytic (:class:`_LabelSmoothedCrossEntropy`): for weights ``g_loss`` and ``g_nll`` of
+the two sums,
 
-    d/d logits = (g_loss + g_nll) * softmax(logits) - g_loss * eps / V
+    d/d logits = (g_loss + g_nll) * exp(x - lse) - g_loss * eps / V
                  - (g_loss * (1 - eps) + g_nll) * onehot(y)
 
-on real positions and zero on padding, instead of the chain of log_softmax, gather and sum
-backward kernels (each of which reads or writes a full (N, V) buffer). Both passes go over
-the logits in chunks of rows converted to float32 one at a time (:data:`CHUNK_ELEMENTS`):
-the forward keeps no (N, V) buffer of its own, so the logits (bf16 under autocast) are read
-once forward, read once backward and their gradient written once, with no (N, V) float32
-buffer (the previous version kept an (N, V) float32 copy of the log-probabilities;
-``scripts/bench_loss.py`` measures both, docs/benchmarks.md).
+on real positions and zero on padding. Both passes are a few whole-tensor operations with no
+Python loop and no host synchronisation, and only the logits and (N,) vectors are saved for
+the backward. Under ``torch.compile`` (the training step compiles the loss with the model's
+backend, :func:`transformer_nmt.train.step.loss_function`) Inductor fuses the float32
+conversion into the row reductions and the backward into one elementwise kernel: the bf16
+logits are read once forward, once backward, their gradient written once, and no (N, V)
+float32 buffer exists. Run eagerly, each pass makes one transient (N, V) float32 buffer,
+freed before it returns.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from transformer_nmt.config import PAD_ID
 
-CHUNK_ELEMENTS = 1 << 22
-"""Elements of the (N, V) logits converted to float32 at a time (4M: 16 MB of float32, a
-chunk of 113 rows at V = 37,000): the chunk's float32 temporaries stay in cache (a GPU's L2,
-a CPU's last-level cache) instead of making (N, V) float32 copies in main memory."""
 
-
-def _chunks(n: int, vocab: int, chunk_elements: int) -> list[tuple[int, int]]:
-    rows = max(1, chunk_elements // max(vocab, 1))
-    return [(i, min(i + rows, n)) for i in range(0, n, rows)]
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 arithmetic for bf16 / fp16 / fp32 logits, float64 for float64 logits."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed cross-entropy and NLL with the analytic backward above.
 
-    forward(logits (N, V) any float dtype, target (N,) long, epsilon, ignore_index,
-    chunk_elements) -> (loss_sum, nll_sum), both 0-dim float32. Both passes walk the logits
-    in chunks of rows (about ``chunk_elements`` elements each) converted to float32 one at a
-    time: the forward reads the logits once (log-softmax, gather, sum per chunk) and keeps
-    nothing of size (N, V) but the logits themselves; the backward reads them once more
-    (softmax per chunk) and writes their gradient once, in the logits' dtype. The graph can
-    be back-propagated through once (``retain_graph=True`` is refused).
+    forward(logits (N, V) any float dtype, target (N,) long, epsilon, ignore_index)
+    -> (loss_sum, nll_sum), both 0-dim float32 (float64 for float64 logits). Saves the
+    logits, the target and the (N,) log-sum-exp; the backward recomputes ``exp(x - lse)``
+    from the logits and returns their gradient in their dtype.
     """
 
     @staticmethod
-    def forward(ctx, logits, target, epsilon, ignore_index, chunk_elements):  # type: ignore[override]
-        n, vocab = logits.shape
-        if ignore_index is None:  # the caller guarantees real targets only: no mask, no sync
-            keep, all_real = target, True
-        else:
-            keep = target != ignore_index  # (N,) bool
-            all_real = bool(keep.all())
-        safe_target = target if all_real else target.masked_fill(~keep, 0)
-        nll = torch.empty(n, dtype=torch.float32, device=logits.device)  # (N,) -log p(y)
-        smooth = torch.empty(n, dtype=torch.float32, device=logits.device)  # (N,) sum_v -log p(v)
-        for a, b in _chunks(n, vocab, chunk_elements):
-            lprobs = F.log_softmax(logits[a:b].float(), dim=-1)  # (rows, V) float32, one chunk
-            nll[a:b] = lprobs.gather(-1, safe_target[a:b].unsqueeze(-1)).squeeze(-1).neg_()
-            smooth[a:b] = lprobs.sum(dim=-1).neg_()
-        if not all_real:
-            nll = nll.masked_fill(~keep, 0.0)
-            smooth = smooth.masked_fill(~keep, 0.0)
-        nll_sum = nll.sum()
-        loss_sum = (1.0 - epsilon) * nll_sum + (epsilon / vocab) * smooth.sum()
-        ctx.save_for_backward(logits, safe_target, keep)
-        ctx.epsilon, ctx.all_real, ctx.chunk_elements = epsilon, all_real, chunk_elements
-        ctx.consumed = False
+    def forward(ctx, logits, target, epsilon, ignore_index):  # type: ignore[override]
+        vocab, dtype = logits.size(-1), _compute_dtype(logits.dtype)
+        keep = None if ignore_index is None else target.ne(ignore_index).unsqueeze(-1)  # (N, 1)
+        if keep is not None:
+            target = target.masked_fill(~keep.squeeze(-1), 0)  # a valid index on padding
+        # float32 results from the logits' dtype by type promotion: no float32 copy of them
+        lse = logits.amax(-1, keepdim=True).to(dtype)  # (N, 1) the row maximum, exact
+        lse = (logits - lse).exp_().sum(-1, keepdim=True).log_().add_(lse)  # (N, 1) log-sum-exp
+        x_y = logits.gather(-1, target.unsqueeze(-1))  # (N, 1) the reference logit
+        nll = lse - x_y  # (N, 1) -log p(y)
+        # per row: (1 - eps) * nll + eps / V * (V * lse - sum_v x_v)
+        #        = nll + eps * x_y - eps / V * sum_v x_v
+        if keep is None:
+            nll_sum = nll.sum()
+            loss_sum = nll.add(x_y, alpha=epsilon).sum().sub(logits.sum(dtype=dtype),
+                                                              alpha=epsilon / vocab)
+            ctx.save_for_backward(logits, target, lse)
+        else:  # padding rows count nothing, whatever their logits hold
+            row = nll.add(x_y, alpha=epsilon).sub_(logits.sum(-1, keepdim=True, dtype=dtype),
+                                                  alpha=epsilon / vocab)  # (N, 1)
+            nll_sum = torch.where(keep, nll, 0.0).sum()
+            loss_sum = torch.where(keep, row, 0.0).sum()
+            ctx.save_for_backward(logits, target, lse, keep)
+        ctx.epsilon = epsilon
         return loss_sum, nll_sum
 
     @staticmethod
     def backward(ctx, g_loss, g_nll):  # type: ignore[override]
-        if ctx.consumed:
-            raise RuntimeError(
-                "label_smoothed_nll_loss: backward called twice on one graph "
-                "(retain_graph=True is not supported)"
-            )
-        ctx.consumed = True
-        logits, target, keep = ctx.saved_tensors
-        eps, (n, vocab) = ctx.epsilon, logits.shape
-        g_loss = g_loss.float() if g_loss is not None else torch.zeros((), device=logits.device)
-        g_nll = g_nll.float() if g_nll is not None else torch.zeros((), device=logits.device)
-        g_sum = g_loss + g_nll
-        uniform = g_loss * (eps / vocab)
-        at_target = -(g_loss * (1.0 - eps) + g_nll)  # 0-dim
-        grad = torch.empty_like(logits)  # (N, V) in the logits' dtype, written once
-        for a, b in _chunks(n, vocab, ctx.chunk_elements):
-            g = torch.softmax(logits[a:b].float(), dim=-1)  # (rows, V) float32, one chunk
-            g.mul_(g_sum).sub_(uniform)
-            g.scatter_add_(-1, target[a:b].unsqueeze(-1), at_target.expand(b - a, 1).contiguous())
-            if not ctx.all_real:
-                g.mul_(keep[a:b].unsqueeze(-1))
-            grad[a:b] = g
-        return grad, None, None, None, None
+        logits, target, lse, *keep = ctx.saved_tensors
+        eps, vocab = ctx.epsilon, logits.size(-1)
+        g_sum = g_loss + g_nll  # 0-dim
+        at_target = g_loss.mul(eps).sub_(g_sum)  # 0-dim: -(g_loss * (1 - eps) + g_nll)
+        grad = (logits - lse).exp_().mul_(g_sum).sub_(g_loss, alpha=eps / vocab)  # (N, V)
+        if torch.compiler.is_compiling():  # a comparison Inductor fuses into the same kernel
+            onehot = torch.arange(vocab, device=target.device) == target.unsqueeze(-1)  # (N, V)
+            grad = grad + onehot * at_target
+        else:  # eager: in place, no second (N, V) buffer
+            grad.scatter_add_(-1, target.unsqueeze(-1), at_target.expand(target.size(0), 1))
+        if keep:
+            grad.mul_(keep[0])
+        return grad.to(logits.dtype), None, None, None
 
 
 def label_smoothed_nll_loss(
@@ -115,24 +103,21 @@ def label_smoothed_nll_loss(
     target: torch.Tensor,
     epsilon: float,
     ignore_index: int | None = PAD_ID,
-    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed label-smoothed cross-entropy and summed NLL over the non-padding positions.
 
     Computed in float32 arithmetic whatever the dtype of ``logits`` (bf16/fp16 under
-    autocast), chunk by chunk of rows: no (N, V) float32 copy and no one-hot target is built;
-    the forward reads the logits once, the backward (the fused analytic gradient of the module
-    docstring) reads them once and writes their gradient once. The gradient flows to
-    ``logits`` only, once per graph.
+    autocast; float64 logits stay float64), as a few tensor operations that
+    ``torch.compile`` fuses into row reductions (forward) and one elementwise kernel
+    (backward, the analytic gradient of the module docstring); no one-hot target is built
+    and no host synchronisation is made. The gradient flows to ``logits`` only.
 
     Args:
         logits: (N, V) unnormalised scores (any floating dtype).
         target: (N,) long reference ids; positions equal to ``ignore_index`` are ignored.
         epsilon: smoothing mass eps_ls in [0, 1), spread uniformly over all V classes.
         ignore_index: id of the padding token; None when ``target`` holds real tokens only
-            (the training step selects them first), which skips the mask and its host sync.
-        chunk_elements: about this many logits are converted to float32 at a time
-            (:data:`CHUNK_ELEMENTS`); the result does not depend on it beyond round-off.
+            (the training step selects them first), which skips the mask.
 
     Returns:
         ``(loss_sum, nll_sum)``: 0-dim float32 tensors, summed (not averaged) over the
@@ -150,5 +135,4 @@ def label_smoothed_nll_loss(
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"label_smoothed_nll_loss: epsilon={epsilon} must be in [0, 1)")
     ignore = None if ignore_index is None else int(ignore_index)
-    return _LabelSmoothedCrossEntropy.apply(logits, target, float(epsilon), ignore,
-                                            max(int(chunk_elements), 1))
+    return _LabelSmoothedCrossEntropy.apply(logits, target, float(epsilon), ignore)

@@ -85,6 +85,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     """
     t_cfg = cfg.trainer
     device = info.device
+    check_bucket_cap_mb(float(t_cfg.bucket_cap_mb))
     if device.type == "cuda" and t_cfg.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -153,6 +154,11 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         log.info("weights from %s (trainer.init_from)", t_cfg.init_from)
     model = model.to(device)
     log.info("model %s: %s parameters", cfg.model.name, f"{model.num_parameters():,}")
+    model.set_sdpa_backends(list(t_cfg.sdpa_backends))
+    kernels = model.sdpa_kernels(device, _activation_dtype(precision))
+    log.info("attention kernels (trainer.sdpa_backends=%s): masked encoder and cross "
+             "attention %s, causal decoder self-attention %s", ",".join(t_cfg.sdpa_backends),
+             kernels["masked"], kernels["causal"])
     optimizer = build_optimizer(model, t_cfg)
     scheduler = build_scheduler(optimizer, cfg.model.d_model, t_cfg)
     scaler = grad_scaler(precision == "fp16")
@@ -171,6 +177,11 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         pad_to_multiple=pad_to_multiple,
         grads_in_buckets=info.distributed,
     )
+
+
+def _activation_dtype(precision: str) -> torch.dtype:
+    """The dtype of attention inputs under the run's autocast precision."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(precision), torch.float32)
 
 
 def _device_cap(cfg: Config, info: distributed.DistInfo,
@@ -253,6 +264,23 @@ def resolve_grad_compression(setting: str, device: torch.device,
     return setting
 
 
+MIN_BUCKET_CAP_MB = 1.0
+"""The smallest ``trainer.bucket_cap_mb`` accepted: below 1 MB compiled DDP's graph
+splitting fails with an AssertionError (torch 2.13)."""
+
+
+def check_bucket_cap_mb(value: float) -> None:
+    """Refuse a ``trainer.bucket_cap_mb`` below :data:`MIN_BUCKET_CAP_MB` (checked on every
+    run, single-GPU ones included, so the setting fails before a multi-GPU job does).
+
+    Raises:
+        UserError: naming the value and the smallest allowed.
+    """
+    if not value >= MIN_BUCKET_CAP_MB:
+        raise UserError(f"trainer.bucket_cap_mb={value:g}: DDP gradient buckets must be at "
+                        f"least {MIN_BUCKET_CAP_MB:g} MB (PyTorch's default is 25)")
+
+
 def compile_enabled(setting: bool | None, device: torch.device) -> bool:
     """``trainer.compile`` resolved: None (the default) means on for CUDA, off elsewhere."""
     return device.type == "cuda" if setting is None else bool(setting)
@@ -302,7 +330,26 @@ def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: b
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    return torch.compile(wrapped, backend=backend) if compile else wrapped
+    if not compile:
+        return wrapped
+    limit_recompiles(model_device(model))
+    return torch.compile(wrapped, backend=backend)
+
+
+RECOMPILE_LIMIT = 8
+"""Graphs ``torch.compile`` may trace for one frame (the model's forward, the loss) before
+the run stops with an error instead of running that frame eagerly from then on (torch's
+default is to fall back silently, which would halve the speed without a word)."""
+
+
+def limit_recompiles(device: torch.device) -> None:
+    """Make a recompilation beyond :data:`RECOMPILE_LIMIT` raise
+    (``torch._dynamo.config.fail_on_recompile_limit_hit``), and on CUDA log every
+    recompilation with its reason (what ``TORCH_LOGS=recompiles`` prints)."""
+    torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    if device.type == "cuda":
+        torch._logging.set_logs(recompiles=True)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

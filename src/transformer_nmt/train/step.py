@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,27 @@ def mark_dynamic_batch(src_tokens: torch.Tensor, tgt_in: torch.Tensor,
         mark(t, 0)
         mark(t, 1)
     mark(keep, 0)
+
+
+_COMPILED_LOSS: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+
+
+def loss_function(model: torch.nn.Module) -> Any:
+    """The loss the step calls for ``model``: :func:`label_smoothed_nll_loss`, compiled
+    with the backend ``model`` was compiled with when it is a ``torch.compile`` module (so
+    that Inductor fuses the loss into one forward and one backward kernel, docstring of
+    :mod:`transformer_nmt.train.loss`), eager otherwise. One compiled loss per model; its
+    target-count dimension is marked dynamic by the step, the vocabulary stays static."""
+    callback = getattr(getattr(model, "dynamo_ctx", None), "callback", None)
+    if not isinstance(model, torch._dynamo.eval_frame.OptimizedModule) or callback is None:
+        return label_smoothed_nll_loss
+    fn = _COMPILED_LOSS.get(model)
+    if fn is None:
+        from torch._dynamo.eval_frame import innermost_backend
+
+        backend = innermost_backend(callback)
+        fn = _COMPILED_LOSS[model] = torch.compile(label_smoothed_nll_loss, backend=backend)
+    return fn
 
 
 def forward_backward(
@@ -117,6 +139,7 @@ def forward_backward(
     loss_total = torch.zeros((), dtype=torch.float32, device=device)
     nll_total = torch.zeros((), dtype=torch.float32, device=device)
     no_sync = getattr(model, "no_sync", None)
+    loss_fn = loss_function(model)
     for i, batch in enumerate(micro_batches):
         dummy = batch is None
         if dummy:
@@ -136,7 +159,9 @@ def forward_backward(
         with sync_ctx:
             with autocast():
                 logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V), N real
-            loss, nll = label_smoothed_nll_loss(logits, target, epsilon, ignore_index=None)
+            torch._dynamo.maybe_mark_dynamic(logits, 0)
+            torch._dynamo.maybe_mark_dynamic(target, 0)
+            loss, nll = loss_fn(logits, target, epsilon, None)
             scaled = loss * (0.0 if dummy else factor)
             if scaler is not None:
                 scaled = scaler.scale(scaled)
