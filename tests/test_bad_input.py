@@ -651,8 +651,8 @@ def test_24_07_a_second_train_in_the_same_run_dir_is_refused_and_stale_locks_are
     lock = run_dir / LOCK_NAME
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid,
-                                    "started": 0}))
+        lock.write_text(json.dumps({"command": "nmt-train", "host": socket.gethostname(),
+                                    "pid": other.pid, "started": 0}))
         with pytest.raises(UserError) as e:
             train(tiny_run(run_dir, "trainer.max_steps=1"))
         assert str(e.value).startswith(
@@ -664,12 +664,13 @@ def test_24_07_a_second_train_in_the_same_run_dir_is_refused_and_stale_locks_are
     finally:
         other.kill()
         other.wait()
-    with caplog.at_level(logging.WARNING, logger="transformer_nmt.train.resume"):
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.runtime"):
         assert train(tiny_run(run_dir, "trainer.max_steps=1"))["steps"] == 1
     assert f"removing the stale lock {lock} of process {other.pid}" in caplog.text
     assert not lock.exists()  # released on exit
     # a lock of another host cannot be checked: refused
-    lock.write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": 0}))
+    lock.write_text(json.dumps({"command": "nmt-train", "host": "elsewhere", "pid": 1,
+                                "started": 0}))
     with pytest.raises(UserError, match="in use by another nmt-train .process 1 on elsewhere"):
         train(tiny_run(run_dir, "trainer.max_steps=2"))
 

@@ -100,8 +100,13 @@ def run_export(cfg: InteropConfig) -> Path:
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
     """Type and validate the config (:func:`typed_config`), then run :func:`run_export`."""
+    from transformer_nmt.runtime import folder_lock
+
     with user_errors():
-        print(run_export(typed_config(cfg)))
+        cfg = typed_config(cfg)
+        out = default_output(cfg)  # replaced whole, so its lock lies beside it
+        with folder_lock(out.parent, "nmt-export", name=f".{out.name}.lock"):
+            print(run_export(cfg))
 
 
 def main() -> None:

@@ -54,8 +54,12 @@ def run_import(cfg: InteropConfig):
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
     """Type and validate the config (:func:`typed_config`), then run :func:`run_import`."""
+    from transformer_nmt.runtime import folder_lock
+
     with user_errors():
-        print(run_import(typed_config(cfg)))
+        cfg = typed_config(cfg)
+        with folder_lock(cfg.run_dir, "nmt-import"):
+            print(run_import(cfg))
 
 
 def main() -> None:

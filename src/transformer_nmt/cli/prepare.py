@@ -6,11 +6,14 @@ Example: ``nmt-prepare data=multi30k_en_de`` (Multi30k from ``$NMT_MULTI30K_MIRR
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt.cli import CONFIG_DIR, run_app, typed_config, user_errors
 from transformer_nmt.data.prepare import format_summary, prepare
+from transformer_nmt.runtime import folder_lock
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -18,7 +21,8 @@ def app(cfg: DictConfig) -> None:
     """Validate the config, run :func:`transformer_nmt.data.prepare.prepare`, print its summary."""
     with user_errors():
         cfg = typed_config(cfg)
-        print(format_summary(prepare(cfg)))
+        with folder_lock(Path(cfg.data.root) / "raw" / cfg.data.name, "nmt-prepare"):
+            print(format_summary(prepare(cfg)))
 
 
 def main() -> None:
