@@ -49,6 +49,7 @@ from transformer_nmt.evaluate.paper import (
     TABLE2_TEST_SET,
     PaperRow,
 )
+from transformer_nmt.evaluate.results import NATIVE, engine_results
 from transformer_nmt.evaluate.table3 import setting
 from transformer_nmt.fileio import atomic_write
 
@@ -159,10 +160,14 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _score(result: dict[str, Any], split: str, kind: str) -> float | None:
-    test = (result.get("test_sets") or {}).get(split)
+    return _test_score((result.get("test_sets") or {}).get(split), kind)
+
+
+def _test_score(test: dict[str, Any] | None, kind: str) -> float | None:
+    """One score of a test set's entry (``chrf``, ``sacrebleu``, ``paper_bleu``), or None."""
     if not test:
         return None
-    entry = test["chrf"] if kind == "chrf" else test["bleu"].get(kind)
+    entry = test.get("chrf") if kind == "chrf" else test["bleu"].get(kind)
     return None if entry is None else float(entry["score"])
 
 
@@ -457,16 +462,23 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     for r in results:
         data = r.get("data") or {}
         flops, hours = _cost(r)
-        n_avg = r.get("num_checkpoints_averaged")
-        for split in r.get("test_sets") or {}:
-            rows.append([
-                _name(r), f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
-                str((r.get("model") or {}).get("name")), _params(r), str(r.get("steps", "–")),
-                str(n_avg) if n_avg else "none", split,
-                _fmt(_score(r, split, PAPER_KIND), 2), _fmt(_score(r, split, "sacrebleu"), 2),
-                _fmt(_score(r, split, "chrf"), 2), _fmt(hours, 2), _fmt_e(flops),
-            ])
+        for engine, part in engine_results(r).items():
+            n_avg = part.get("num_checkpoints_averaged")
+            for split, test in part["test_sets"].items():
+                rows.append([
+                    _name(r),
+                    f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
+                    str((r.get("model") or {}).get("name")), _params(r),
+                    str(part.get("steps", "–")), str(n_avg) if n_avg else "none",
+                    split if engine == NATIVE else f"{split} ({ENGINE_LABELS.get(engine, engine)})",
+                    _fmt(_test_score(test, PAPER_KIND), 2), _fmt(_test_score(test, "sacrebleu"), 2),
+                    _fmt(_test_score(test, "chrf"), 2), _fmt(hours, 2), _fmt_e(flops),
+                ])
     return rows
+
+
+ENGINE_LABELS = {"ctranslate2": "CTranslate2", "ctranslate2_int8": "CTranslate2 int8"}
+"""How the table names a score decoded by another engine than ours (beside the test set)."""
 
 
 _PER_TEST_SET_HEADER = [
@@ -478,6 +490,15 @@ _PER_TEST_SET_LEGEND = (
     f"tokenizer, multi-bleu); {SACRE}: detokenized, 13a, mixed case, official reference; "
     "chrF: sacreBLEU's chrF."
 )
+ENGINE_NOTE = (
+    "A test set followed by (CTranslate2) was decoded by CTranslate2 (`decode.engine=ctranslate2`: "
+    "fairseq length penalty, beam stopping), the others by our beam search."
+)
+
+
+def _engine_note(results: list[dict[str, Any]]) -> list[str]:
+    """:data:`ENGINE_NOTE` when a row of ``results`` comes from another engine than ours."""
+    return [ENGINE_NOTE] if any(set(engine_results(r)) - {NATIVE} for r in results) else []
 
 
 def table2_details_section(results: list[dict[str, Any]]) -> list[str]:
@@ -489,6 +510,7 @@ def table2_details_section(results: list[dict[str, Any]]) -> list[str]:
         "### Table 2 runs on every test set",
         "",
         _PER_TEST_SET_LEGEND,
+        *_engine_note(runs),
         *([LEGACY_NOTE] if any(is_legacy(r) for r in runs) else []),
         "",
         *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(runs)),
@@ -507,6 +529,7 @@ def others_section(results: list[dict[str, Any]]) -> list[str]:
         "## Other runs",
         "",
         _PER_TEST_SET_LEGEND,
+        *_engine_note(others),
         *([LEGACY_NOTE] if any(is_legacy(r) for r in others) else []),
         "",
         *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(others)),

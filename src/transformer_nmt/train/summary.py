@@ -12,7 +12,7 @@ from typing import Any
 
 from transformer_nmt import checkpoint as ckpt_lib
 from transformer_nmt.config import Config
-from transformer_nmt.fileio import atomic_write
+from transformer_nmt.fileio import write_json
 from transformer_nmt.model.flops import FORMULA as FLOPS_FORMULA
 from transformer_nmt.model.flops import training_flops
 from transformer_nmt.runtime import device_name
@@ -90,8 +90,7 @@ def write_summary(cfg: Config, s: Setup, state: TrainState, info: distributed.Di
         summary.update({k: previous[k] for k in ("valid", "train_seconds", "gpu_hours",
                                                    "cpu_hours") if k in previous})
     if info.is_main:
-        with atomic_write(run_dir / "train_summary.json") as f:
-            json.dump(summary, f, indent=2)
+        write_json(run_dir / "train_summary.json", summary)  # strict: a NaN loss is null
         per_step = summary["real_tokens_per_step"]
         log.info("finished (%s): %d steps, %s target tokens (%s source and %s target per "
                  "step), %.1f %s-hours, %.3g FLOPs", stopped_by, state.step,
