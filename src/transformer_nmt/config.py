@@ -23,11 +23,12 @@ every entry point calls before doing any work.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, ListConfig
 
 from transformer_nmt.choices import (
     Choice,
@@ -435,6 +436,27 @@ class ConfigError(UserError):
     """An invalid configuration found after composition (reported as one ``error:`` line)."""
 
 
+DECODE_RANGES = (("lenpen", 0.0, 10.0), ("max_len_a", 0.0, 100.0),
+                 ("max_len_b", -1_000_000, 1_000_000))
+"""Ranges of decode numbers (:func:`validate`): the length penalty's exponent alpha (the paper:
+0.6; beyond 10 the penalty overflows), the output-length limit ``max_len_a * source length +
+max_len_b`` (a limit beyond the model's positions is capped there anyway)."""
+
+
+def _non_finite(cfg: Config) -> list[str]:
+    """One message per NaN or infinite float of the ``decode``, ``trainer``, ``data`` and
+    ``model`` groups (lists included)."""
+    errors = []
+    for group in ("decode", "trainer", "data", "model"):
+        node = getattr(cfg, group)
+        items = node.items() if isinstance(node, DictConfig) else vars(node).items()
+        for key, value in items:
+            values = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                errors.append(f"{group}.{key}={value} must be a finite number")
+    return errors
+
+
 def validate(cfg: Config) -> None:
     """Check the values typing cannot (ranges, divisibility, combinations).
 
@@ -479,6 +501,11 @@ def validate(cfg: Config) -> None:
     if t.patience is not None and t.patience <= 0:
         errors.append(f"trainer.patience={t.patience} must be positive (or null)")
     d = cfg.decode
+    errors.extend(_non_finite(cfg))
+    for key, low, high in DECODE_RANGES:
+        value = getattr(d, key)
+        if math.isfinite(value) and not low <= value <= high:
+            errors.append(f"decode.{key}={value} must be in [{low:g}, {high:g}]")
     if d.beam_size <= 0:
         errors.append(f"decode.beam_size={d.beam_size} must be positive")
     if d.max_input_tokens <= 0:
