@@ -58,7 +58,7 @@ def _saved(cfg) -> dict:
 
 
 def test_evaluating_one_split_keeps_the_others_scores_and_says_what_it_replaced(run, caplog):
-    cfg, first, second = run
+    cfg, _, second = run
     both = evaluate(_with(cfg, [A, B]))
     with caplog.at_level(logging.WARNING):
         evaluate(_with(cfg, [B]))

@@ -82,6 +82,7 @@ from transformer_nmt.evaluate.results import (
 )
 from transformer_nmt.fileio import raw_path, write_json
 from transformer_nmt.runtime import folder_lock, resolve_device
+from transformer_nmt.train.summary import TrainSummary
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +133,10 @@ def read_train_summary(run_dir: str | Path) -> dict[str, Any] | None:
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); train again or "
                         "delete it") from e
-    if not isinstance(summary, dict):
-        raise UserError(f"{path}: not a training summary (a JSON {type(summary).__name__}, "
-                        "not an object); train again or delete it")
+    try:
+        TrainSummary.parse(summary)
+    except ValueError as e:
+        raise UserError(f"{path}: not a training summary ({e}); train again or delete it") from None
     return summary
 
 
