@@ -64,7 +64,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.checkpoint import checkpoint_step
 from transformer_nmt.config import Config
 from transformer_nmt.data.bpe import file_digest, load_tokenizer
-from transformer_nmt.data.corpora import reference_path
+from transformer_nmt.data.corpora import official_lines, orig_dir, reference_path
 from transformer_nmt.decode.translate import (
     non_finite_scores_named,
     read_lines,
@@ -242,6 +242,13 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
                         f"test file {f} not found (data.test_splits names {split!r}; run "
                         "nmt-prepare first: it keeps the official references as downloaded)")
             sources, references = read_lines(src_file), read_text_lines(ref_file)
+            expected = official_lines(data, split)
+            if expected is not None and len(references) != expected:
+                raise UserError(
+                    f"{ref_file} has {len(references)} lines, not the {expected} of the official "
+                    f"{split}: it was prepared from a truncated copy; delete "
+                    f"{orig_dir(data) / (split + '.json')} and run nmt-prepare again for "
+                    f"data={data.name} (it fetches the test set again and checks it)")
             if len(sources) != len(references):
                 raise UserError(
                     f"{src_file} has {len(sources)} lines but its reference {ref_file} has "
