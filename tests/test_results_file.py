@@ -193,3 +193,21 @@ def test_ctranslate2_in_half_precision_on_a_cpu_is_refused(run):
             "in float32 on a CPU; use decode.precision=fp32")):
         evaluate(_with(cfg, [A], engine="ctranslate2", precision="fp16", device="cpu"))
     assert not (Path(cfg.run_dir) / "results.json").exists()
+
+
+def test_translations_replaced_by_a_killed_evaluation_are_put_back_next_time(run, caplog):
+    """The state ``kill -9`` leaves between the rename of a translations file and the write of
+    results.json: the new file in place, the earlier one in its backup, results.json naming the
+    earlier one's hash. The next evaluation (of another split) puts the earlier file back."""
+    cfg, _, _ = run
+    saved = evaluate(_with(cfg, [A, B]))
+    target = Path(saved["test_sets"][A]["translations"])
+    scored = target.read_bytes()
+    backup = target.with_name(f".{target.name}.old.tmp")
+    backup.write_bytes(scored)
+    target.write_text("unscored output\n" * 12, encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        evaluate(_with(cfg, [B]))
+    assert target.read_bytes() == scored and not backup.exists()
+    assert f"put back {target}" in caplog.text
+    assert _saved(cfg)["test_sets"][A]["translations_sha256"] == file_digest(target)

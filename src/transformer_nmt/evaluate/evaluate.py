@@ -77,6 +77,7 @@ from transformer_nmt.evaluate.bleu import format_score, read_text_lines, score_a
 from transformer_nmt.evaluate.paper import PAPER_TABLE3
 from transformer_nmt.evaluate.results import (
     NATIVE,
+    engine_results,
     merge_results,
     read_previous_results,
 )
@@ -227,8 +228,7 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
     decode = decode_record(cfg.decode, engine)
     date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     out_dir = run_dir / "translations" / ("" if engine_name == NATIVE else engine_name)
-    for orphan in out_dir.glob(_BACKUP.format("*")):  # left by a killed evaluation
-        orphan.unlink(missing_ok=True)
+    _restore_backups(out_dir, read_previous_results(run_dir / "results.json"))
 
     test_sets: dict[str, Any] = {}
     written: list[tuple[Path, Path | None]] = []  # (translations, the earlier file's backup)
@@ -338,6 +338,28 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
         log.warning("%s: %s", out, message)
     log.info("wrote %s", out)
     return results
+
+
+def _restore_backups(folder: Path, results: dict[str, Any] | None) -> None:
+    """Put back the translations an evaluation killed before writing results.json replaced:
+    a backup beside a file (:func:`_backup`) whose SHA-256 is the one results.json records for
+    that file, while the file's is not. Other backups (results.json was written) are removed."""
+    recorded = {}
+    for part in engine_results(results or {}).values():
+        for test in (part.get("test_sets") or {}).values():
+            if isinstance(test, dict) and test.get("translations"):
+                recorded[str(test["translations"])] = test.get("translations_sha256")
+    suffix = _BACKUP.format("")[1:]  # ".old.tmp"
+    for backup in folder.glob(_BACKUP.format("*")):
+        target = backup.with_name(backup.name[1:-len(suffix)])
+        want = recorded.get(str(target))
+        if (want and file_digest(backup) == want
+                and not (target.is_file() and file_digest(target) == want)):
+            os.replace(backup, target)
+            log.warning("put back %s: an evaluation was killed after replacing it and before "
+                        "writing results.json", target)
+        else:
+            backup.unlink(missing_ok=True)
 
 
 def _backup(path: Path) -> Path | None:
