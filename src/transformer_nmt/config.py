@@ -436,11 +436,13 @@ class ConfigError(UserError):
     """An invalid configuration found after composition (reported as one ``error:`` line)."""
 
 
-DECODE_RANGES = (("lenpen", 0.0, 10.0), ("max_len_a", 0.0, 100.0),
-                 ("max_len_b", -1_000_000, 1_000_000))
+DECODE_RANGES = (("lenpen", 0.0, 10.0), ("max_len_b", -1_000_000, 1_000_000))
 """Ranges of decode numbers (:func:`validate`): the length penalty's exponent alpha (the paper:
 0.6; beyond 10 the penalty overflows), the output-length limit ``max_len_a * source length +
-max_len_b`` (a limit beyond the model's positions is capped there anyway)."""
+max_len_b`` (a limit beyond the model's positions is capped there anyway; ``max_len_a`` up to
+:data:`MAX_LEN_A`)."""
+MAX_LEN_A = 100.0
+"""The largest ``decode.max_len_a`` (output tokens per source token)."""
 
 
 def _non_finite(cfg: Config) -> list[str]:
@@ -516,6 +518,8 @@ def validate(cfg: Config) -> None:
     if d.max_len_a < 0:
         errors.append(f"decode.max_len_a={d.max_len_a} must be >= 0 (the maximum output length "
                       "max_len_a * source length + max_len_b falls below 1 for long sources)")
+    elif d.max_len_a > MAX_LEN_A:
+        errors.append(f"decode.max_len_a={d.max_len_a} must be in [0, {MAX_LEN_A:g}]")
     elif d.max_len_a + d.max_len_b < 1:
         errors.append(f"decode.max_len_a={d.max_len_a} and decode.max_len_b={d.max_len_b} give a "
                       f"maximum output length of {d.max_len_a + d.max_len_b:g} for a one-token "
