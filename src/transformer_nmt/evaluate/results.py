@@ -1,4 +1,4 @@
-"""results.json: how it is merged and written (:mod:`transformer_nmt.evaluate.evaluate`),
+"""results.json: how an evaluation is merged into it (:mod:`transformer_nmt.evaluate.evaluate`),
 and the one check every reader applies (``nmt-table``, ``nmt-export``'s model card).
 
 Format: see :mod:`transformer_nmt.evaluate.evaluate`. ``test_sets`` at the top level holds
