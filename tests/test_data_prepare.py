@@ -341,6 +341,8 @@ def test_wmt14_streams_records_and_adds_filtered_newstest2014(tmp_path, monkeypa
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     monkeypatch.setattr(sacrebleu.utils, "download_test_set", fake_download_test_set)
+    monkeypatch.setattr(corpora, "WMT14_OFFICIAL_LINES",  # the stand-ins' sizes
+                        {("newstest2014", "de"): 40, ("newstest2014_filtered", "de"): 27})
     cfg = compose(["data=wmt14_en_de", f"data.root={tmp_path / 'data'}", "data.vocab_size=80",
                    "data.num_workers=2", "data.max_train_pairs=300"])
     summary = prepare(cfg)

@@ -28,6 +28,8 @@ import errno
 import fcntl
 import gzip
 import hashlib
+import json
+import math
 import os
 import resource
 import shutil
@@ -309,6 +311,27 @@ def is_up_to_date(outputs: list[Path], inputs: list[Path]) -> bool:
         return True
     newest_input = max(p.stat().st_mtime for p in inputs)
     return min(p.stat().st_mtime for p in outputs) >= newest_input
+
+
+def finite_json(obj: Any) -> Any:
+    """``obj`` with every float that is NaN or infinite replaced by None (JSON's null), so it
+    can be written as strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> None:
+    """Write ``obj`` as strict JSON (RFC 8259: a NaN or infinity is written as null,
+    :func:`finite_json`), UTF-8 without escapes, ending in a newline, atomically
+    (:func:`atomic_write`)."""
+    text = json.dumps(finite_json(obj), indent=indent, ensure_ascii=False, allow_nan=False)
+    with atomic_write(path) as f:
+        f.write(text + "\n")
 
 
 def raw_path(data_cfg: DataConfig | DictConfig, split: str, lang: str) -> Path:

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from transformer_nmt.checkpoint import average_run
 from transformer_nmt.cli import run_app, user_errors
 from transformer_nmt.config import CONFIG_DIR, typed_config
+from transformer_nmt.runtime import folder_lock
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -20,7 +21,8 @@ def app(cfg: DictConfig) -> None:
     """Type and validate the config (:func:`typed_config`), then run :func:`average_run`."""
     with user_errors():
         cfg = typed_config(cfg)
-        print(average_run(cfg))
+        with folder_lock(cfg.run_dir, "nmt-average"):  # not beside a trainer of the run
+            print(average_run(cfg))
 
 
 def main() -> None:

@@ -20,11 +20,16 @@ from transformer_nmt.config import CONFIG_DIR, typed_config
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Type and validate the config (:func:`typed_config`), then export; prints the folder."""
-    from transformer_nmt.interop.export import run_export
+    """Type and validate the config (:func:`typed_config`), then export under a lock beside
+    the output folder; prints the folder."""
+    from transformer_nmt.interop.export import default_output, run_export
+    from transformer_nmt.runtime import folder_lock
 
     with user_errors():
-        print(run_export(typed_config(cfg)))
+        cfg = typed_config(cfg)
+        out = default_output(cfg)  # replaced whole, so its lock lies beside it
+        with folder_lock(out.parent, "nmt-export", name=f".{out.name}.lock"):
+            print(run_export(cfg))
 
 
 def main() -> None:

@@ -18,11 +18,15 @@ from transformer_nmt.config import CONFIG_DIR, typed_config
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Type and validate the config (:func:`typed_config`), then import; prints the model file."""
+    """Type and validate the config (:func:`typed_config`), then import under the run lock;
+    prints the model file."""
     from transformer_nmt.interop.marian_import import run_import
+    from transformer_nmt.runtime import folder_lock
 
     with user_errors():
-        print(run_import(typed_config(cfg)))
+        cfg = typed_config(cfg)
+        with folder_lock(cfg.run_dir, "nmt-import"):
+            print(run_import(cfg))
 
 
 def main() -> None:

@@ -6,12 +6,15 @@ Example: ``nmt-prepare data=multi30k_en_de`` (Multi30k from ``$NMT_MULTI30K_MIRR
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt.cli import run_app, user_errors
 from transformer_nmt.config import CONFIG_DIR, typed_config
 from transformer_nmt.data.prepare import format_summary, prepare
+from transformer_nmt.runtime import folder_lock
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -19,7 +22,8 @@ def app(cfg: DictConfig) -> None:
     """Validate the config, run :func:`transformer_nmt.data.prepare.prepare`, print its summary."""
     with user_errors():
         cfg = typed_config(cfg)
-        print(format_summary(prepare(cfg)))
+        with folder_lock(Path(cfg.data.root) / "raw" / cfg.data.name, "nmt-prepare"):
+            print(format_summary(prepare(cfg)))
 
 
 def main() -> None:

@@ -7,18 +7,20 @@ to standard output; log messages go to standard error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from transformer_nmt.cli import run_app, user_errors
-from transformer_nmt.config import CONFIG_DIR, typed_config
+from transformer_nmt.config import CONFIG_DIR, Config, typed_config
 from transformer_nmt.decode.translate import translate
 from transformer_nmt.interop.ctranslate2 import decode_engine
-from transformer_nmt.runtime import retain_freed_memory
+from transformer_nmt.runtime import folder_lock, retain_freed_memory
 
 
 def _log_to_stderr() -> None:
@@ -37,10 +39,23 @@ def app(cfg: DictConfig) -> None:
         cfg = typed_config(cfg)
         retain_freed_memory()  # beam search allocates large tensors at every step
         try:
-            translate(cfg, engine=decode_engine)
+            with _run_lock(cfg):
+                translate(cfg, engine=decode_engine)
         except BrokenPipeError:  # the reader of standard output left (| head -1)
             _quiet_stdout()
             sys.exit(BROKEN_PIPE_EXIT)
+
+
+def _run_lock(cfg: Config) -> contextlib.AbstractContextManager:
+    """The run folder's lock (:func:`transformer_nmt.runtime.folder_lock`) when this
+    translation writes into the run: ``translate.output`` inside ``run_dir``, or a CTranslate2
+    engine, whose converted model is cached under the run's ``checkpoints/``."""
+    run_dir = Path(cfg.run_dir).resolve()
+    output = cfg.translate.output
+    inside = output is not None and run_dir in Path(output).resolve().parents
+    if inside or str(cfg.decode.engine) != "native":
+        return folder_lock(cfg.run_dir, "nmt-translate")
+    return contextlib.nullcontext()
 
 
 BROKEN_PIPE_EXIT = 141

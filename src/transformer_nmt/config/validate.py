@@ -7,6 +7,10 @@ checkpoint, before any tensor is allocated.
 
 from __future__ import annotations
 
+import math
+
+from omegaconf import DictConfig, ListConfig
+
 from transformer_nmt.choices import Choice, Init, Norm, Positions, ShareEmbeddings
 from transformer_nmt.config.schema import PAD_ID, Config, ModelConfig
 
@@ -67,6 +71,29 @@ def validate_model_config(cfg: ModelConfig, vocab_size: int | None = None,
 
 
 
+DECODE_RANGES = (("lenpen", 0.0, 10.0), ("max_len_b", -1_000_000, 1_000_000))
+"""Ranges of decode numbers (:func:`validate`): the length penalty's exponent alpha (the paper:
+0.6; beyond 10 the penalty overflows), the output-length limit ``max_len_a * source length +
+max_len_b`` (a limit beyond the model's positions is capped there anyway; ``max_len_a`` up to
+:data:`MAX_LEN_A`)."""
+MAX_LEN_A = 100.0
+"""The largest ``decode.max_len_a`` (output tokens per source token)."""
+
+
+def _non_finite(cfg: Config) -> list[str]:
+    """One message per NaN or infinite float of the ``decode``, ``trainer``, ``data`` and
+    ``model`` groups (lists included)."""
+    errors = []
+    for group in ("decode", "trainer", "data", "model"):
+        node = getattr(cfg, group)
+        items = node.items() if isinstance(node, DictConfig) else vars(node).items()
+        for key, value in items:
+            values = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                errors.append(f"{group}.{key}={value} must be a finite number")
+    return errors
+
+
 def validate(cfg: Config) -> None:
     """Check the values typing cannot (ranges, divisibility, combinations).
 
@@ -111,6 +138,11 @@ def validate(cfg: Config) -> None:
     if t.patience is not None and t.patience <= 0:
         errors.append(f"trainer.patience={t.patience} must be positive (or null)")
     d = cfg.decode
+    errors.extend(_non_finite(cfg))
+    for key, low, high in DECODE_RANGES:
+        value = getattr(d, key)
+        if math.isfinite(value) and not low <= value <= high:
+            errors.append(f"decode.{key}={value} must be in [{low:g}, {high:g}]")
     if d.beam_size <= 0:
         errors.append(f"decode.beam_size={d.beam_size} must be positive")
     if d.max_input_tokens <= 0:
@@ -121,6 +153,8 @@ def validate(cfg: Config) -> None:
     if d.max_len_a < 0:
         errors.append(f"decode.max_len_a={d.max_len_a} must be >= 0 (the maximum output length "
                       "max_len_a * source length + max_len_b falls below 1 for long sources)")
+    elif d.max_len_a > MAX_LEN_A:
+        errors.append(f"decode.max_len_a={d.max_len_a} must be in [0, {MAX_LEN_A:g}]")
     elif d.max_len_a + d.max_len_b < 1:
         errors.append(f"decode.max_len_a={d.max_len_a} and decode.max_len_b={d.max_len_b} give a "
                       f"maximum output length of {d.max_len_a + d.max_len_b:g} for a one-token "

@@ -60,6 +60,11 @@ WMT14_FILTERED = "newstest2014_filtered"
 """The filtered newstest2014 (sacreBLEU test set ``wmt14``; 2,737 lines for EN-DE)."""
 WMT14_SACREBLEU = {"newstest2014": "wmt14/full", WMT14_FILTERED: "wmt14"}
 """Our test split name -> sacreBLEU's test set (newstest2014 full, 3,003 lines; filtered)."""
+WMT14_OFFICIAL_LINES = {("newstest2014", "de"): 3003, ("newstest2014", "fr"): 3003,
+                        (WMT14_FILTERED, "de"): 2737}
+"""Lines of the official WMT14 test sets (sacreBLEU's copies), by our split and the language
+paired with English; a copy with another count (a truncated download or cache) is refused.
+The dev set comes from ``data.hf_dataset``, which may be a smaller local folder on purpose."""
 REFERENCE_DIR = "ref"
 """Folder under ``<root>/raw/<name>/`` holding the official references of the test splits."""
 
@@ -155,6 +160,15 @@ def fetch(data_cfg: DataConfig) -> tuple[list[SplitSource], bool]:
         )
     keep_references(data_cfg, sources)
     return sources, did_work
+
+
+def official_lines(data_cfg: DataConfig, split: str) -> int | None:
+    """The official line count of a WMT14 test split (:data:`WMT14_OFFICIAL_LINES`), or None
+    (another corpus, a split without one)."""
+    if str(data_cfg.corpus) != "wmt14":
+        return None
+    other = data_cfg.tgt_lang if data_cfg.src_lang == "en" else data_cfg.src_lang
+    return WMT14_OFFICIAL_LINES.get((split, other))
 
 
 def _max_pairs(data_cfg: DataConfig, split: str) -> int | None:
@@ -286,6 +300,15 @@ def _fetch_wmt14(data_cfg: DataConfig) -> tuple[list[SplitSource], bool]:
                     f"WMT14 has no split {split!r}: expected one of "
                     f"{sorted([*WMT14_HF_SPLITS, *WMT14_SACREBLEU])}"
                 )
+            expected = official_lines(data_cfg, split)
+            if expected is not None and max_pairs is None and n != expected:
+                for p in dest:
+                    p.unlink(missing_ok=True)
+                raise DataError(
+                    f"WMT14 {split} ({src}-{tgt}) has {n} lines, not the official {expected}: "
+                    "the downloaded copy is truncated or damaged; delete it (sacreBLEU keeps "
+                    "test sets under ~/.sacrebleu or $SACREBLEU, the datasets library under "
+                    "~/.cache/huggingface) and run nmt-prepare again")
             with atomic_write(stamp) as f:
                 json.dump({"pairs": n, "max_pairs": max_pairs}, f)
             did_work = True

@@ -34,7 +34,6 @@ single-precision TFLOPS of the GPUs; ours come from the run's train_summary.json
 from __future__ import annotations
 
 import glob
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,6 +50,13 @@ from transformer_nmt.evaluate.paper import (
     SETTING_KEYS,
     TABLE2_TEST_SET,
     PaperRow,
+)
+from transformer_nmt.evaluate.results import (
+    NATIVE,
+    Results,
+    ResultsError,
+    engine_results,
+    read_results,
 )
 from transformer_nmt.evaluate.table3 import setting
 from transformer_nmt.fileio import check_output, write_output
@@ -73,63 +79,27 @@ MMT_KIND = "paper_bleu:mmt"
 def load_results(pattern: str) -> list[dict[str, Any]]:
     """All results.json files matching ``pattern``, sorted by experiment name.
 
-    A file that cannot be read, is not JSON (truncated) or does not have the fields the
-    tables read with their types (:func:`result_problem`) is left out with a warning naming
-    it; the tables are built from the rest.
+    Each is read and checked by :func:`transformer_nmt.evaluate.results.read_results`, the
+    check of every reader; a file that fails it is left out with one warning naming it and
+    the field at fault, and the tables are built from the rest. Each dict returned carries
+    its file (``_path``) and its typed record (``_record``, :class:`Results`).
     """
     out = []
     for path in sorted(glob.glob(pattern, recursive=True)):
         try:
-            result = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as e:
-            log.warning("skipping %s: cannot be read (%s)", path, e)
+            record = read_results(path)
+        except ResultsError as e:
+            log.warning("skipping %s", e)
             continue
-        except json.JSONDecodeError as e:
-            log.warning("skipping %s: not valid JSON (line %d: %s)", path, e.lineno, e.msg)
-            continue
-        problem = result_problem(result)
-        if problem is not None:
-            log.warning("skipping %s: %s", path, problem)
-            continue
-        result["_path"] = path
-        out.append(result)
+        out.append({**record.raw, "_path": path, "_record": record})
     return sorted(out, key=lambda r: (str(r.get("experiment")), r["_path"]))
 
 
-def result_problem(result: Any) -> str | None:
-    """What in a results.json (:mod:`transformer_nmt.evaluate.evaluate`'s format) the
-    tables cannot read, or None: the fields they use, with their types."""
-
-    def number(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-    if not isinstance(result, dict):
-        return f"a JSON {type(result).__name__}, not an object"
-    if not isinstance(result.get("experiment"), str):
-        return f"experiment is {result.get('experiment')!r}, not a name"
-    for key in ("model", "trainer", "data", "table3", "training_cost", "train_summary"):
-        if result.get(key) is not None and not isinstance(result[key], dict):
-            return f"{key} is a {type(result[key]).__name__}, not an object"
-    config = (result.get("model") or {}).get("config")
-    if config is not None and not isinstance(config, dict):
-        return f"model.config is a {type(config).__name__}, not an object"
-    tests = result.get("test_sets")
-    if tests is not None and not isinstance(tests, dict):
-        return f"test_sets is a {type(tests).__name__}, not an object"
-    for split, test in (tests or {}).items():
-        if not isinstance(test, dict) or not isinstance(test.get("bleu"), dict):
-            return f"test_sets.{split} has no bleu object"
-        scores = {f"bleu.{k}": v for k, v in test["bleu"].items()}
-        if "chrf" in test:
-            scores["chrf"] = test["chrf"]
-        for name, entry in scores.items():
-            if entry is not None and not (isinstance(entry, dict) and number(entry.get("score"))):
-                return f"test_sets.{split}.{name} has no numeric score"
-    for key in ("gpu_hours", "flops"):
-        value = (result.get("training_cost") or {}).get(key)
-        if value is not None and not number(value):
-            return f"training_cost.{key} is {value!r}, not a number"
-    return None
+def record(result: dict[str, Any]) -> Results:
+    """The typed record of a results dict (:func:`load_results`'s, or one built by hand)."""
+    found = result.get("_record")
+    return found if isinstance(found, Results) else Results.parse(
+        result, result.get("_path", "results.json"))
 
 
 def run_setting(result: dict[str, Any]) -> dict[str, Any] | None:
@@ -165,11 +135,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _score(result: dict[str, Any], split: str, kind: str) -> float | None:
-    test = (result.get("test_sets") or {}).get(split)
-    if not test:
-        return None
-    entry = test["chrf"] if kind == "chrf" else test["bleu"].get(kind)
-    return None if entry is None else float(entry["score"])
+    test = record(result).test_sets.get(split)
+    return None if test is None else test.score(kind)
 
 
 LEGACY_MARK = " (†)"
@@ -181,8 +148,8 @@ LEGACY_NOTE = (
 
 def is_legacy(result: dict[str, Any]) -> bool:
     """True for results scored before ``paper_bleu`` and the official references existed."""
-    tests = (result.get("test_sets") or {}).values()
-    return bool(tests) and not any(PAPER_KIND in (t.get("bleu") or {}) for t in tests)
+    tests = record(result).test_sets.values()
+    return bool(tests) and not any(PAPER_KIND in t.bleu for t in tests)
 
 
 def _name(result: dict[str, Any]) -> str:
@@ -234,13 +201,14 @@ def table2_exclusions(result: dict[str, Any]) -> list[str]:
     on the full data (no ``data.max_train_pairs``)."""
     size = str((result.get("model") or {}).get("name"))
     recipe = PAPER_RECIPE[size]
-    summary = result.get("train_summary") or {}
+    rec = record(result)
+    summary = rec.train_summary
     why = []
-    steps = summary.get("steps", result.get("steps"))
+    steps = summary.steps if summary is not None and "steps" in summary.raw else rec.steps
     if steps is None or int(steps) < recipe["steps"]:
         why.append(f"trained {'an unrecorded number of' if steps is None else f'{int(steps):,}'} "
                    f"of the paper's {recipe['steps']:,} steps")
-    per_step = summary.get("real_tokens_per_step") or {}
+    per_step = summary.real_tokens_per_step if summary is not None else {}
     if not per_step:
         why.append("real tokens per step not recorded (no train_summary.json)")
     for side, name in (("src", "source"), ("tgt", "target")):
@@ -333,7 +301,7 @@ def is_table3_run(result: dict[str, Any]) -> bool:
 
 
 def _dev_split(result: dict[str, Any]) -> str | None:
-    splits = list(result.get("test_sets") or {})
+    splits = list(record(result).test_sets)
     return TABLE3_TEST_SET if TABLE3_TEST_SET in splits else (splits[0] if splits else None)
 
 
@@ -360,7 +328,8 @@ class Table3Line:
         out = []
         for r in self.runs:
             if kind == "ppl":
-                x = ((r.get("train_summary") or {}).get("valid") or {}).get("ppl")
+                summary = record(r).train_summary
+                x = summary.valid_ppl if summary is not None else None
             else:
                 split = _dev_split(r)
                 x = _score(r, split, kind) if split else None
@@ -463,17 +432,26 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     for r in results:
         data = r.get("data") or {}
         flops, hours = _cost(r)
-        n_avg = r.get("num_checkpoints_averaged")
-        for split in r.get("test_sets") or {}:
-            rows.append([
-                _name(r), f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
-                str((r.get("model") or {}).get("name")), _params(r), str(r.get("steps", "–")),
-                str(n_avg) if n_avg else "none", split,
-                _fmt(_score(r, split, PAPER_KIND), 2), _fmt(_score(r, split, MMT_KIND), 2),
-                _fmt(_score(r, split, "sacrebleu"), 2),
-                _fmt(_score(r, split, "chrf"), 2), _fmt(hours, 2), _fmt_e(flops),
-            ])
+        rec = record(r)
+        for engine, part in engine_results(r).items():
+            n_avg = part.get("num_checkpoints_averaged")
+            tests = rec.test_sets if engine == NATIVE else rec.engines[engine]
+            for split, test in tests.items():
+                rows.append([
+                    _name(r),
+                    f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
+                    str((r.get("model") or {}).get("name")), _params(r),
+                    str(part.get("steps", "–")), str(n_avg) if n_avg else "none",
+                    split if engine == NATIVE else f"{split} ({ENGINE_LABELS.get(engine, engine)})",
+                    _fmt(test.score(PAPER_KIND), 2), _fmt(test.score(MMT_KIND), 2),
+                    _fmt(test.score("sacrebleu"), 2),
+                    _fmt(test.score("chrf"), 2), _fmt(hours, 2), _fmt_e(flops),
+                ])
     return rows
+
+
+ENGINE_LABELS = {"ctranslate2": "CTranslate2", "ctranslate2_int8": "CTranslate2 int8"}
+"""How the table names a score decoded by another engine than ours (beside the test set)."""
 
 
 _PER_TEST_SET_HEADER = [
@@ -486,6 +464,15 @@ _PER_TEST_SET_LEGEND = (
     "normalize-punctuation and tokenizer, multi-bleu -lc; Elliott et al. 2016, Wu et al. 2021); "
     f"{SACRE}: detokenized, 13a, mixed case, official reference; chrF: sacreBLEU's chrF."
 )
+ENGINE_NOTE = (
+    "A test set followed by (CTranslate2) was decoded by CTranslate2 (`decode.engine=ctranslate2`: "
+    "fairseq length penalty, beam stopping), the others by our beam search."
+)
+
+
+def _engine_note(results: list[dict[str, Any]]) -> list[str]:
+    """:data:`ENGINE_NOTE` when a row of ``results`` comes from another engine than ours."""
+    return [ENGINE_NOTE] if any(set(engine_results(r)) - {NATIVE} for r in results) else []
 
 
 def table2_details_section(results: list[dict[str, Any]]) -> list[str]:
@@ -497,6 +484,7 @@ def table2_details_section(results: list[dict[str, Any]]) -> list[str]:
         "### Table 2 runs on every test set",
         "",
         _PER_TEST_SET_LEGEND,
+        *_engine_note(runs),
         *([LEGACY_NOTE] if any(is_legacy(r) for r in runs) else []),
         "",
         *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(runs)),
@@ -515,6 +503,7 @@ def others_section(results: list[dict[str, Any]]) -> list[str]:
         "## Other runs",
         "",
         _PER_TEST_SET_LEGEND,
+        *_engine_note(others),
         *([LEGACY_NOTE] if any(is_legacy(r) for r in others) else []),
         "",
         *_table(_PER_TEST_SET_HEADER, _per_test_set_rows(others)),
@@ -527,9 +516,10 @@ def signatures_section(results: list[dict[str, Any]]) -> list[str]:
     """The distinct labels and signatures of every score in the tables."""
     seen: dict[tuple[str, str], None] = {}
     for r in results:
-        for test in (r.get("test_sets") or {}).values():
-            for entry in [*test["bleu"].values(), test["chrf"]]:
-                seen[(entry["label"], entry["signature"])] = None
+        rec = record(r)
+        for test in [*rec.test_sets.values(), *(t for e in rec.engines.values() for t in e.values())]:
+            for entry in [*test.bleu.values(), test.chrf]:
+                seen[(entry.label, entry.signature)] = None
     if not seen:
         return []
     return ["## Score signatures", "", *[f"- {label}: `{sig}`" for label, sig in seen], ""]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import os
 from pathlib import Path
@@ -87,16 +86,16 @@ def results_are_current(cfg: Config) -> bool:
     retrained (on another corpus, after its checkpoints were deleted) writes a checkpoint of
     the same name. A results.json without the digest is not current."""
     from transformer_nmt.data.bpe import file_digest
+    from transformer_nmt.evaluate.results import ResultsError, read_results
 
     path = Path(cfg.run_dir) / "results.json"
     if not path.is_file():
         return False
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        results = read_results(path)
+    except ResultsError:
         return False
-    if not isinstance(old, dict):
-        return False
+    old = results.raw
     ev = evaluation_config(cfg)
     if old.get("checkpoint_sha256") != file_digest(ev.decode.checkpoint):
         return False
@@ -104,7 +103,7 @@ def results_are_current(cfg: Config) -> bool:
     same_decode = all(old.get("decode", {}).get(k) == v for k, v in decode.items()
                       if k in old.get("decode", {}))
     return (old.get("checkpoint") == str(ev.decode.checkpoint) and same_decode
-            and list(old.get("test_sets") or {}) == list(ev.data.test_splits))
+            and all(split in results.test_sets for split in ev.data.test_splits))
 
 
 def evaluate_row(cfg: Config) -> dict[str, Any] | None:

@@ -190,7 +190,7 @@ def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | 
                   "|---|---:|---:|---|---:|"]
         for split, r in results["test_sets"].items():
             sacre = r.get("bleu", {}).get("sacrebleu", {})
-            tok = r.get("bleu", {}).get("tokenized_bleu", {})
+            tok = r.get("bleu", {}).get("paper_bleu") or {}
             score = sacre.get("score")
             tok_score = tok.get("score")
             lines.append(

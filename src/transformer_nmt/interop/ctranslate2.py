@@ -382,7 +382,8 @@ def decode_engine(model: Any, checkpoint: str | Path, cfg: Config, device: Any) 
     ``ctranslate2_int8`` with int8 weights and products.
 
     Raises:
-        ExportError: an unknown engine, or the export extra missing.
+        ExportError: an unknown engine, the export extra missing, or ``decode.precision``
+            bf16 / fp16 with ``ctranslate2`` on a CPU (it would run float32).
     """
     engine = str(_get(cfg.decode, "engine", "native") or "native")
     if engine == "native":
@@ -397,6 +398,9 @@ def decode_engine(model: Any, checkpoint: str | Path, cfg: Config, device: Any) 
     else:
         compute = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cfg.decode.precision]
         if dev == "cpu" and compute != "float32":
-            compute = "float32"
+            raise ExportError(
+                f"decode.engine={engine} decode.precision={cfg.decode.precision} needs a GPU: "
+                "CTranslate2 computes in float32 on a CPU; use decode.precision=fp32 (or "
+                "decode.engine=ctranslate2_int8)")
     folder = cached_ctranslate2(checkpoint, spm_model_path(cfg.data))
     return CTranslate2Engine(folder, dev, compute, int(model.cfg.max_positions))

@@ -8,7 +8,6 @@ the run's results.json when present. The options are the ``export`` group of the
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -48,10 +47,18 @@ def run_export(cfg: Config) -> Path:
     checkpoint = resolve_checkpoint(cfg)
     out = default_output(cfg)
     if e.format == ExportFormat.hf:
+        from transformer_nmt.evaluate.results import ResultsError, read_results
+
         results_path = Path(cfg.run_dir) / "results.json"
-        results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else None
-        if results is None:
-            log.warning("no %s: the model card will carry no BLEU (run nmt-evaluate first)", results_path)
+        results = None
+        if not results_path.is_file():
+            log.warning("no %s: the model card will carry no BLEU (run nmt-evaluate first)",
+                        results_path)
+        else:
+            try:
+                results = read_results(results_path).raw
+            except ResultsError as err:  # the card only: the export itself goes on
+                log.warning("the model card will carry no BLEU: %s", err)
         return hf.export_hf(checkpoint, spm_model_path(cfg.data), out, results, e.overwrite)
     return ct2.export_ctranslate2(checkpoint, spm_model_path(cfg.data), out, str(e.quantization),
                                   e.overwrite)

@@ -10,12 +10,7 @@ uninterrupted one would.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import socket
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,37 +31,23 @@ from transformer_nmt.checkpoint import (
 )
 from transformer_nmt.config import Config, to_plain
 from transformer_nmt.errors import UserError
-from transformer_nmt.runtime import rng_state, set_rng_state
+from transformer_nmt.runtime import LOCK_NAME as _LOCK_NAME
+from transformer_nmt.runtime import folder_lock, rng_state, set_rng_state
 from transformer_nmt.train.distributed import DistInfo
 from transformer_nmt.train.setup import Setup
 from transformer_nmt.train.state import TrainState
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = "train.lock"
-"""The run directory's lock file while ``nmt-train`` runs in it (:func:`run_lock`)."""
+LOCK_NAME = _LOCK_NAME
+"""The run directory's lock file while a command writes in it (:func:`run_lock`)."""
 
 
-def _alive(pid: int) -> bool:
-    """True when a process ``pid`` exists on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: str | Path) -> Iterator[Path]:
-    """Hold ``<run_dir>/train.lock`` while a run trains, so that a second ``nmt-train`` in
-    the same run directory fails instead of interleaving its checkpoints with the first's.
-
-    The file is created exclusively (``O_EXCL``) and holds the holder's host, pid and start
-    time; it is removed on exit (also on an exception or a signal that ends the run). A lock
-    left by a process that no longer exists on this host (``kill -9``, a crash) is stale: it
-    is replaced, with a warning. A lock of another host cannot be checked and is refused.
+def run_lock(run_dir: str | Path) -> contextlib.AbstractContextManager[Path]:
+    """Hold the run directory's lock while a run trains
+    (:func:`transformer_nmt.runtime.folder_lock` as ``nmt-train``), so that a second
+    ``nmt-train``, or an ``nmt-evaluate`` / ``nmt-average`` beside it, stops instead of
+    interleaving its files with the run's.
 
     Raises:
         UserError: ``run_dir`` is a file, or another live process holds the lock (named).
@@ -74,49 +55,7 @@ def run_lock(run_dir: str | Path) -> Iterator[Path]:
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"run_dir={run_dir} is a file, not a folder; give the run another run_dir=")
-    created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = run_dir / LOCK_NAME
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    for _ in range(3):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                holder = json.loads(lock.read_text())
-                host, pid = str(holder["host"]), int(holder["pid"])
-            except FileNotFoundError:
-                continue  # released meanwhile
-            except (OSError, ValueError, KeyError, TypeError):
-                holder, host, pid = {}, "", 0
-            if host == me["host"] and (pid == me["pid"] or not _alive(pid)):
-                log.warning("removing the stale lock %s of process %d, which no longer runs",
-                            lock, pid)
-                with contextlib.suppress(FileNotFoundError):
-                    lock.unlink()
-                continue
-            since = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["started"]))
-                     if isinstance(holder.get("started"), (int, float)) else "?")
-            raise UserError(
-                f"{run_dir} is in use by another nmt-train (process {pid or '?'} on "
-                f"{host or '?'}, since {since}; lock file {lock}); wait for it to end, or "
-                "delete the lock file if that process is gone"
-            ) from None
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
-        break
-    else:
-        raise UserError(f"cannot take the lock {lock}: it keeps changing; is another nmt-train "
-                        f"starting in {run_dir}?")
-    try:
-        yield lock
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(lock.read_text()).get("pid") == me["pid"]:
-                lock.unlink()
-        if created:
-            with contextlib.suppress(OSError):
-                run_dir.rmdir()  # only when empty: a run that failed before writing anything
+    return folder_lock(run_dir, "nmt-train")
 
 
 def save_training(

@@ -1,0 +1,135 @@
+"""One writer at a time: every command that writes into a run, data or output folder holds
+that folder's lock (transformer_nmt.runtime.folder_lock); a second one stops with one line
+naming the holder, an unreadable lock file says how to remove it, a stale one is replaced."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer_nmt.errors import UserError
+from transformer_nmt.runtime import LOCK_NAME, folder_lock
+
+HOLD = """
+import sys, time
+from transformer_nmt.runtime import folder_lock
+with folder_lock(sys.argv[1], sys.argv[2], name=sys.argv[3]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+class Holder:
+    """Another process holding ``folder``'s lock as ``command`` until stopped."""
+
+    def __init__(self, folder: Path, command: str, name: str = LOCK_NAME):
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), command, name],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "held"
+        self.pid = self.proc.pid
+
+    def stop(self, sig: int = signal.SIGINT) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=30)
+
+
+def _cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"transformer_nmt.cli.{module}", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+
+
+def _outputs(root: Path) -> list[Path]:
+    """Every file under ``root`` but Hydra's own (``.hydra/``, ``<job>.log``)."""
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file()
+                  and ".hydra" not in p.parts and p.suffix != ".log")
+
+
+def _refusal(folder: Path, holder: Holder, command: str, lock: Path) -> str:
+    return (f"error: {folder} is in use by another {command} (process {holder.pid} on "
+            f"{socket.gethostname()}, since ")
+
+
+def test_a_second_process_is_refused_with_the_holder_named_and_gets_the_lock_after(tmp_path):
+    folder = tmp_path / "run"
+    holder = Holder(folder, "nmt-export")
+    try:
+        with pytest.raises(UserError) as e, folder_lock(folder, "nmt-evaluate"):
+            pass
+        message = str(e.value)
+        assert message.startswith(f"{folder} is in use by another nmt-export (process "
+                                  f"{holder.pid} on {socket.gethostname()}, since ")
+        assert message.endswith(f"lock file {folder / LOCK_NAME}); wait for it to end, or "
+                                "delete the lock file if that process is gone")
+    finally:
+        holder.stop()
+    assert not (folder / LOCK_NAME).exists()  # the holder released it on Ctrl-C
+    with folder_lock(folder, "nmt-evaluate") as lock:
+        assert json.loads(lock.read_text())["command"] == "nmt-evaluate"
+        with folder_lock(folder, "nmt-evaluate"):  # re-entrant in one process
+            pass
+        assert lock.exists()
+    assert not lock.exists()
+
+
+def test_a_killed_holders_lock_is_replaced_with_a_warning(tmp_path, caplog):
+    folder = tmp_path / "run"
+    holder = Holder(folder, "nmt-average")
+    holder.stop(signal.SIGKILL)
+    assert (folder / LOCK_NAME).exists()  # left behind by kill -9
+    with caplog.at_level(logging.WARNING), folder_lock(folder, "nmt-evaluate"):
+        pass
+    assert f"removing the stale lock {folder / LOCK_NAME} of process {holder.pid}" in caplog.text
+
+
+@pytest.mark.parametrize("content", ["", "{\"pid\": ", "garbage\n", "[1, 2]"])
+def test_an_empty_or_garbage_lock_file_is_named_unreadable_with_how_to_remove_it(
+        tmp_path, content):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    lock = folder / LOCK_NAME
+    lock.write_text(content)
+    with pytest.raises(UserError) as e, folder_lock(folder, "nmt-train"):
+        pass
+    assert str(e.value) == (
+        f"the lock file {lock} is unreadable (empty or not a lock of this project); if no nmt "
+        f"command is running in {folder}, delete it (rm {lock}) and run the command again")
+    assert lock.read_text() == content  # never removed on a guess
+
+
+def test_every_writing_command_stops_beside_a_holder_and_writes_nothing(tmp_path):
+    run_dir = tmp_path / "runs" / "x"
+    data_root = tmp_path / "data"
+    base = [f"run_dir={run_dir}", "name=x", f"data.root={data_root}"]
+    cases = [
+        ("evaluate", base, run_dir, LOCK_NAME),
+        ("average", base, run_dir, LOCK_NAME),
+        ("import_model", [*base, f"source={tmp_path / 'marian'}"], run_dir, LOCK_NAME),
+        ("translate", [*base, f"translate.input={tmp_path / 'in.en'}",
+                       f"translate.output={run_dir / 'out.de'}"], run_dir, LOCK_NAME),
+        ("export", base, run_dir / "export", ".hf.lock"),
+        ("prepare", base, data_root / "raw" / "multi30k_en_de", LOCK_NAME),
+    ]
+    (tmp_path / "in.en").write_text("A dog.\n")
+    for module, args, folder, name in cases:
+        holder = Holder(folder, "nmt-train", name)
+        try:
+            before = _outputs(tmp_path)
+            r = _cli(module, *args, cwd=tmp_path)
+            assert r.returncode == 2, (module, r.stderr[-2000:])
+            lines = r.stderr.splitlines()
+            assert len(lines) == 1 and lines[0].startswith(
+                _refusal(folder, holder, "nmt-train", folder / name)), (module, r.stderr)
+            assert f"lock file {folder / name})" in lines[0]
+            after = _outputs(tmp_path)
+            assert after == before, module
+        finally:
+            holder.stop()
