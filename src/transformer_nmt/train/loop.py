@@ -32,7 +32,13 @@ from transformer_nmt.runtime import STOP_SIGNALS, StopFlag, device_name
 from transformer_nmt.train import distributed, resume
 from transformer_nmt.train.metrics import MetricsLog, Window, log_train_line
 from transformer_nmt.train.setup import setup
-from transformer_nmt.train.state import TrainState, finished_by, reached_limit
+from transformer_nmt.train.state import (
+    TrainState,
+    finished_by,
+    reached_limit,
+    should_save,
+    should_validate,
+)
 from transformer_nmt.train.step import apply_update, forward_backward
 from transformer_nmt.train.summary import write_summary
 from transformer_nmt.train.validation import run_validation, valid_references
@@ -85,26 +91,27 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
     run_dir = Path(cfg.run_dir)
     if not info.is_main:
         log.setLevel(logging.WARNING)
-    s = setup(cfg, info, model_vocab_size)
+    run = setup(cfg, info, model_vocab_size)
     seed, update_freq, epsilon = int(t_cfg.seed), int(t_cfg.update_freq), float(t_cfg.label_smoothing)
     state = TrainState(world_size=info.world_size)
-    resumed_from = resume.resume_training(run_dir, s, state, seed, info, config=cfg)
+    resumed_from = resume.resume_training(run_dir, run, state, seed, info, config=cfg)
     done = finished_by(t_cfg, state) if resumed_from is not None else None
     if done is not None:  # a requeued or repeated finished run: no step, validation or save
         log.info("the run in %s has already finished (%s reached at step %d): nothing to do; "
                  "raise that limit to train on", run_dir, done, state.step)
-        return write_summary(cfg, s, state, info, done, {}, resumed_from, already_finished=True)
+        return write_summary(cfg, run, state, info, done, {}, resumed_from, already_finished=True)
 
     metrics = MetricsLog(run_dir, info.is_main)
     bleu_refs: list[str] = []
     if t_cfg.valid_bleu and info.is_main:
-        bleu_refs = valid_references(cfg, s.valid_set, s.tokenizer, int(t_cfg.valid_bleu_sentences))
+        bleu_refs = valid_references(cfg, run.valid_set, run.tokenizer,
+                                     int(t_cfg.valid_bleu_sentences))
     last_valid: dict[str, float] = {}
     stop_flag = StopFlag()
     stop_flag.install()
     stop_signals = [int(getattr(signal, name)) for name in STOP_SIGNALS if hasattr(signal, name)]
     total_steps = (int(t_cfg.max_steps) if t_cfg.max_steps is not None
-                   else int(t_cfg.max_epochs) * s.steps_per_epoch if t_cfg.max_epochs is not None
+                   else int(t_cfg.max_epochs) * run.steps_per_epoch if t_cfg.max_epochs is not None
                    else None)
     show_bar = info.is_main and sys.stderr.isatty()
     from tqdm import tqdm
@@ -123,7 +130,7 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     log.info("training on %s x %d (%s), update_freq %d, max_tokens %d: step %d of %s",
-             device_name(s.device), info.world_size, s.precision, update_freq,
+             device_name(run.device), info.world_size, run.precision, update_freq,
              int(t_cfg.max_tokens), state.step, total_steps)
 
     stopped_by = reached_limit(t_cfg, state)
@@ -131,22 +138,23 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
         while stopped_by is None:
             # -- draw this step's micro-batches (the same count on every rank) --------------
             if loader_iter is None:
-                s.sampler.set_epoch(state.epoch)
-                s.sampler.load_state_dict(state.sampler_state(seed))
-                loader_iter = iter(s.train_loader)
-            k = min(update_freq, len(s.sampler) - state.position)
+                run.sampler.set_epoch(state.epoch)
+                run.sampler.load_state_dict(state.sampler_state(seed))
+                loader_iter = iter(run.train_loader)
+            k = min(update_freq, len(run.sampler) - state.position)
             micro_batches = [next(loader_iter) for _ in range(k)]
             state.position += k
             state.micro_step += k
-            epoch_ended = state.position >= len(s.sampler)
+            epoch_ended = state.position >= len(run.sampler)
             if epoch_ended:
                 state.epoch, state.position, loader_iter = state.epoch + 1, 0, None
 
             # -- forward / backward over the micro-batches, then the update ----------------
             t0 = time.perf_counter()
-            out = forward_backward(s.train_model, micro_batches, epsilon=epsilon, device=s.device,
-                                   world_size=info.world_size, autocast=s.autocast, scaler=s.scaler,
-                                   pad_to_multiple=s.pad_to_multiple)
+            out = forward_backward(run.train_model, micro_batches, epsilon=epsilon,
+                                   device=run.device, world_size=info.world_size,
+                                   autocast=run.autocast, scaler=run.scaler,
+                                   pad_to_multiple=run.pad_to_multiple)
             # decisions every rank must agree on (time is read on rank 0), summed over the
             # ranks in the step's own all-reduce: no collective or host read of their own
             elapsed = seconds_before + time.perf_counter() - loop_start
@@ -154,7 +162,7 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
                      int(info.is_main and save_every_s is not None
                          and time.monotonic() - last_save_time >= save_every_s),
                      int(info.is_main and max_time_s is not None and elapsed >= max_time_s)]
-            loss_sum, lr, stepped = apply_update(s, state, window, out, t_cfg, run_dir, flags)
+            loss_sum, lr, stepped = apply_update(run, state, window, out, t_cfg, run_dir, flags)
             if stepped:
                 bar.update(1)
             window.steps += 1
@@ -166,8 +174,8 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
             if state.step % log_every == 0 and window.steps and state.bad_steps_in_row == 0:
                 record = window.record(
                     lr=lr, skipped_steps=state.skipped_steps, tokens_seen=state.tokens_seen,
-                    epoch=state.epoch_progress(s.sampler.num_batches, info.world_size),
-                    device=s.device)
+                    epoch=state.epoch_progress(run.sampler.num_batches, info.world_size),
+                    device=run.device)
                 metrics.write("train", state.step, record)
                 if not show_bar:
                     log_train_line(state.step, total_steps, record)
@@ -183,32 +191,23 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
                 stopped_by = f"signal {signal.Signals(signal_num).name}"
 
             # -- validation, checkpoints ------------------------------------------------------------
-            stepped = state.bad_steps_in_row == 0
             best = False
-            vfreq, vepochs = t_cfg.validate_every_steps, t_cfg.validate_every_epochs
-            if stepped and state.step != last_valid_step and (
-                (vfreq and state.step % int(vfreq) == 0)
-                or (vepochs and epoch_ended and state.epoch % int(vepochs) == 0)
-                or stopped_by in ("max_steps", "max_epochs", "max_time")
-            ):
+            if should_validate(t_cfg, state, epoch_ended=epoch_ended, stopped_by=stopped_by,
+                               last_valid_step=last_valid_step):
                 last_valid, best = run_validation(
-                    cfg, s.model, s.valid_loader, s.valid_set, s.tokenizer, state,
-                    device=s.device, autocast=s.autocast, is_main=info.is_main,
+                    cfg, run.model, run.valid_loader, run.valid_set, run.tokenizer, state,
+                    device=run.device, autocast=run.autocast, is_main=info.is_main,
                     references=bleu_refs, max_batches=valid_max_batches)
                 metrics.write("valid", state.step, last_valid)
                 last_valid_step = state.step
                 if (t_cfg.patience is not None and stopped_by is None
                         and state.validations_without_improvement >= int(t_cfg.patience)):
                     stopped_by = "patience"
-            sfreq, sepochs = t_cfg.save_every_steps, t_cfg.save_every_epochs
-            regular = state.step != last_saved_step and (
-                (stepped and sfreq and state.step % int(sfreq) == 0)
-                or (stepped and sepochs and epoch_ended and state.epoch % int(sepochs) == 0)
-                or save_for_time or stopped_by is not None
-            )
+            regular = should_save(t_cfg, state, epoch_ended=epoch_ended, stopped_by=stopped_by,
+                                  last_saved_step=last_saved_step, save_for_time=save_for_time)
             if (regular or best) and not t_cfg.no_save:
-                resume.save_training(run_dir, s, state, info, config=cfg, seed=seed,
-                                       keep_last=int(t_cfg.keep_last), best=best, regular=regular)
+                resume.save_training(run_dir, run, state, info, config=cfg, seed=seed,
+                                     keep_last=int(t_cfg.keep_last), best=best, regular=regular)
                 if regular:
                     last_saved_step, last_save_time = state.step, time.monotonic()
     finally:
@@ -217,7 +216,7 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
         metrics.close()
 
     state.train_seconds = seconds_before + time.perf_counter() - loop_start
-    summary = write_summary(cfg, s, state, info, stopped_by, last_valid, resumed_from)
+    summary = write_summary(cfg, run, state, info, stopped_by, last_valid, resumed_from)
     # submitit's SIGUSR2 handler (requeue the job, exit) runs once the stop checkpoint is written
     stop_flag.hand_over()
     return summary
