@@ -249,26 +249,69 @@ def _step_of(path: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
+def recorded_save_every_steps(ckpt: dict[str, Any]) -> int | None:
+    """The ``trainer.save_every_steps`` a checkpoint was written under (its stored config), or
+    None (time- or epoch-based saves, or no config)."""
+    config = ckpt.get("config")
+    trainer = config.get("trainer") if isinstance(config, dict) else None
+    every = trainer.get("save_every_steps") if isinstance(trainer, dict) else None
+    return int(every) if every else None
+
+
+_SPACING_CACHE: dict[tuple[str, int, int], int | None] = {}
+
+
+def _spacing_of(path: Path) -> int | None:
+    """:func:`recorded_save_every_steps` of a checkpoint file (read through a memory map, once
+    per file content: cached on path, size and ``mtime_ns``); None when unreadable."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _SPACING_CACHE:
+        try:
+            ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            _SPACING_CACHE[key] = recorded_save_every_steps(ckpt)
+        except Exception:  # noqa: BLE001 - an unreadable file has no recorded spacing
+            _SPACING_CACHE[key] = None
+    return _SPACING_CACHE[key]
+
+
 def prune_checkpoints(run_dir: str | Path, keep_last: int,
                       save_every_steps: int | None = None) -> list[Path]:
     """Delete old step checkpoints so that the last ``keep_last`` periodic ones remain (what
-    :func:`average_run` averages); returns the deleted paths.
+    :func:`average_run` averages); returns the deleted paths, each named in the log.
 
-    With ``save_every_steps``, a checkpoint is periodic when its step is a multiple of it; the
-    newest checkpoint is always kept too (the one written when training stopped, off the
+    With ``save_every_steps``, a checkpoint is periodic when its step is a multiple of it or
+    of the ``trainer.save_every_steps`` it was written under (a run resumed with another
+    spacing keeps the periodic checkpoints of the earlier one in its window); the newest
+    checkpoint is always kept too (the one written when training stopped, off the
     interval, which a resumed run starts from), so it never takes a periodic one's slot, and
     older off-interval ones are deleted. Without it (time- or epoch-based saves) the steps do
     not say which one was written at a stop, so ``keep_last + 1`` are kept.
     """
     paths = step_checkpoints(run_dir)
+    reasons: dict[Path, str] = {}
     if save_every_steps:
-        periodic = [p for p in paths if _step_of(p) % int(save_every_steps) == 0]
+        every = int(save_every_steps)
+        periodic = []
+        for p in paths:
+            # the newest was just written under ``every``; others may predate a change of it
+            own = every if _step_of(p) % every == 0 or p == paths[-1] else _spacing_of(p)
+            if own and _step_of(p) % own == 0:
+                periodic.append(p)
+            elif p != paths[-1]:
+                reasons[p] = (f"written when training stopped, off its trainer.save_every_steps="
+                              f"{own}" if own else "off the trainer.save_every_steps interval")
         kept = set(periodic[max(0, len(periodic) - keep_last):]) | set(paths[-1:])
         doomed = [p for p in paths if p not in kept]
     else:
         doomed = paths[: max(0, len(paths) - keep_last - 1)]
     for p in doomed:
         p.unlink(missing_ok=True)
+        log.info("removed %s: %s", p.name, reasons.get(
+            p, f"older than the last {keep_last} periodic checkpoints (trainer.keep_last)"))
     return doomed
 
 
@@ -455,16 +498,23 @@ def _periodic(paths: list[Path], metas: list[dict[str, Any]],
     """Indices of the checkpoints saved at the regular interval, and why others were left out.
 
     With ``trainer.save_every_steps`` set, a checkpoint is regular when its step is a multiple
-    of it (the one written when training stops at another step is not). With time-based saves
-    (``save_every_minutes``), the newest checkpoint is left out when it is less than half the
-    median step interval after the one before it (written when training stopped).
+    of the spacing it was written under (its stored ``trainer.save_every_steps``, else
+    ``save_every_steps``): the one written when training stops at another step is not, and
+    a run resumed with another spacing keeps the regular checkpoints of the earlier one.
+    With time-based saves (``save_every_minutes``), the newest checkpoint is left out when
+    it is less than half the median step interval after the one before it (written when
+    training stopped).
     """
     steps = [int(checkpoint_step(m) or 0) for m in metas]
     if save_every_steps:
-        keep = [i for i, s in enumerate(steps) if s % int(save_every_steps) == 0]
-        left = [paths[i].name for i in range(len(paths)) if i not in keep]
-        why = (f"left out {', '.join(left)}: step not a multiple of "
-               f"trainer.save_every_steps={save_every_steps}") if left else ""
+        spacings = [recorded_save_every_steps(m) or int(save_every_steps) for m in metas]
+        keep = [i for i, s in enumerate(steps) if s % spacings[i] == 0]
+        left: dict[int, list[str]] = {}
+        for i in range(len(paths)):
+            if i not in keep:
+                left.setdefault(spacings[i], []).append(paths[i].name)
+        why = "; ".join(f"left out {', '.join(names)}: step not a multiple of "
+                        f"trainer.save_every_steps={every}" for every, names in left.items())
         return keep, why
     keep = list(range(len(paths)))
     if len(steps) >= 3:
@@ -524,6 +574,11 @@ def average_run(cfg: Config) -> Path:
         keep = keep[-n:]
         paths = [available[i] for i in keep]
         metas = [metas[i] for i in keep]
+        spacings = [recorded_save_every_steps(m) for m in metas]
+        if len(set(spacings)) > 1:
+            log.info("the run was resumed with another trainer.save_every_steps: averaging "
+                     "each checkpoint saved at its own interval (%s)", ", ".join(
+                         f"{p.name} every {s}" for p, s in zip(paths, spacings)))
     check_same_run(paths, metas)
     steps = [checkpoint_step(m) for m in metas]
     newest = max(range(len(paths)), key=lambda i: (int(steps[i] or 0), i))
