@@ -24,6 +24,7 @@ Outputs::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -130,6 +131,31 @@ def token_filter_params(cfg: Config) -> dict:
         return {"max_positions": None, "max_tokens": None, "max_len": None}
     return {"max_positions": int(max_positions), "max_tokens": int(max_tokens),
             "max_len": binarize.max_train_tokens(max_positions, max_tokens)}
+
+
+def training_data_identity(d: DataConfig) -> dict:
+    """The identity of the binarized training split that training reads:
+    ``{"name", "split", "pairs", "sha256"}``, the digest taken over the SHA-256 of the
+    ``.bin`` and ``.idx`` files of both languages (from ``binarize.stamp.json`` when a file's
+    size and ``mtime_ns`` are the recorded ones, else read again). Training records it in
+    its checkpoints; a resume on other data (prepared again with other limits, or another
+    corpus under the name) is refused.
+
+    Raises:
+        FileNotFoundError: a binarized training file is missing.
+    """
+    saved = _load_json(summary_path(d).with_name("binarize.stamp.json")) or {}
+    jobs = saved.get("jobs") if isinstance(saved.get("jobs"), dict) else {}
+    digest = hashlib.sha256()
+    pairs = 0
+    for lang in (d.src_lang, d.tgt_lang):
+        prefix = bin_prefix(d, d.train_split, lang)
+        recorded = (jobs.get(str(prefix)) or {}).get("outputs") or {}
+        for path in (Path(f"{prefix}.bin"), Path(f"{prefix}.idx")):
+            known = recorded.get(str(path)) if isinstance(recorded, dict) else None
+            digest.update(f"{path.name} {_fingerprint(path, known)['sha256']}\n".encode())
+        pairs = len(binarize.TokenDataset(prefix))
+    return {"name": d.name, "split": d.train_split, "pairs": pairs, "sha256": digest.hexdigest()}
 
 
 def prepare(cfg: Config) -> dict:
@@ -264,6 +290,7 @@ def _binarize_stage(cfg: Config, stages: dict[str, dict], text: dict[tuple[str, 
     rebuilt_train = any(str(p) in {str(bin_prefix(d, d.train_split, lang)) for lang in langs}
                         for _, p in jobs)
     if rebuilt_train or not token_filter:
+        _warn_refilter(d, saved_filter.get("params"), filter_params, same_filter)
         token_filter = {"dropped": 0}
         if filter_params["max_len"] is not None:
             token_filter = binarize.filter_long_pairs(
@@ -282,6 +309,22 @@ def _binarize_stage(cfg: Config, stages: dict[str, dict], text: dict[tuple[str, 
     stages["binarize"] = {"status": "done" if jobs else "skipped",
                           "seconds": round(time.perf_counter() - t, 2)}
     return filter_params, token_filter
+
+
+def _warn_refilter(d: DataConfig, before: Any, now: dict, same: bool) -> None:
+    """Warn when the training split, filtered before for other limits (another experiment
+    sharing ``data.name``, or other ``model.max_positions`` / ``trainer.max_tokens``), is
+    filtered again: runs trained on the earlier data refuse to resume on it."""
+    if same or not isinstance(before, dict) or before.get("max_len") is None:
+        return
+    log.warning(
+        "the training split of %s (%s) was filtered for pairs of at most %s pieces "
+        "(model.max_positions %s, trainer.max_tokens %s) and is now filtered for %s "
+        "(model.max_positions %s, trainer.max_tokens %s): runs trained on the earlier data "
+        "refuse to resume on it; give experiments with other limits their own data.name",
+        d.name, Path(d.root) / "bin" / d.name, before.get("max_len"),
+        before.get("max_positions"), before.get("max_tokens"), now["max_len"],
+        now["max_positions"], now["max_tokens"])
 
 
 def _summary(d: Any, report: dict, vocab_size: int, split_names: list[str],

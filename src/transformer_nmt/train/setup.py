@@ -19,6 +19,7 @@ from transformer_nmt.config import Config
 from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset
 from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
 from transformer_nmt.data.loader import build_dataloader
+from transformer_nmt.data.prepare import training_data_identity
 from transformer_nmt.errors import UserError
 from transformer_nmt.fileio import spm_model_path
 from transformer_nmt.model.transformer import Transformer
@@ -59,6 +60,9 @@ class Setup:
     """The vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`), saved in checkpoints."""
     steps_per_epoch: int
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    data: dict[str, Any] | None = None
+    """The training data's identity (:func:`transformer_nmt.data.prepare.training_data_identity`),
+    saved in checkpoints and compared on resume."""
     pad_to_multiple: int = 1
     """The batches' length multiple (``trainer.pad_to_multiple`` resolved for the device)."""
     grads_in_buckets: bool = False
@@ -166,7 +170,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         optimizer=optimizer, scheduler=scheduler, scaler=scaler, sampler=sampler,
         train_loader=train_loader, valid_set=valid_set, valid_loader=valid_loader,
         tokenizer=tokenizer, vocab_size=vocab_size, vocab=vocab_identity(tokenizer.model_path),
-        steps_per_epoch=steps_per_epoch,
+        steps_per_epoch=steps_per_epoch, data=training_data_identity(cfg.data),
         params=[p for p in model.parameters() if p.requires_grad],
         pad_to_multiple=pad_to_multiple,
         grads_in_buckets=info.distributed,
