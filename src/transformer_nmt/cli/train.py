@@ -24,6 +24,7 @@ Under Hydra's submitit SLURM launcher each task gets the torchrun environment fr
 from __future__ import annotations
 
 import os
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -47,8 +48,13 @@ def app(cfg: DictConfig) -> None:
             dry_run(cfg)
             return
         from transformer_nmt.train.loop import train
+        from transformer_nmt.train.step import DIVERGED_EXIT, TrainingDiverged
 
-        train(cfg)
+        try:
+            train(cfg)
+        except TrainingDiverged as e:  # not a user error: the run and its .hydra files stay
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(DIVERGED_EXIT)
         if cfg.table3.variant and cfg.table3.evaluate and int(os.environ.get("RANK", "0")) == 0:
             from transformer_nmt.cli import retain_freed_memory
             from transformer_nmt.evaluate.table3 import evaluate_row

@@ -39,7 +39,7 @@ from transformer_nmt.train.state import (
     should_save,
     should_validate,
 )
-from transformer_nmt.train.step import apply_update, forward_backward
+from transformer_nmt.train.step import TrainingDiverged, apply_update, forward_backward
 from transformer_nmt.train.summary import write_summary
 from transformer_nmt.train.validation import run_validation, valid_references
 
@@ -65,7 +65,9 @@ def train(cfg: Config, *, model_vocab_size: int | None = None,
 
     Raises:
         MissingDataError: the prepared data is missing (one line naming the file).
-        RuntimeError: ``max_bad_steps`` consecutive non-finite steps.
+        TrainingDiverged (a RuntimeError): ``max_bad_steps`` consecutive non-finite steps or
+            a collapsed fp16 loss scale; ``train_summary.json`` is written first, with
+            ``"stopped_by": "divergence"`` and ``last_finite_checkpoint``.
         ValueError: ``trainer.dry_run`` set (dry runs go through
             :func:`transformer_nmt.train.dryrun.dry_run`), bad precision for the device, empty
             training set, or a checkpoint of another layout in the run directory.
@@ -134,6 +136,7 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
              int(t_cfg.max_tokens), state.step, total_steps)
 
     stopped_by = reached_limit(t_cfg, state)
+    diverged: TrainingDiverged | None = None
     try:
         while stopped_by is None:
             # -- draw this step's micro-batches (the same count on every rank) --------------
@@ -210,13 +213,18 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
                                      keep_last=int(t_cfg.keep_last), best=best, regular=regular)
                 if regular:
                     last_saved_step, last_save_time = state.step, time.monotonic()
+    except TrainingDiverged as e:  # every rank agrees: the losses were all-reduced
+        diverged, stopped_by = e, "divergence"
     finally:
         bar.close()
         stop_flag.restore()
         metrics.close()
 
     state.train_seconds = seconds_before + time.perf_counter() - loop_start
-    summary = write_summary(cfg, run, state, info, stopped_by, last_valid, resumed_from)
+    summary = write_summary(cfg, run, state, info, stopped_by, last_valid, resumed_from,
+                            last_finite_checkpoint=diverged and diverged.last_finite_checkpoint)
+    if diverged is not None:
+        raise diverged
     # submitit's SIGUSR2 handler (requeue the job, exit) runs once the stop checkpoint is written
     stop_flag.hand_over()
     return summary
