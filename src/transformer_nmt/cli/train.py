@@ -87,8 +87,16 @@ def export_submitit_environment() -> bool:
 
 
 def main() -> None:
-    """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
-    run_app(app, "train")
+    """Console entry point: :func:`app` with one-line user errors (exit status 2). Stop signals
+    are recorded from here on (:mod:`transformer_nmt.train.startup_signals`), so one that
+    comes during the start-up stops the run before its first step instead of killing it."""
+    from transformer_nmt.train import startup_signals
+
+    startup_signals.record()
+    try:
+        run_app(app, "train")
+    finally:
+        startup_signals.release()
 
 
 if __name__ == "__main__":

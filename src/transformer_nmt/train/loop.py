@@ -29,7 +29,7 @@ from typing import Any
 
 from transformer_nmt.config import Config
 from transformer_nmt.runtime import STOP_SIGNALS, StopFlag, device_name
-from transformer_nmt.train import distributed, resume
+from transformer_nmt.train import distributed, resume, startup_signals
 from transformer_nmt.train.metrics import MetricsLog, Window, log_train_line
 from transformer_nmt.train.setup import setup
 from transformer_nmt.train.state import (
@@ -79,16 +79,24 @@ def train(cfg: Config, *, model_vocab_size: int | None = None,
     if cfg.trainer.dry_run:
         raise ValueError("trainer.dry_run=true: run it with nmt-train or "
                          "transformer_nmt.train.dryrun.dry_run(cfg), not train(cfg)")
-    info = distributed.init_distributed()
+    # the handlers go in before the slow start-up (rendezvous, sampler, model, resume): a
+    # stop signal then stops the run before its first step, with a summary
+    stop_flag = StopFlag()
+    stop_flag.install()
+    startup_signals.take_over(stop_flag)
     try:
-        with resume.run_lock(cfg.run_dir) if info.is_main else contextlib.nullcontext():
-            return _train(cfg, info, model_vocab_size, valid_max_batches)
+        info = distributed.init_distributed()
+        try:
+            with resume.run_lock(cfg.run_dir) if info.is_main else contextlib.nullcontext():
+                return _train(cfg, info, stop_flag, model_vocab_size, valid_max_batches)
+        finally:
+            distributed.cleanup()
     finally:
-        distributed.cleanup()
+        stop_flag.restore()
 
 
-def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None,
-           valid_max_batches: int | None) -> dict[str, Any]:
+def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
+           model_vocab_size: int | None, valid_max_batches: int | None) -> dict[str, Any]:
     t_cfg = cfg.trainer
     run_dir = Path(cfg.run_dir)
     if not info.is_main:
@@ -109,8 +117,6 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
         bleu_refs = valid_references(cfg, run.valid_set, run.tokenizer,
                                      int(t_cfg.valid_bleu_sentences))
     last_valid: dict[str, float] = {}
-    stop_flag = StopFlag()
-    stop_flag.install()
     stop_signals = [int(getattr(signal, name)) for name in STOP_SIGNALS if hasattr(signal, name)]
     total_steps = (int(t_cfg.max_steps) if t_cfg.max_steps is not None
                    else int(t_cfg.max_epochs) * run.steps_per_epoch if t_cfg.max_epochs is not None
@@ -135,7 +141,7 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
              device_name(run.device), info.world_size, run.precision, update_freq,
              int(t_cfg.max_tokens), state.step, total_steps)
 
-    stopped_by = reached_limit(t_cfg, state)
+    stopped_by = reached_limit(t_cfg, state) or _signalled_during_start_up(stop_flag, run, state)
     diverged: TrainingDiverged | None = None
     try:
         while stopped_by is None:
@@ -228,3 +234,19 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
     # submitit's SIGUSR2 handler (requeue the job, exit) runs once the stop checkpoint is written
     stop_flag.hand_over()
     return summary
+
+
+def _signalled_during_start_up(stop_flag: StopFlag, run: Any, state: Any) -> str | None:
+    """``"signal <NAME>"`` when a stop signal reached any rank before the first step (every
+    rank calls it: one all-reduce), else None. The run then stops without a step or a new
+    checkpoint; its summary says so, and a requeued job resumes where it was."""
+    import torch
+
+    received = int(distributed.all_reduce_max(
+        torch.tensor([stop_flag.requested], dtype=torch.int64, device=run.device)).item())
+    if not received:
+        return None
+    name = signal.Signals(received).name
+    log.info("%s during start-up: stopping before the first step (step %d), no checkpoint "
+             "written; started again, the run resumes from where it was", name, state.step)
+    return f"signal {name}"
