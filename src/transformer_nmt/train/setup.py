@@ -154,6 +154,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         from transformer_nmt.checkpoint import load_initial_weights
 
         load_initial_weights(model, t_cfg.init_from, vocab_identity(tokenizer.model_path))
+        check_init_architecture(cfg, t_cfg.init_from)
         log.info("weights from %s (trainer.init_from)", t_cfg.init_from)
     model = model.to(device)
     log.info("model %s: %s parameters", cfg.model.name, f"{model.num_parameters():,}")
@@ -175,6 +176,47 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         pad_to_multiple=pad_to_multiple,
         grads_in_buckets=info.distributed,
     )
+
+
+INIT_FROM_FREE_KEYS = ("name", "dropout", "attention_dropout", "activation_dropout", "init")
+"""``model`` keys that may differ between a ``trainer.init_from`` model file and the run: the
+preset's label, the dropout rates (training only) and the initialisation the file replaces."""
+
+
+def check_init_architecture(cfg: Config, path: str) -> None:
+    """Fail unless the model file ``path`` (``trainer.init_from``) was trained with the run's
+    architecture: every ``model`` key but :data:`INIT_FROM_FREE_KEYS` equal, as a resume
+    compares them (``model.heads``, ``norm``, ``positions``, ``share_embeddings``, ...: shapes
+    alone do not tell 2 heads from 4, and the weights would be read as another model). Keys
+    named in ``trainer.resume_changed`` (or ``[*]``) are a deliberate change. A file without a
+    stored config is not compared.
+
+    Raises:
+        UserError: naming the file, each key with both values, and the override.
+    """
+    from transformer_nmt.config import to_plain
+
+    try:
+        saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True).get("config")
+    except Exception:  # noqa: BLE001 - read and reported by load_initial_weights
+        return
+    theirs = (saved or {}).get("model") if isinstance(saved, dict) else None
+    if not isinstance(theirs, dict):
+        return
+    ours = to_plain(cfg)["model"]
+    allowed = set(cfg.trainer.resume_changed or [])
+    if "*" in allowed:
+        return
+    diff = [f"model.{k}: {theirs[k]!r} != {ours.get(k)!r}" for k in sorted(theirs)
+            if k not in INIT_FROM_FREE_KEYS and f"model.{k}" not in allowed
+            and theirs[k] != ours.get(k)]
+    if diff:
+        keys = ",".join(d.split(":")[0] for d in diff)
+        raise UserError(
+            f"trainer.init_from={path} was trained with another architecture ("
+            + "; ".join(diff) + "): its weights would be read as another model; use the model "
+            f"settings it was trained with, or add trainer.resume_changed=[{keys}] to change "
+            "them deliberately")
 
 
 def _device_cap(cfg: Config, info: distributed.DistInfo,
