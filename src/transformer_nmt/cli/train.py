@@ -1,7 +1,7 @@
 """``nmt-train``: train a Transformer (``transformer_nmt.train.loop.train``) from the Hydra config.
 
     nmt-prepare experiment=multi30k_en_de && nmt-train experiment=multi30k_en_de
-    nmt-train experiment=wmt14_en_de_base trainer.update_freq=8            # one GPU
+    nmt-train experiment=wmt14_en_de_base      # one GPU: update_freq from trainer.tokens_per_step
     torchrun --nproc_per_node=8 -m transformer_nmt.cli.train experiment=wmt14_en_de_base
     nmt-train experiment=wmt14_en_de_big trainer.dry_run=true             # no corpus needed
 

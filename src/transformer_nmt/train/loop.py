@@ -71,14 +71,17 @@ def train(cfg: Config, *, model_vocab_size: int | None = None,
         ValueError: ``trainer.dry_run`` set (dry runs go through
             :func:`transformer_nmt.train.dryrun.dry_run`), bad precision for the device, empty
             training set, or a checkpoint of another layout in the run directory.
-        UserError: the run directory holds another model or was started with other
-            settings, or none of its checkpoints can be read
+        UserError: a ``trainer.resume_changed`` entry that is no setting
+            (:func:`transformer_nmt.train.resume.check_resume_changed`); the run directory
+            holds another model or was started with other settings, or none of its
+            checkpoints can be read
             (:func:`transformer_nmt.train.resume.resume_training`); another ``nmt-train``
             holds the run directory, or it is a file (:func:`transformer_nmt.train.resume.run_lock`).
     """
     if cfg.trainer.dry_run:
         raise ValueError("trainer.dry_run=true: run it with nmt-train or "
                          "transformer_nmt.train.dryrun.dry_run(cfg), not train(cfg)")
+    resume.check_resume_changed(cfg)
     # the handlers go in before the slow start-up (rendezvous, sampler, model, resume): a
     # stop signal then stops the run before its first step, with a summary
     stop_flag = StopFlag()

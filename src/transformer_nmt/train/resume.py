@@ -219,6 +219,41 @@ def check_same_data(saved: dict[str, Any], path: str | Path, data: dict[str, Any
     )
 
 
+RESUME_GROUPS = ("name", "model", "data", "trainer")
+"""The config groups a resume compares (:func:`transformer_nmt.checkpoint.config_differences`)."""
+
+
+def check_resume_changed(config: Config) -> None:
+    """Fail unless every entry of ``trainer.resume_changed`` is ``*`` or a setting a resume
+    compares (``name``, ``model.*``, ``data.*``, ``trainer.*`` of this config): a misspelt key
+    would otherwise let nothing through, silently.
+
+    Raises:
+        UserError: naming the entry and the closest setting.
+    """
+    import difflib
+
+    plain = to_plain(config)
+    known: list[str] = []
+
+    def walk(node: Any, key: str) -> None:
+        known.append(key)
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}")
+
+    for group in RESUME_GROUPS:
+        walk(plain.get(group), group)
+    for entry in config.trainer.resume_changed or []:
+        if entry != "*" and entry not in known:
+            close = difflib.get_close_matches(str(entry), known, n=1)
+            raise UserError(
+                f"trainer.resume_changed=[{entry}]: {entry} is not a setting a resume compares "
+                f"(name, model.*, data.*, trainer.*)"
+                + (f"; did you mean {close[0]}?" if close else "")
+                + " Name each changed key as the refusal names it, or use [*]")
+
+
 def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config | None,
                         vocab: dict[str, Any] | None) -> None:
     """Fail unless ``config`` continues the run the checkpoint ``saved`` belongs to: the same

@@ -114,8 +114,13 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
             raise UserError(f"training split {cfg.data.train_split!r} of {cfg.data.name}: {e} "
                             "(trainer.too_long=skip leaves such pairs out)") from e
 
+    asked_update_freq = int(t_cfg.update_freq)
     plan = plan_batch(t_cfg, cfg.model, make_sampler, info.world_size,
                       **_device_cap(cfg, info, train_set))
+    if t_cfg.tokens_per_step is not None and asked_update_freq not in (1, plan.update_freq):
+        log.warning("trainer.update_freq=%d is not used: trainer.tokens_per_step=%d derives it "
+                    "(%d here); set trainer.tokens_per_step=null to train with update_freq as "
+                    "given", asked_update_freq, int(t_cfg.tokens_per_step), plan.update_freq)
     # The loop, the summary and the checkpoints read the chosen values from the config.
     t_cfg.max_tokens, t_cfg.update_freq, sampler = plan.max_tokens, plan.update_freq, plan.sampler
     if t_cfg.tokens_per_step is not None:
