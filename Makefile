@@ -2,6 +2,8 @@
 #   make install            venv + editable install with dev, export and cluster extras (CPU torch pinned unless torch is already there)
 #   make test               the whole test suite (the cluster simulations of tests/test_cluster.py included)
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
+#   make smoke              the whole default pipeline at smoke size (prepare, train, average,
+#                           evaluate: about a minute on a laptop CPU; runs/smoke)
 #   make all                the whole default job: train (data first), average, evaluate, table
 #                           (runs/results.md; the committed docs/results.md is rebuilt only when
 #                           asked: make table ARGS=table.output=docs/results.md)
@@ -53,6 +55,14 @@ $(STAMP): pyproject.toml
 	$(MAKE) install
 
 all: train eval table
+
+# The default pipeline on a 3,000-pair slice with a 1+1-layer model (configs/experiment/smoke.yaml).
+.PHONY: smoke
+smoke: $(STAMP)
+	$(BIN)/nmt-prepare experiment=smoke $(ARGS)
+	$(BIN)/nmt-train experiment=smoke $(ARGS)
+	$(BIN)/nmt-average experiment=smoke $(ARGS)
+	$(BIN)/nmt-evaluate experiment=smoke $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

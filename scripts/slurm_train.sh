@@ -14,8 +14,10 @@
 # the torchrun agents wait up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (240 s, room for a `big`
 # checkpoint) before killing them, and exit non-zero themselves. This script then reads the
 # run's train_summary.json: a run stopped by a signal is requeued (`scontrol requeue`, the job
-# starts again and resumes) and the job ends with 0; a run that reached its limit ends with 0;
-# anything else keeps srun's exit code.
+# starts again and resumes) and the job ends with 0, also when the signal came during the
+# workers' start-up, before their first step (no new checkpoint then); a run that reached its
+# limit ends with 0; a run that diverged ends with 3 and is not requeued (train_summary.json
+# names its last finite checkpoint); anything else keeps srun's exit code.
 #
 # Environment knobs: GPUS_PER_NODE (8), MASTER_PORT (29500), VENV (.venv), OMP_NUM_THREADS (8),
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT (240), NMT_NO_REQUEUE (set to 1 to never requeue).
@@ -80,6 +82,9 @@ case "$stopped_by" in
     exit 0 ;;
   max_steps|max_epochs|max_time|patience|finished)
     exit 0 ;;
+  divergence)
+    echo "the run diverged: not requeued; see $SUMMARY"
+    exit 3 ;;
   *)
     exit "$status" ;;
 esac

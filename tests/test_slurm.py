@@ -96,3 +96,10 @@ def test_crash_keeps_exit_status_and_ignores_stale_summary(tmp_path, tiny_corpus
     assert proc.returncode == 3
     assert not (log / "scontrol.calls").exists()
     assert "stopped by: unknown" in proc.stdout
+
+
+def test_diverged_run_is_not_requeued_and_exits_3(tmp_path, tiny_corpus):
+    proc, log = _run(tmp_path, tiny_corpus, "divergence", exit_code=1)
+    assert proc.returncode == 3
+    assert not (log / "scontrol.calls").exists()
+    assert "the run diverged: not requeued" in proc.stdout

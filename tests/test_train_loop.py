@@ -119,9 +119,10 @@ def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides, tiny, 
     assert last["train_state"]["tokens_seen"] == on_disk["tokens_seen"]
     assert last["config"]["run_dir"] == str(run)
     assert last["vocab_size"] == synthetic_corpus.vocab_size
-    # Named parts, each stored once (vocab: the SentencePiece model's identity).
+    # Named parts, each stored once (vocab: the SentencePiece model's identity; data: the
+    # training data's).
     assert set(last) == {"model", "optimizer", "scheduler", "scaler", "sampler", "rng",
-                         "train_state", "config", "vocab_size", "vocab"}
+                         "train_state", "config", "vocab_size", "vocab", "data"}
     assert not {"epoch", "position"} & set(last["train_state"])
     best = load_checkpoint(checkpoint_dir(run) / BEST_NAME)
     assert best["train_state"]["step"] == 60

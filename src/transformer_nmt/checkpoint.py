@@ -16,6 +16,7 @@ A training checkpoint is one ``torch.save`` file of plain types and tensors, loa
                      validation results, world_size, ...),
       "config":      the resolved run config as a plain dict,
       "vocab_size":  size of the shared vocabulary the model was built with,
+      "data":        {"name", "split", "pairs", "sha256"}: the training data's identity,
     }
 
 A model file (``averaged.pt``, written by :func:`average_run`) holds only ``"model"``,
@@ -132,6 +133,7 @@ def training_checkpoint(
     config: Config | dict[str, Any],
     vocab_size: int,
     vocab: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The training checkpoint dict (layout in the module docstring) of these parts.
 
@@ -141,6 +143,7 @@ def training_checkpoint(
         rng: every rank's :func:`transformer_nmt.runtime.rng_state`, indexed by rank.
         config: the run config (typed or its plain dict).
         vocab: the vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`).
+        data: the training data's identity (``data.prepare.training_data_identity``).
     """
     if not isinstance(config, dict):
         config = to_plain(config)
@@ -155,6 +158,7 @@ def training_checkpoint(
         "config": config,
         "vocab_size": int(vocab_size),
         **({"vocab": vocab} if vocab is not None else {}),
+        **({"data": data} if data is not None else {}),
     }
 
 
@@ -267,26 +271,57 @@ def _step_of(path: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
+def recorded_save_every_steps(ckpt: dict[str, Any]) -> int | None:
+    """The ``trainer.save_every_steps`` a checkpoint was written under (its stored config), or
+    None (time- or epoch-based saves, or no config)."""
+    trainer = (ckpt.get("config") or {}).get("trainer") or {}
+    return int(trainer["save_every_steps"]) if trainer.get("save_every_steps") else None
+
+
+_SPACINGS: dict[tuple[str, int, int], int | None] = {}  # (path, size, mtime_ns) -> spacing
+
+
+def _spacing_of(path: Path) -> int | None:
+    """:func:`recorded_save_every_steps` of a file (read once per content); None if unreadable."""
+    try:
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in _SPACINGS:
+            _SPACINGS[key] = recorded_save_every_steps(_load_mmap(path))
+        return _SPACINGS[key]
+    except Exception:  # noqa: BLE001 - an unreadable file has no recorded spacing
+        return None
+
+
 def prune_checkpoints(run_dir: str | Path, keep_last: int,
                       save_every_steps: int | None = None) -> list[Path]:
     """Delete old step checkpoints so that the last ``keep_last`` periodic ones remain (what
-    :func:`average_run` averages); returns the deleted paths.
+    :func:`average_run` averages); returns the deleted paths, each named in the log.
 
-    With ``save_every_steps``, a checkpoint is periodic when its step is a multiple of it; the
-    newest checkpoint is always kept too (the one written when training stopped, off the
-    interval, which a resumed run starts from), so it never takes a periodic one's slot, and
-    older off-interval ones are deleted. Without it (time- or epoch-based saves) the steps do
-    not say which one was written at a stop, so ``keep_last + 1`` are kept.
+    With ``save_every_steps``, a checkpoint is periodic when its step is a multiple of it or
+    of the ``trainer.save_every_steps`` it was written under (a run resumed with another
+    spacing keeps those of the earlier one); the newest is always kept too (written when
+    training stopped, off the interval, a resumed run starts from it) without taking a
+    periodic one's slot, and older off-interval ones are deleted. Without it (time- or
+    epoch-based saves) a stop checkpoint cannot be told apart, so ``keep_last + 1`` are kept.
     """
     paths = step_checkpoints(run_dir)
+    periodic = paths
     if save_every_steps:
-        periodic = [p for p in paths if _step_of(p) % int(save_every_steps) == 0]
+        every = int(save_every_steps)
+        # the newest was just written under ``every``; older ones may predate a change of it
+        spacing = {p: every if _step_of(p) % every == 0 or p == paths[-1] else _spacing_of(p)
+                   for p in paths}
+        periodic = [p for p in paths if spacing[p] and _step_of(p) % spacing[p] == 0]
         kept = set(periodic[max(0, len(periodic) - keep_last):]) | set(paths[-1:])
-        doomed = [p for p in paths if p not in kept]
     else:
-        doomed = paths[: max(0, len(paths) - keep_last - 1)]
+        kept = set(paths[max(0, len(paths) - keep_last - 1):])
+    doomed = [p for p in paths if p not in kept]
     for p in doomed:
         p.unlink(missing_ok=True)
+        log.info("removed %s: %s", p.name,
+                 f"older than the last {keep_last} periodic checkpoints (trainer.keep_last)"
+                 if p in periodic else "written when training stopped, off its interval")
     return doomed
 
 
@@ -488,17 +523,21 @@ def _periodic(paths: list[Path], metas: list[dict[str, Any]],
     """Indices of the checkpoints saved at the regular interval, and why others were left out.
 
     With ``trainer.save_every_steps`` set, a checkpoint is regular when its step is a multiple
-    of it (the one written when training stops at another step is not). With time-based saves
-    (``save_every_minutes``), the newest checkpoint is left out when it is less than half the
-    median step interval after the one before it (written when training stopped).
+    of the spacing it was written under (its stored ``trainer.save_every_steps``, else
+    ``save_every_steps``): the one written when training stops at another step is not, and
+    a run resumed with another spacing keeps the regular checkpoints of the earlier one.
+    With time-based saves (``save_every_minutes``), the newest checkpoint is left out when
+    it is less than half the median step interval after the one before it (written when
+    training stopped).
     """
     steps = [int(checkpoint_step(m) or 0) for m in metas]
     if save_every_steps:
-        keep = [i for i, s in enumerate(steps) if s % int(save_every_steps) == 0]
-        left = [paths[i].name for i in range(len(paths)) if i not in keep]
-        why = (f"left out {', '.join(left)}: step not a multiple of "
-               f"trainer.save_every_steps={save_every_steps}") if left else ""
-        return keep, why
+        spacings = [recorded_save_every_steps(m) or int(save_every_steps) for m in metas]
+        keep = [i for i, s in enumerate(steps) if s % spacings[i] == 0]
+        left = [i for i in range(len(paths)) if i not in keep]
+        every = "/".join(dict.fromkeys(str(spacings[i]) for i in left))
+        return keep, (f"left out {', '.join(paths[i].name for i in left)}: step not a multiple "
+                      f"of trainer.save_every_steps={every}") if left else ""
     keep = list(range(len(paths)))
     if len(steps) >= 3:
         gaps = sorted(b - a for a, b in itertools.pairwise(steps[:-1]))
@@ -516,7 +555,7 @@ def average_run(cfg: Config) -> Path:
 
     Which files: ``cfg.average.checkpoints`` when given, else the last
     ``cfg.average.last`` regularly spaced step checkpoints of ``cfg.run_dir``
-    (:func:`_periodic`: the checkpoint written when training stopped is left out; fewer,
+    (:func:`_periodic`: the stop checkpoint is left out unless it is the only one; fewer,
     with a warning, when the run has fewer). The checkpoints must come from one run
     (:func:`check_same_run`). The output holds ``"model"`` (the mean, streamed by
     :func:`average_checkpoints`), ``"config"``, ``"vocab_size"``, ``"vocab"`` and ``"step"``
@@ -552,16 +591,21 @@ def average_run(cfg: Config) -> Path:
         if not available:
             raise MissingFileError(f"no checkpoint_<step>.pt in {folder} to average")
         metas = [_load_mmap(p) for p in available]
-        stored = metas[-1].get("config") or {}
-        save_every = (stored.get("trainer") or {}).get("save_every_steps",
-                                                       cfg.trainer.save_every_steps)
-        keep, note = _periodic(available, metas, save_every)
-        if len(keep) < n:
+        stored = (metas[-1].get("config") or {}).get("trainer") or {}
+        keep, note = _periodic(available, metas,
+                               stored.get("save_every_steps", cfg.trainer.save_every_steps))
+        if not keep:  # stopped before the first regular save: the stop checkpoint is the run
+            keep, note = [len(available) - 1], ""
+            log.warning("%s holds no regularly spaced checkpoint (the run stopped before its "
+                        "first regular save): averaging %s alone", folder, available[-1].name)
+        elif len(keep) < n:
             log.warning("average.last=%d but %s holds only %d regularly spaced "
                         "checkpoints; averaging those", n, folder, len(keep))
-        keep = keep[-n:]
-        paths = [available[i] for i in keep]
-        metas = [metas[i] for i in keep]
+        paths, metas = [available[i] for i in keep[-n:]], [metas[i] for i in keep[-n:]]
+        if len({recorded_save_every_steps(m) for m in metas}) > 1:
+            log.info("averaging checkpoints saved at different trainer.save_every_steps (%s)",
+                     ", ".join(f"{p.name}: {recorded_save_every_steps(m)}"
+                               for p, m in zip(paths, metas)))
     check_same_run(paths, metas)
     check_no_average(paths, metas)
     steps = [checkpoint_step(m) for m in metas]
@@ -631,7 +675,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
     model = Transformer(cfg.model, vocab_size=int(ckpt["vocab_size"]))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), cfg
-
 
 
 def load_initial_weights(model: Any, path: str | Path, vocab: dict | None = None) -> None:

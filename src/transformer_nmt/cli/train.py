@@ -1,7 +1,7 @@
 """``nmt-train``: train a Transformer (``transformer_nmt.train.loop.train``) from the Hydra config.
 
     nmt-prepare experiment=multi30k_en_de && nmt-train experiment=multi30k_en_de
-    nmt-train experiment=wmt14_en_de_base trainer.update_freq=8            # one GPU
+    nmt-train experiment=wmt14_en_de_base      # one GPU: update_freq from trainer.tokens_per_step
     torchrun --nproc_per_node=8 -m transformer_nmt.cli.train experiment=wmt14_en_de_base
     nmt-train experiment=wmt14_en_de_big trainer.dry_run=true             # no corpus needed
 
@@ -22,6 +22,8 @@ Under Hydra's submitit SLURM launcher each task gets the torchrun environment fr
 """
 
 from __future__ import annotations
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -49,14 +51,27 @@ def app(cfg: DictConfig) -> None:
             return
         from transformer_nmt.evaluate.table3 import evaluate_after_training
         from transformer_nmt.train.loop import train
+        from transformer_nmt.train.step import DIVERGED_EXIT, TrainingDiverged
 
-        train(cfg)
+        try:
+            train(cfg)
+        except TrainingDiverged as e:  # not a user error: the run and its .hydra files stay
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(DIVERGED_EXIT)
         evaluate_after_training(cfg)
 
 
 def main() -> None:
-    """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
-    run_app(app, "train")
+    """Console entry point: :func:`app` with one-line user errors (exit status 2). Stop signals
+    are recorded from here on (:mod:`transformer_nmt.train.startup_signals`), so one that
+    comes during the start-up stops the run before its first step instead of killing it."""
+    from transformer_nmt.train import startup_signals
+
+    startup_signals.record()
+    try:
+        run_app(app, "train")
+    finally:
+        startup_signals.release()
 
 
 if __name__ == "__main__":

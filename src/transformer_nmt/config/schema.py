@@ -441,8 +441,8 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     average: AverageConfig = field(default_factory=AverageConfig)
     translate: TranslateConfig = field(default_factory=TranslateConfig)
-    name: str = "multi30k_en_de"
-    """Experiment name; the run directory is runs/<name>."""
+    name: str = "no_experiment"
+    """Experiment name (each experiment config sets its own); the run directory is runs/<name>."""
     run_dir: str = "runs/${name}"
     """``runs/<name>``; a Table 3 row's run (set by its config): ``runs/<name>/table3/<variant>_seed<seed>``."""
     table3: Table3Config = field(default_factory=Table3Config)

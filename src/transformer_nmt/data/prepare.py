@@ -24,9 +24,11 @@ Outputs::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +133,31 @@ def token_filter_params(cfg: Config) -> dict:
             "max_len": binarize.max_train_tokens(max_positions, max_tokens)}
 
 
+def training_data_identity(d: DataConfig) -> dict:
+    """The identity of the binarized training split that training reads:
+    ``{"name", "split", "pairs", "sha256"}``, the digest taken over the SHA-256 of the
+    ``.bin`` and ``.idx`` files of both languages (from ``binarize.stamp.json`` when a file's
+    size and ``mtime_ns`` are the recorded ones, else read again). Training records it in
+    its checkpoints; a resume on other data (prepared again with other limits, or another
+    corpus under the name) is refused.
+
+    Raises:
+        FileNotFoundError: a binarized training file is missing.
+    """
+    saved = _load_json(summary_path(d).with_name("binarize.stamp.json")) or {}
+    jobs = saved.get("jobs") if isinstance(saved.get("jobs"), dict) else {}
+    digest = hashlib.sha256()
+    pairs = 0
+    for lang in (d.src_lang, d.tgt_lang):
+        prefix = bin_prefix(d, d.train_split, lang)
+        recorded = (jobs.get(str(prefix)) or {}).get("outputs") or {}
+        for path in (Path(f"{prefix}.bin"), Path(f"{prefix}.idx")):
+            known = recorded.get(str(path)) if isinstance(recorded, dict) else None
+            digest.update(f"{path.name} {_fingerprint(path, known)['sha256']}\n".encode())
+        pairs = len(binarize.TokenDataset(prefix))
+    return {"name": d.name, "split": d.train_split, "pairs": pairs, "sha256": digest.hexdigest()}
+
+
 def prepare(cfg: Config) -> dict:
     """Run the data stage for ``cfg.data``.
 
@@ -160,45 +187,79 @@ def prepare(cfg: Config) -> dict:
     stages["download"] = {"status": "done" if fetched else "skipped",
                           "seconds": round(time.perf_counter() - t, 2)}
     split_names = [s.split for s in sources]
-
-    # clean -------------------------------------------------------------------------------------
-    t = time.perf_counter()
     text = {(s, lang): raw_path(d, s, lang) for s in split_names for lang in langs}
+
     report_file = clean.report_path(d)
-    stamp = report_file.with_name("clean.stamp.json")
-    remove_orphans(report_file.parent)
-    inputs = [p for s in sources for p in (s.src, s.tgt)]
-    outputs = [*text.values(), report_file]
-    params = {"clean": clean.clean_params(d),
-              "splits": [[s.split, s.is_train, s.max_pairs] for s in sources]}
-    if stamp_is_current(stamp, params, inputs, outputs):
-        report = _load_json(report_file)
-        stages["clean"] = {"status": "skipped"}
-    else:
-        stamp.unlink(missing_ok=True)
-        report = clean.clean_corpus(d, sources)
-        write_stamp(stamp, params, inputs, outputs)
-        stages["clean"] = {"status": "done"}
-    stages["clean"]["seconds"] = round(time.perf_counter() - t, 2)
+    _run_stage(
+        stages, "clean", report_file.with_name("clean.stamp.json"),
+        params={"clean": clean.clean_params(d),
+                "splits": [[s.split, s.is_train, s.max_pairs] for s in sources]},
+        inputs=[p for s in sources for p in (s.src, s.tgt)],
+        outputs=[*text.values(), report_file],
+        build=lambda: clean.clean_corpus(d, sources))
+    report = _load_json(report_file)
 
-    # bpe ---------------------------------------------------------------------------------------
-    t = time.perf_counter()
     model = spm_model_path(d)
-    stamp = model.with_name("spm.stamp.json")
-    remove_orphans(model.parent, (".*.tmp", ".spm_sample.*.txt"))
     train_text = [text[(d.train_split, lang)] for lang in langs]
-    outputs = [model, model.with_suffix(".vocab"), bpe.meta_path(model)]
-    if stamp_is_current(stamp, bpe.spm_params(d), train_text, outputs):
-        stages["bpe"] = {"status": "skipped"}
+    _run_stage(
+        stages, "bpe", model.with_name("spm.stamp.json"), params=bpe.spm_params(d),
+        inputs=train_text, outputs=[model, model.with_suffix(".vocab"), bpe.meta_path(model)],
+        build=lambda: bpe.train_spm(d, train_text, model),
+        orphans=(".*.tmp", ".spm_sample.*.txt"))
+    tokenizer = bpe.SentencePieceTokenizer(model)
+
+    filter_params, token_filter = _binarize_stage(cfg, stages, text, tokenizer)
+
+    summary = _summary(d, report, tokenizer.vocab_size, split_names, langs)
+    summary["clean_params"] = dict(report.get("params") or {})
+    summary["token_filter"] = {**filter_params, "split": d.train_split,
+                               "dropped": int(token_filter.get("dropped", 0))}
+    summary["stages"] = stages
+    before = _load_json(summary_path(d)) or {}
+    unchanged = {k: v for k, v in before.items() if k != "stages"} == _plain(
+        {k: v for k, v in summary.items() if k != "stages"})
+    if unchanged and all(v["status"] == "skipped" for v in stages.values()):
+        # nothing was rebuilt: the data root is left untouched (it may be read-only)
+        log.info("the prepared data is up to date: %s", summary_path(d))
+        return summary
+    with atomic_write(summary_path(d)) as f:
+        json.dump(summary, f, indent=2)
+    log.info("summary written to %s", summary_path(d))
+    return summary
+
+
+def _run_stage(stages: dict[str, dict], name: str, stamp: Path, *, params: Any,
+               inputs: list[Path], outputs: list[Path], build: Callable[[], Any],
+               orphans: tuple[str, ...] = (".*.tmp",)) -> None:
+    """One stage of :func:`prepare`: remove a killed run's temporary files (``orphans``) from
+    the stamp's folder, then skip the stage when ``stamp`` is current
+    (:func:`stamp_is_current`), else delete the stamp, ``build()`` the outputs and write the
+    stamp last. Records ``{"status": "done" | "skipped", "seconds"}`` in ``stages[name]``."""
+    t = time.perf_counter()
+    remove_orphans(stamp.parent, orphans)
+    if stamp_is_current(stamp, params, inputs, outputs):
+        status = "skipped"
     else:
         stamp.unlink(missing_ok=True)
-        bpe.train_spm(d, train_text, model)
-        write_stamp(stamp, bpe.spm_params(d), train_text, outputs)
-        stages["bpe"] = {"status": "done"}
-    tokenizer = bpe.SentencePieceTokenizer(model)
-    stages["bpe"]["seconds"] = round(time.perf_counter() - t, 2)
+        build()
+        write_stamp(stamp, params, inputs, outputs)
+        status = "done"
+    stages[name] = {"status": status, "seconds": round(time.perf_counter() - t, 2)}
 
-    # binarize ----------------------------------------------------------------------------------
+
+def _binarize_stage(cfg: Config, stages: dict[str, dict], text: dict[tuple[str, str], Path],
+                    tokenizer: bpe.SentencePieceTokenizer) -> tuple[dict, dict]:
+    """The binarize stage of :func:`prepare`: each ``(split, lang)`` text file whose record in
+    ``binarize.stamp.json`` is not current is encoded again, and the training split is
+    filtered to the token limit (:func:`token_filter_params`) when it was rebuilt or the
+    limit changed. Records the stage in ``stages["binarize"]``.
+
+    Returns:
+        ``(filter_params, token_filter)``: the limit and the filter's counts.
+    """
+    d = cfg.data
+    langs = (d.src_lang, d.tgt_lang)
+    model = tokenizer.model_path
     t = time.perf_counter()
     stamp = summary_path(d).with_name("binarize.stamp.json")
     remove_orphans(stamp.parent)
@@ -229,6 +290,7 @@ def prepare(cfg: Config) -> dict:
     rebuilt_train = any(str(p) in {str(bin_prefix(d, d.train_split, lang)) for lang in langs}
                         for _, p in jobs)
     if rebuilt_train or not token_filter:
+        _warn_refilter(d, saved_filter.get("params"), filter_params, same_filter)
         token_filter = {"dropped": 0}
         if filter_params["max_len"] is not None:
             token_filter = binarize.filter_long_pairs(
@@ -244,26 +306,25 @@ def prepare(cfg: Config) -> dict:
                                 for k, (ins, outs) in job_files.items()},
                        "token_filter": {"params": _plain(filter_params), "result": token_filter}},
                       f, indent=2)
-    done = len(jobs)
-    stages["binarize"] = {"status": "done" if done else "skipped",
+    stages["binarize"] = {"status": "done" if jobs else "skipped",
                           "seconds": round(time.perf_counter() - t, 2)}
+    return filter_params, token_filter
 
-    summary = _summary(d, report, tokenizer.vocab_size, split_names, langs)
-    summary["clean_params"] = dict(report.get("params") or {})
-    summary["token_filter"] = {**filter_params, "split": d.train_split,
-                               "dropped": int(token_filter.get("dropped", 0))}
-    summary["stages"] = stages
-    before = _load_json(summary_path(d)) or {}
-    unchanged = {k: v for k, v in before.items() if k != "stages"} == _plain(
-        {k: v for k, v in summary.items() if k != "stages"})
-    if unchanged and all(v["status"] == "skipped" for v in stages.values()):
-        # nothing was rebuilt: the data root is left untouched (it may be read-only)
-        log.info("the prepared data is up to date: %s", summary_path(d))
-        return summary
-    with atomic_write(summary_path(d)) as f:
-        json.dump(summary, f, indent=2)
-    log.info("summary written to %s", summary_path(d))
-    return summary
+
+def _warn_refilter(d: DataConfig, before: Any, now: dict, same: bool) -> None:
+    """Warn when the training split, filtered before for other limits (another experiment
+    sharing ``data.name``, or other ``model.max_positions`` / ``trainer.max_tokens``), is
+    filtered again: runs trained on the earlier data refuse to resume on it."""
+    if same or not isinstance(before, dict) or before.get("max_len") is None:
+        return
+    log.warning(
+        "the training split of %s (%s) was filtered for pairs of at most %s pieces "
+        "(model.max_positions %s, trainer.max_tokens %s) and is now filtered for %s "
+        "(model.max_positions %s, trainer.max_tokens %s): runs trained on the earlier data "
+        "refuse to resume on it; give experiments with other limits their own data.name",
+        d.name, Path(d.root) / "bin" / d.name, before.get("max_len"),
+        before.get("max_positions"), before.get("max_tokens"), now["max_len"],
+        now["max_positions"], now["max_tokens"])
 
 
 def _summary(d: Any, report: dict, vocab_size: int, split_names: list[str],

@@ -8,5 +8,6 @@
 * :mod:`.loss`: label-smoothed cross entropy; :mod:`.optim`: Adam and the warm-up schedule;
 * :mod:`.validation`: perplexity and BLEU on the development set;
 * :mod:`.metrics`: metrics.jsonl, TensorBoard, the log line; :mod:`.summary`: train_summary.json;
-* :mod:`.distributed`: process groups, all-reduce helpers; :mod:`.dryrun`: a few real steps.
+* :mod:`.distributed`: process groups, all-reduce helpers; :mod:`.dryrun`: a few real steps;
+* :mod:`.startup_signals`: stop signals recorded from the first moment of ``nmt-train``.
 """

@@ -29,11 +29,17 @@ from typing import Any
 
 from transformer_nmt.config import Config
 from transformer_nmt.runtime import STOP_SIGNALS, StopFlag, device_name
-from transformer_nmt.train import distributed, resume
+from transformer_nmt.train import distributed, resume, startup_signals
 from transformer_nmt.train.metrics import MetricsLog, Window, log_train_line
 from transformer_nmt.train.setup import setup
-from transformer_nmt.train.state import TrainState, finished_by, reached_limit
-from transformer_nmt.train.step import apply_update, forward_backward
+from transformer_nmt.train.state import (
+    TrainState,
+    finished_by,
+    reached_limit,
+    should_save,
+    should_validate,
+)
+from transformer_nmt.train.step import TrainingDiverged, apply_update, forward_backward
 from transformer_nmt.train.summary import write_summary
 from transformer_nmt.train.validation import run_validation, valid_references
 
@@ -59,52 +65,64 @@ def train(cfg: Config, *, model_vocab_size: int | None = None,
 
     Raises:
         MissingDataError: the prepared data is missing (one line naming the file).
-        RuntimeError: ``max_bad_steps`` consecutive non-finite steps.
+        TrainingDiverged (a RuntimeError): ``max_bad_steps`` consecutive non-finite steps or
+            a collapsed fp16 loss scale; ``train_summary.json`` is written first, with
+            ``"stopped_by": "divergence"`` and ``last_finite_checkpoint``.
         ValueError: ``trainer.dry_run`` set (dry runs go through
             :func:`transformer_nmt.train.dryrun.dry_run`), bad precision for the device, empty
             training set, or a checkpoint of another layout in the run directory.
-        UserError: the run directory holds another model or was started with other
-            settings, or none of its checkpoints can be read
+        UserError: a ``trainer.resume_changed`` entry that is no setting
+            (:func:`transformer_nmt.train.resume.check_resume_changed`); the run directory
+            holds another model or was started with other settings, or none of its
+            checkpoints can be read
             (:func:`transformer_nmt.train.resume.resume_training`); another ``nmt-train``
             holds the run directory, or it is a file (:func:`transformer_nmt.train.resume.run_lock`).
     """
     if cfg.trainer.dry_run:
         raise ValueError("trainer.dry_run=true: run it with nmt-train or "
                          "transformer_nmt.train.dryrun.dry_run(cfg), not train(cfg)")
-    info = distributed.init_distributed()
+    resume.check_resume_changed(cfg)
+    # the handlers go in before the slow start-up (rendezvous, sampler, model, resume): a
+    # stop signal then stops the run before its first step, with a summary
+    stop_flag = StopFlag()
+    stop_flag.install()
+    startup_signals.take_over(stop_flag)
     try:
-        with resume.run_lock(cfg.run_dir) if info.is_main else contextlib.nullcontext():
-            return _train(cfg, info, model_vocab_size, valid_max_batches)
+        info = distributed.init_distributed()
+        try:
+            with resume.run_lock(cfg.run_dir) if info.is_main else contextlib.nullcontext():
+                return _train(cfg, info, stop_flag, model_vocab_size, valid_max_batches)
+        finally:
+            distributed.cleanup()
     finally:
-        distributed.cleanup()
+        stop_flag.restore()
 
 
-def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None,
-           valid_max_batches: int | None) -> dict[str, Any]:
+def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
+           model_vocab_size: int | None, valid_max_batches: int | None) -> dict[str, Any]:
     t_cfg = cfg.trainer
     run_dir = Path(cfg.run_dir)
     if not info.is_main:
         log.setLevel(logging.WARNING)
-    s = setup(cfg, info, model_vocab_size)
+    run = setup(cfg, info, model_vocab_size)
     seed, update_freq, epsilon = int(t_cfg.seed), int(t_cfg.update_freq), float(t_cfg.label_smoothing)
     state = TrainState(world_size=info.world_size)
-    resumed_from = resume.resume_training(run_dir, s, state, seed, info, config=cfg)
+    resumed_from = resume.resume_training(run_dir, run, state, seed, info, config=cfg)
     done = finished_by(t_cfg, state) if resumed_from is not None else None
     if done is not None:  # a requeued or repeated finished run: no step, validation or save
         log.info("the run in %s has already finished (%s reached at step %d): nothing to do; "
                  "raise that limit to train on", run_dir, done, state.step)
-        return write_summary(cfg, s, state, info, done, {}, resumed_from, already_finished=True)
+        return write_summary(cfg, run, state, info, done, {}, resumed_from, already_finished=True)
 
     metrics = MetricsLog(run_dir, info.is_main)
     bleu_refs: list[str] = []
     if t_cfg.valid_bleu and info.is_main:
-        bleu_refs = valid_references(cfg, s.valid_set, s.tokenizer, int(t_cfg.valid_bleu_sentences))
+        bleu_refs = valid_references(cfg, run.valid_set, run.tokenizer,
+                                     int(t_cfg.valid_bleu_sentences))
     last_valid: dict[str, float] = {}
-    stop_flag = StopFlag()
-    stop_flag.install()
     stop_signals = [int(getattr(signal, name)) for name in STOP_SIGNALS if hasattr(signal, name)]
     total_steps = (int(t_cfg.max_steps) if t_cfg.max_steps is not None
-                   else int(t_cfg.max_epochs) * s.steps_per_epoch if t_cfg.max_epochs is not None
+                   else int(t_cfg.max_epochs) * run.steps_per_epoch if t_cfg.max_epochs is not None
                    else None)
     show_bar = info.is_main and sys.stderr.isatty()
     from tqdm import tqdm
@@ -123,30 +141,32 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     log.info("training on %s x %d (%s), update_freq %d, max_tokens %d: step %d of %s",
-             device_name(s.device), info.world_size, s.precision, update_freq,
+             device_name(run.device), info.world_size, run.precision, update_freq,
              int(t_cfg.max_tokens), state.step, total_steps)
 
-    stopped_by = reached_limit(t_cfg, state)
+    stopped_by = reached_limit(t_cfg, state) or _signalled_during_start_up(stop_flag, run, state)
+    diverged: TrainingDiverged | None = None
     try:
         while stopped_by is None:
             # -- draw this step's micro-batches (the same count on every rank) --------------
             if loader_iter is None:
-                s.sampler.set_epoch(state.epoch)
-                s.sampler.load_state_dict(state.sampler_state(seed))
-                loader_iter = iter(s.train_loader)
-            k = min(update_freq, len(s.sampler) - state.position)
+                run.sampler.set_epoch(state.epoch)
+                run.sampler.load_state_dict(state.sampler_state(seed))
+                loader_iter = iter(run.train_loader)
+            k = min(update_freq, len(run.sampler) - state.position)
             micro_batches = [next(loader_iter) for _ in range(k)]
             state.position += k
             state.micro_step += k
-            epoch_ended = state.position >= len(s.sampler)
+            epoch_ended = state.position >= len(run.sampler)
             if epoch_ended:
                 state.epoch, state.position, loader_iter = state.epoch + 1, 0, None
 
             # -- forward / backward over the micro-batches, then the update ----------------
             t0 = time.perf_counter()
-            out = forward_backward(s.train_model, micro_batches, epsilon=epsilon, device=s.device,
-                                   world_size=info.world_size, autocast=s.autocast, scaler=s.scaler,
-                                   pad_to_multiple=s.pad_to_multiple)
+            out = forward_backward(run.train_model, micro_batches, epsilon=epsilon,
+                                   device=run.device, world_size=info.world_size,
+                                   autocast=run.autocast, scaler=run.scaler,
+                                   pad_to_multiple=run.pad_to_multiple)
             # decisions every rank must agree on (time is read on rank 0), summed over the
             # ranks in the step's own all-reduce: no collective or host read of their own
             elapsed = seconds_before + time.perf_counter() - loop_start
@@ -154,7 +174,7 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
                      int(info.is_main and save_every_s is not None
                          and time.monotonic() - last_save_time >= save_every_s),
                      int(info.is_main and max_time_s is not None and elapsed >= max_time_s)]
-            loss_sum, lr, stepped = apply_update(s, state, window, out, t_cfg, run_dir, flags)
+            loss_sum, lr, stepped = apply_update(run, state, window, out, t_cfg, run_dir, flags)
             if stepped:
                 bar.update(1)
             window.steps += 1
@@ -166,8 +186,8 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
             if state.step % log_every == 0 and window.steps and state.bad_steps_in_row == 0:
                 record = window.record(
                     lr=lr, skipped_steps=state.skipped_steps, tokens_seen=state.tokens_seen,
-                    epoch=state.epoch_progress(s.sampler.num_batches, info.world_size),
-                    device=s.device)
+                    epoch=state.epoch_progress(run.sampler.num_batches, info.world_size),
+                    device=run.device)
                 metrics.write("train", state.step, record)
                 if not show_bar:
                     log_train_line(state.step, total_steps, record)
@@ -183,41 +203,53 @@ def _train(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None
                 stopped_by = f"signal {signal.Signals(signal_num).name}"
 
             # -- validation, checkpoints ------------------------------------------------------------
-            stepped = state.bad_steps_in_row == 0
             best = False
-            vfreq, vepochs = t_cfg.validate_every_steps, t_cfg.validate_every_epochs
-            if stepped and state.step != last_valid_step and (
-                (vfreq and state.step % int(vfreq) == 0)
-                or (vepochs and epoch_ended and state.epoch % int(vepochs) == 0)
-                or stopped_by in ("max_steps", "max_epochs", "max_time")
-            ):
+            if should_validate(t_cfg, state, epoch_ended=epoch_ended, stopped_by=stopped_by,
+                               last_valid_step=last_valid_step):
                 last_valid, best = run_validation(
-                    cfg, s.model, s.valid_loader, s.valid_set, s.tokenizer, state,
-                    device=s.device, autocast=s.autocast, is_main=info.is_main,
+                    cfg, run.model, run.valid_loader, run.valid_set, run.tokenizer, state,
+                    device=run.device, autocast=run.autocast, is_main=info.is_main,
                     references=bleu_refs, max_batches=valid_max_batches)
                 metrics.write("valid", state.step, last_valid)
                 last_valid_step = state.step
                 if (t_cfg.patience is not None and stopped_by is None
                         and state.validations_without_improvement >= int(t_cfg.patience)):
                     stopped_by = "patience"
-            sfreq, sepochs = t_cfg.save_every_steps, t_cfg.save_every_epochs
-            regular = state.step != last_saved_step and (
-                (stepped and sfreq and state.step % int(sfreq) == 0)
-                or (stepped and sepochs and epoch_ended and state.epoch % int(sepochs) == 0)
-                or save_for_time or stopped_by is not None
-            )
+            regular = should_save(t_cfg, state, epoch_ended=epoch_ended, stopped_by=stopped_by,
+                                  last_saved_step=last_saved_step, save_for_time=save_for_time)
             if (regular or best) and not t_cfg.no_save:
-                resume.save_training(run_dir, s, state, info, config=cfg, seed=seed,
-                                       keep_last=int(t_cfg.keep_last), best=best, regular=regular)
+                resume.save_training(run_dir, run, state, info, config=cfg, seed=seed,
+                                     keep_last=int(t_cfg.keep_last), best=best, regular=regular)
                 if regular:
                     last_saved_step, last_save_time = state.step, time.monotonic()
+    except TrainingDiverged as e:  # every rank agrees: the losses were all-reduced
+        diverged, stopped_by = e, "divergence"
     finally:
         bar.close()
         stop_flag.restore()
         metrics.close()
 
     state.train_seconds = seconds_before + time.perf_counter() - loop_start
-    summary = write_summary(cfg, s, state, info, stopped_by, last_valid, resumed_from)
+    summary = write_summary(cfg, run, state, info, stopped_by, last_valid, resumed_from,
+                            last_finite_checkpoint=diverged and diverged.last_finite_checkpoint)
+    if diverged is not None:
+        raise diverged
     # submitit's SIGUSR2 handler (requeue the job, exit) runs once the stop checkpoint is written
     stop_flag.hand_over()
     return summary
+
+
+def _signalled_during_start_up(stop_flag: StopFlag, run: Any, state: Any) -> str | None:
+    """``"signal <NAME>"`` when a stop signal reached any rank before the first step (every
+    rank calls it: one all-reduce), else None. The run then stops without a step or a new
+    checkpoint; its summary says so, and a requeued job resumes where it was."""
+    import torch
+
+    received = int(distributed.all_reduce_max(
+        torch.tensor([stop_flag.requested], dtype=torch.int64, device=run.device)).item())
+    if not received:
+        return None
+    name = signal.Signals(received).name
+    log.info("%s during start-up: stopping before the first step (step %d), no checkpoint "
+             "written; started again, the run resumes from where it was", name, state.step)
+    return f"signal {name}"

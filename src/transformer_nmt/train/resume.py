@@ -64,7 +64,8 @@ def save_training(
 ) -> None:
     """Write ``checkpoint_<step>.pt`` (pruning to the last ``keep_last`` periodic ones and the
     newest, :func:`transformer_nmt.checkpoint.prune_checkpoints`) and / or
-    ``checkpoint_best.pt`` from the trainer's parts.
+    ``checkpoint_best.pt`` from the trainer's parts (with the vocabulary's and the training
+    data's identities).
 
     Every rank calls it (the RNG states are gathered); rank 0 writes.
 
@@ -82,7 +83,7 @@ def save_training(
     ckpt = training_checkpoint(
         model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, scaler=s.scaler,
         sampler=state.sampler_state(seed), rng=rngs, train_state=state.state_dict(),
-        config=config, vocab_size=s.vocab_size, vocab=s.vocab,
+        config=config, vocab_size=s.vocab_size, vocab=s.vocab, data=getattr(s, "data", None),
     )
     folder = checkpoint_dir(run_dir)
     if regular:
@@ -128,6 +129,68 @@ def _load_resumable(run_dir: str | Path, info: Any) -> tuple[Path, dict[str, Any
             "remove them to start the run again from step 0"
         )
     return None
+
+
+def check_same_data(saved: dict[str, Any], path: str | Path, data: dict[str, Any] | None) -> None:
+    """Fail unless the binarized training data is the one the checkpoint ``saved`` was
+    trained on (``"data"``: :func:`transformer_nmt.data.prepare.training_data_identity`;
+    not checked where either side does not record it). The data position is counted in
+    batches of that data: on other data (prepared again with other limits, or another
+    corpus under the name) a resume would continue somewhere else in another dataset.
+
+    Raises:
+        UserError: one line naming the run, both identities and the ways out.
+    """
+    theirs = saved.get("data")
+    if not isinstance(theirs, dict) or not isinstance(data, dict) or not theirs.get("sha256"):
+        return
+    if theirs.get("sha256") == data.get("sha256"):
+        return
+    run_dir = Path(path).parent.parent
+    raise UserError(
+        f"{run_dir} was trained on other training data ({Path(path).name}: "
+        f"{theirs.get('pairs')} {theirs.get('split')} pairs of {theirs.get('name')}, sha256 "
+        f"{str(theirs['sha256'])[:12]}; the data now: {data.get('pairs')} pairs, sha256 "
+        f"{str(data.get('sha256'))[:12]}): it was prepared again since (other "
+        "model.max_positions or trainer.max_tokens, or another corpus under this data.name); "
+        "run nmt-prepare with the settings the run was started with, or give a new run "
+        "another run_dir= or name= (trainer.init_from= starts it from these weights)"
+    )
+
+
+RESUME_GROUPS = ("name", "model", "data", "trainer")
+"""The config groups a resume compares (:func:`transformer_nmt.checkpoint.config_differences`)."""
+
+
+def check_resume_changed(config: Config) -> None:
+    """Fail unless every entry of ``trainer.resume_changed`` is ``*`` or a setting a resume
+    compares (``name``, ``model.*``, ``data.*``, ``trainer.*`` of this config): a misspelt key
+    would otherwise let nothing through, silently.
+
+    Raises:
+        UserError: naming the entry and the closest setting.
+    """
+    import difflib
+
+    plain = to_plain(config)
+    known: list[str] = []
+
+    def walk(node: Any, key: str) -> None:
+        known.append(key)
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}")
+
+    for group in RESUME_GROUPS:
+        walk(plain.get(group), group)
+    for entry in config.trainer.resume_changed or []:
+        if entry != "*" and entry not in known:
+            close = difflib.get_close_matches(str(entry), known, n=1)
+            raise UserError(
+                f"trainer.resume_changed=[{entry}]: {entry} is not a setting a resume compares "
+                f"(name, model.*, data.*, trainer.*)"
+                + (f"; did you mean {close[0]}?" if close else "")
+                + " Name each changed key as the refusal names it, or use [*]")
 
 
 def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config | None,
@@ -185,7 +248,8 @@ def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
     Raises:
         ValueError: the checkpoint lacks a part (names the file and the parts).
         UserError: the run directory holds another model (:func:`check_same_model`), was
-            started with other settings or another vocabulary (:func:`check_same_settings`);
+            started with other settings or another vocabulary (:func:`check_same_settings`),
+            or trained on other training data (:func:`check_same_data`);
             UnreadableCheckpointError: no checkpoint of the run can be read.
     """
     from transformer_nmt.runtime import seed_everything
@@ -197,6 +261,7 @@ def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
     check_training_checkpoint(saved, path)
     check_same_model(saved, s.model, path, config)
     check_same_settings(saved, path, config, getattr(s, "vocab", None))
+    check_same_data(saved, path, getattr(s, "data", None))
     restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
                     scaler=s.scaler)
     state.load_state_dict(saved["train_state"])

@@ -19,6 +19,7 @@ from transformer_nmt.config import Config, Positions
 from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset
 from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
 from transformer_nmt.data.loader import build_dataloader
+from transformer_nmt.data.prepare import training_data_identity
 from transformer_nmt.errors import UserError
 from transformer_nmt.fileio import spm_model_path
 from transformer_nmt.model.transformer import Transformer
@@ -59,6 +60,9 @@ class Setup:
     """The vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`), saved in checkpoints."""
     steps_per_epoch: int
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    data: dict[str, Any] | None = None
+    """The training data's identity (:func:`transformer_nmt.data.prepare.training_data_identity`),
+    saved in checkpoints and compared on resume."""
     pad_to_multiple: int = 1
     """The batches' length multiple (``trainer.pad_to_multiple`` resolved for the device)."""
     grads_in_buckets: bool = False
@@ -111,8 +115,13 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
             raise UserError(f"training split {cfg.data.train_split!r} of {cfg.data.name}: {e} "
                             "(trainer.too_long=skip leaves such pairs out)") from e
 
+    asked_update_freq = int(t_cfg.update_freq)
     plan = plan_batch(t_cfg, cfg.model, make_sampler, info.world_size,
                       **_device_cap(cfg, info, train_set))
+    if t_cfg.tokens_per_step is not None and asked_update_freq not in (1, plan.update_freq):
+        log.warning("trainer.update_freq=%d is not used: trainer.tokens_per_step=%d derives it "
+                    "(%d here); set trainer.tokens_per_step=null to train with update_freq as "
+                    "given", asked_update_freq, int(t_cfg.tokens_per_step), plan.update_freq)
     # The loop, the summary and the checkpoints read the chosen values from the config.
     t_cfg.max_tokens, t_cfg.update_freq, sampler = plan.max_tokens, plan.update_freq, plan.sampler
     if t_cfg.tokens_per_step is not None:
@@ -151,6 +160,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         from transformer_nmt.checkpoint import load_initial_weights
 
         load_initial_weights(model, t_cfg.init_from, vocab_identity(tokenizer.model_path))
+        check_init_architecture(cfg, t_cfg.init_from)
         log.info("weights from %s (trainer.init_from)", t_cfg.init_from)
     model = model.to(device)
     log.info("model %s: %s parameters", cfg.model.name, f"{model.num_parameters():,}")
@@ -172,7 +182,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         optimizer=optimizer, scheduler=scheduler, scaler=scaler, sampler=sampler,
         train_loader=train_loader, valid_set=valid_set, valid_loader=valid_loader,
         tokenizer=tokenizer, vocab_size=vocab_size, vocab=vocab_identity(tokenizer.model_path),
-        steps_per_epoch=steps_per_epoch,
+        steps_per_epoch=steps_per_epoch, data=training_data_identity(cfg.data),
         params=[p for p in model.parameters() if p.requires_grad],
         pad_to_multiple=pad_to_multiple,
         grads_in_buckets=info.distributed,
@@ -182,6 +192,46 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
 def _activation_dtype(precision: str) -> torch.dtype:
     """The dtype of attention inputs under the run's autocast precision."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(precision), torch.float32)
+INIT_FROM_FREE_KEYS = ("name", "dropout", "attention_dropout", "activation_dropout", "init")
+"""``model`` keys that may differ between a ``trainer.init_from`` model file and the run: the
+preset's label, the dropout rates (training only) and the initialisation the file replaces."""
+
+
+def check_init_architecture(cfg: Config, path: str) -> None:
+    """Fail unless the model file ``path`` (``trainer.init_from``) was trained with the run's
+    architecture: every ``model`` key but :data:`INIT_FROM_FREE_KEYS` equal, as a resume
+    compares them (``model.heads``, ``norm``, ``positions``, ``share_embeddings``, ...: shapes
+    alone do not tell 2 heads from 4, and the weights would be read as another model). Keys
+    named in ``trainer.resume_changed`` (or ``[*]``) are a deliberate change. A file without a
+    stored config is not compared.
+
+    Raises:
+        UserError: naming the file, each key with both values, and the override.
+    """
+    from transformer_nmt.config import to_plain
+    from transformer_nmt.fileio import read_checkpoint
+
+    try:
+        saved = read_checkpoint(path, mmap=True).get("config")
+    except Exception:  # noqa: BLE001 - read and reported by load_initial_weights
+        return
+    theirs = (saved or {}).get("model") if isinstance(saved, dict) else None
+    if not isinstance(theirs, dict):
+        return
+    ours = to_plain(cfg)["model"]
+    allowed = set(cfg.trainer.resume_changed or [])
+    if "*" in allowed:
+        return
+    diff = [f"model.{k}: {theirs[k]!r} != {ours.get(k)!r}" for k in sorted(theirs)
+            if k not in INIT_FROM_FREE_KEYS and f"model.{k}" not in allowed
+            and theirs[k] != ours.get(k)]
+    if diff:
+        keys = ",".join(d.split(":")[0] for d in diff)
+        raise UserError(
+            f"trainer.init_from={path} was trained with another architecture ("
+            + "; ".join(diff) + "): its weights would be read as another model; use the model "
+            f"settings it was trained with, or add trainer.resume_changed=[{keys}] to change "
+            "them deliberately")
 
 
 def _device_cap(cfg: Config, info: distributed.DistInfo,

@@ -1,6 +1,7 @@
 """The training loop's counters (:class:`TrainState`, the checkpoint's ``train_state`` and
-``sampler`` parts) and the limits that end a run (``max_steps``, ``max_epochs``,
-``max_time_minutes``, ``patience``)."""
+``sampler`` parts), the limits that end a run (``max_steps``, ``max_epochs``,
+``max_time_minutes``, ``patience``) and the loop's decisions after each step
+(:func:`should_validate`, :func:`should_save`)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,36 @@ def reached_limit(t_cfg: TrainerConfig, state: TrainState) -> str | None:
     if t_cfg.max_epochs is not None and state.epoch >= int(t_cfg.max_epochs):
         return "max_epochs"
     return None
+
+
+def should_validate(t_cfg: TrainerConfig, state: TrainState, *, epoch_ended: bool,
+                    stopped_by: str | None, last_valid_step: int) -> bool:
+    """Whether to validate after this step: the step was taken (not skipped), is not the
+    step last validated (``last_valid_step``), and is a multiple of
+    ``validate_every_steps``, ends an epoch that is a multiple of ``validate_every_epochs``
+    (``epoch_ended``), or ends the run at a limit (``stopped_by`` ``max_steps``,
+    ``max_epochs`` or ``max_time``; a signal or ``patience`` does not validate)."""
+    if state.bad_steps_in_row or state.step == last_valid_step:
+        return False
+    vfreq, vepochs = t_cfg.validate_every_steps, t_cfg.validate_every_epochs
+    return bool((vfreq and state.step % int(vfreq) == 0)
+                or (vepochs and epoch_ended and state.epoch % int(vepochs) == 0)
+                or stopped_by in ("max_steps", "max_epochs", "max_time"))
+
+
+def should_save(t_cfg: TrainerConfig, state: TrainState, *, epoch_ended: bool,
+                stopped_by: str | None, last_saved_step: int, save_for_time: bool) -> bool:
+    """Whether to write ``checkpoint_<step>.pt`` after this step: not the step last saved
+    (``last_saved_step``), and a taken step that is a multiple of ``save_every_steps`` or
+    ends an epoch that is a multiple of ``save_every_epochs``, or ``save_every_minutes``
+    elapsed (``save_for_time``), or the run stops here (``stopped_by``, whatever the cause)."""
+    if state.step == last_saved_step:
+        return False
+    stepped = state.bad_steps_in_row == 0
+    sfreq, sepochs = t_cfg.save_every_steps, t_cfg.save_every_epochs
+    return bool((stepped and sfreq and state.step % int(sfreq) == 0)
+                or (stepped and sepochs and epoch_ended and state.epoch % int(sepochs) == 0)
+                or save_for_time or stopped_by is not None)
 
 
 def finished_by(t_cfg: TrainerConfig, state: TrainState) -> str | None:

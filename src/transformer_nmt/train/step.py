@@ -8,7 +8,8 @@ all-reduced once (``ntokens_global``), each micro-batch's summed loss is scaled 
 ``world_size / ntokens_global`` (undoing DDP's mean) and back-propagated, so the gradient is
 that of ``sum(token losses) / ntokens_global`` whatever the world size and ``update_freq``.
 A step with a non-finite loss or gradient norm is skipped; ``max_bad_steps`` in a row stop
-training with a RuntimeError, and so does an fp16 loss scale below :data:`MIN_LOSS_SCALE`.
+training with :class:`TrainingDiverged`, and so does an fp16 loss scale below
+:data:`MIN_LOSS_SCALE`.
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
         the learning rate it used, and whether the parameters were updated.
 
     Raises:
-        RuntimeError: ``max_bad_steps`` non-finite steps in a row, or the fp16 loss scale
+        TrainingDiverged: ``max_bad_steps`` non-finite steps in a row, or the fp16 loss scale
             below :data:`MIN_LOSS_SCALE`.
     """
     s.scaler.unscale_(s.optimizer)
@@ -278,23 +279,37 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
     return loss_sum, lr, False
 
 
+DIVERGED_EXIT = 3
+"""Exit status of ``nmt-train`` when the run diverged (:class:`TrainingDiverged`)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """Training stopped because it diverged: ``trainer.max_bad_steps`` non-finite steps in a
+    row, or the fp16 loss scale collapsed. No checkpoint is written for it;
+    ``last_finite_checkpoint`` is the newest one whose parameters are all finite (None when
+    there is none). ``nmt-train`` reports it as one line and exits with :data:`DIVERGED_EXIT`."""
+
+    def __init__(self, message: str, last_finite_checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.last_finite_checkpoint = last_finite_checkpoint
+
+
 def _bad_steps_error(state: TrainState, t_cfg: TrainerConfig, loss: float, gnorm: float,
-                     lr: float, run_dir: Path) -> RuntimeError:
-    return RuntimeError(
+                     lr: float, run_dir: Path) -> TrainingDiverged:
+    return _diverged(
         f"training stopped at step {state.step}: {state.bad_steps_in_row} "
         f"consecutive steps had a non-finite loss or gradient "
         f"(trainer.max_bad_steps={t_cfg.max_bad_steps}; last loss={loss}, "
         f"gradient norm={gnorm}, lr={lr:.3g}). Lower the learning rate "
-        f"(trainer.lr_multiplier), set trainer.clip_norm, or use bf16/fp32; {_last_good(run_dir)}"
-    )
+        f"(trainer.lr_multiplier), set trainer.clip_norm, or use bf16/fp32", run_dir)
 
 
-def _last_good(run_dir: Path) -> str:
-    """Names the newest checkpoint whose parameters are all finite (or says there is none)."""
+def _diverged(message: str, run_dir: Path) -> TrainingDiverged:
+    """The error, naming the newest checkpoint whose parameters are all finite (or none)."""
     path = ckpt_lib.latest_finite_checkpoint(run_dir)
-    if path is None:
-        return "no checkpoint of the run has all-finite parameters"
-    return f"the last checkpoint whose parameters are all finite is {path}"
+    good = ("no checkpoint of the run has all-finite parameters" if path is None
+            else f"the last checkpoint whose parameters are all finite is {path}")
+    return TrainingDiverged(f"{message}; {good}", path)
 
 
 MIN_LOSS_SCALE = 1e-4
@@ -312,10 +327,9 @@ def loss_overflow(scaler: Any, loss_sum: float, grad_norm: float) -> bool:
     return bool(enabled) and math.isfinite(loss_sum) and not math.isfinite(grad_norm)
 
 
-def _loss_scale_error(state: TrainState, scale: float, run_dir: Path) -> RuntimeError:
-    return RuntimeError(
+def _loss_scale_error(state: TrainState, scale: float, run_dir: Path) -> TrainingDiverged:
+    return _diverged(
         f"training stopped at step {state.step}: fp16 gradient overflows lowered the loss "
         f"scale to {scale:g} (< {MIN_LOSS_SCALE:g}; {state.overflow_steps} overflow steps). "
         "Lower the learning rate (trainer.lr_multiplier), set trainer.clip_norm, or use "
-        f"bf16/fp32; {_last_good(run_dir)}"
-    )
+        "bf16/fp32", run_dir)

@@ -95,7 +95,8 @@ def _real_tokens_per_step(state: TrainState) -> dict[str, float]:
 
 def write_summary(cfg: Config, s: Setup, state: TrainState, info: distributed.DistInfo,
                   stopped_by: str | None, last_valid: dict[str, float],
-                  resumed_from: Path | None, already_finished: bool = False) -> dict[str, Any]:
+                  resumed_from: Path | None, already_finished: bool = False,
+                  last_finite_checkpoint: Path | None = None) -> dict[str, Any]:
     """The run summary; rank 0 writes it to ``<run_dir>/train_summary.json``.
 
     Every rank calls it (it ends in a barrier). Hours are wall-clock training seconds x world
@@ -104,6 +105,9 @@ def write_summary(cfg: Config, s: Setup, state: TrainState, info: distributed.Di
     ``already_finished``: the run was resumed after it had finished and did nothing
     (``"already_finished": true``); the previous summary's validation results and time are
     kept.
+
+    ``stopped_by="divergence"``: the summary also names ``last_finite_checkpoint``, the newest
+    checkpoint whose parameters are all finite (null when there is none).
     """
     from transformer_nmt import checkpoint as ckpt_lib
     from transformer_nmt.model.flops import FORMULA as FLOPS_FORMULA
@@ -146,6 +150,9 @@ def write_summary(cfg: Config, s: Setup, state: TrainState, info: distributed.Di
         "resumed_from": str(resumed_from) if resumed_from else None,
         "already_finished": already_finished,
     }
+    if stopped_by == "divergence":
+        summary["last_finite_checkpoint"] = (str(last_finite_checkpoint)
+                                             if last_finite_checkpoint else None)
     previous = _previous_summary(run_dir) if already_finished and info.is_main else {}
     if previous.get("steps") == state.step:  # the finished run's own figures, unchanged
         summary.update({k: previous[k] for k in ("valid", "train_seconds", "gpu_hours",
