@@ -112,7 +112,7 @@ def test_every_writing_command_stops_beside_a_holder_and_writes_nothing(tmp_path
     cases = [
         ("evaluate", base, run_dir, LOCK_NAME),
         ("average", base, run_dir, LOCK_NAME),
-        ("import_model", [*base, f"source={tmp_path / 'marian'}"], run_dir, LOCK_NAME),
+        ("import_model", [*base, f"export.source={tmp_path / 'marian'}"], run_dir, LOCK_NAME),
         ("translate", [*base, f"translate.input={tmp_path / 'in.en'}",
                        f"translate.output={run_dir / 'out.de'}"], run_dir, LOCK_NAME),
         ("export", base, run_dir / "export", ".hf.lock"),
