@@ -88,7 +88,7 @@ table3: data
 	$(BIN)/nmt-table
 
 # Table 3 at CPU scale (experiment=table3_proxy): the base row with three seeds first, then
-# every other row; about three hours on a 2-core CPU, resumable (finished rows are skipped).
+# every other row; about four hours on a 2-core CPU, resumable (finished rows are skipped).
 TABLE3_PROXY := experiment=table3_proxy
 table3-proxy: $(STAMP)
 	$(BIN)/nmt-prepare $(TABLE3_PROXY)

@@ -61,6 +61,17 @@ DROPOUT = {name: p["dropout"] for name, p in PRESETS.items()}
 """name: the preset's dropout (residual and embeddings)."""
 
 
+def run_main(main: Any) -> None:
+    """Run a benchmark's ``main()``; a failure ends in one ``error:`` line (exit 2) that names
+    the log to read instead of a traceback."""
+    try:
+        main()
+    except (RuntimeError, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: {first}", file=sys.stderr)
+        sys.exit(2)
+
+
 # ------------------------------------------------------------------------------ facts
 
 

@@ -184,7 +184,11 @@ class GpuCheck:
         cmd = [sys.executable, "-m", "transformer_nmt.cli.prepare", *cmd[3:]]
         proc = _run(cmd, self.work / "prepare.log", timeout=1800)
         if proc.returncode != 0:
-            raise RuntimeError(f"nmt-prepare failed: see {self.work / 'prepare.log'}")
+            log = self.work / "prepare.log"
+            errors = [line for line in log.read_text(errors="replace").splitlines()
+                      if line.startswith("error:")]
+            why = f" ({errors[-1]})" if errors else ""
+            raise RuntimeError(f"nmt-prepare failed{why}: see {log}")
 
     # -- the checks ----------------------------------------------------------------------------
     def gpu_tests(self, c: Check) -> None:
@@ -476,4 +480,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (RuntimeError, OSError) as e:  # one line naming the log, no traceback
+        sys.exit(f"error: {str(e).strip().splitlines()[0]}")
