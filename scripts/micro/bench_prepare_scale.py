@@ -57,6 +57,7 @@ def make_corpus(prefix: Path, n: int, seed: int, vocab: int = 30000) -> None:
     rng = np.random.default_rng(seed)
     syll = np.array(["ka", "to", "mi", "ren", "sa", "lo", "ve", "dun", "pi", "cha", "or", "el",
                      "an", "ist", "ung", "ber", "qu", "ix", "ne", "wa"])
+
     def words(r):
         return ["".join(syll[r.integers(0, len(syll), r.integers(1, 5))]) for _ in range(vocab)]
     src_words, tgt_words = words(np.random.default_rng(1)), words(np.random.default_rng(2))

@@ -39,7 +39,6 @@ SRC = torch.tensor([[5, 6, 7, 8, EOS_ID], [9, 10, 11, EOS_ID, PAD_ID]])
 TGT = torch.tensor([[2, 12, 13, 14], [2, 15, 16, PAD_ID]])
 
 
-
 def model_with(**overrides) -> Transformer:
     torch.manual_seed(0)
     return Transformer(replace(CFG, **overrides), vocab_size=V).eval()

@@ -26,7 +26,6 @@ VOCAB = 8
 CONTENT = [i for i in range(VOCAB) if i not in (PAD_ID, BOS_ID, EOS_ID)]
 
 
-
 def tiny_model(seed: int = 0, vocab: int = VOCAB, **overrides) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(

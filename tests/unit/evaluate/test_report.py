@@ -12,8 +12,9 @@ from transformer_nmt.evaluate.report import write_report
 def fake_result(experiment, corpus, data_name, tgt, model_name, splits, tok, sacre, *,
                 row=None, model_cfg=None, ls=0.1, flops=None, ppl=None, steps=100000,
                 averaged=5, per_step=25_000.0, max_train_pairs=None):
-    entry = lambda kind, label, score: {"type": kind, "label": label, "score": score,
-                                        "signature": f"sig-{kind}"}
+    def entry(kind, label, score):
+        return {"type": kind, "label": label, "score": score, "signature": f"sig-{kind}"}
+
     model_cfg = model_cfg or {"encoder_layers": 6, "decoder_layers": 6, "d_model": 512,
                               "d_ff": 2048, "heads": 8, "d_k": None, "d_v": None,
                               "dropout": 0.1, "positions": "sinusoidal"}

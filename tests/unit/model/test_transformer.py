@@ -345,7 +345,7 @@ def test_tied_weight_gets_gradient_from_each_use(monkeypatch):
         def embed(tokens, table, positions, offset):
             side = "source" if tokens is src else "target"
             if side != use:
-                table = lambda ids: F.embedding(ids, weight.detach(), PAD_ID)
+                table = lambda ids: F.embedding(ids, weight.detach(), PAD_ID)  # noqa: E731
             return original_embed(tokens, table, positions, offset)
 
         def project(x):

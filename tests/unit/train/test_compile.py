@@ -102,7 +102,6 @@ def test_ddp_wraps_before_compiling_and_does_not_broadcast_buffers(monkeypatch):
         dist.destroy_process_group()
 
 
-
 # ------------------------------------------------------------- few shapes over real batches
 
 COMPILED_BATCHES = 200
