@@ -1,4 +1,5 @@
-"""Shared pieces of the speed benchmarks against the peers (scripts/bench/bench_train.py, bench_decode.py).
+"""Shared pieces of the speed benchmarks against the peers (scripts/bench/bench_train.py,
+bench_decode.py).
 
 * machine and version facts recorded with every result;
 * child processes timed with their own peak resident set size (``os.wait4``), so each
@@ -152,12 +153,14 @@ def run_child(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path = R
         proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        tail = "".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-25:])
+        tail = "".join(log_path.read_text(encoding="utf-8",
+                                          errors="replace").splitlines(True)[-25:])
         raise RuntimeError(
             f"command failed with exit code {proc.returncode} (log {log_path}):\n"
             f"  {' '.join(cmd)}\n{tail}"
         )
-    return {"returncode": proc.returncode, "seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024}
+    return {"returncode": proc.returncode, "seconds": seconds,
+            "peak_rss_mib": usage.ru_maxrss / 1024}
 
 
 def venv_tool(name: str) -> str:
@@ -320,7 +323,8 @@ def training_flops(size: str, vocab: int, src_lens: np.ndarray, tgt_lens: np.nda
     return model_training_flops(model_cfg, vocab, TokenCounts.of(src_lens, tgt_lens))
 
 
-def flops_per_target_token(size: str, vocab: int, src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> float:
+def flops_per_target_token(size: str, vocab: int, src_sizes: np.ndarray,
+                           tgt_sizes: np.ndarray) -> float:
     """:func:`training_flops` over a whole split divided by its target tokens (sizes + 1)."""
     s, t = src_sizes + 1, tgt_sizes + 1
     return training_flops(size, vocab, s, t) / float(t.sum())
@@ -328,7 +332,8 @@ def flops_per_target_token(size: str, vocab: int, src_sizes: np.ndarray, tgt_siz
 
 def peak_flops(device_name: str | None, precision: str = "bf16") -> float | None:
     """Peak dense FLOP/s of the named GPU at ``precision`` (None when unknown or on CPU): the
-    MFU denominator of the trainer and the GPU check, :data:`transformer_nmt.model.flops.PEAK_FLOPS`."""
+    MFU denominator of the trainer and the GPU check,
+    :data:`transformer_nmt.model.flops.PEAK_FLOPS`."""
     from transformer_nmt.model.flops import peak_flops as model_peak_flops
 
     return model_peak_flops(device_name, precision) if device_name else None
@@ -400,8 +405,8 @@ def port_to_fairseq(model: Any, fairseq_data: Path, max_positions: int = 1024):
 
 
 def marian_config(size: str, vocab: int, max_positions: int = 1024, dropout: float = 0.1):
-    """MarianConfig of preset ``size`` (transformer_nmt.interop.marian.marian_config: post-norm, ReLU,
-    sqrt(D) scale, tied embeddings, our special ids, bos as decoder start)."""
+    """MarianConfig of preset ``size`` (transformer_nmt.interop.marian.marian_config: post-norm,
+    ReLU, sqrt(D) scale, tied embeddings, our special ids, bos as decoder start)."""
     from transformer_nmt.interop.marian import marian_config as product_marian_config
 
     le, ld, d, f, h = SIZES[size]

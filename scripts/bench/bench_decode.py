@@ -24,8 +24,8 @@ can beat the best finished one), which runs more decoder steps.
 
 The timed span covers SentencePiece encoding, search and decoding back to text, after a
 warm-up on ``--warmup-sentences`` sentences; each toolkit decodes the input ``--repeats``
-times and the fastest pass is reported (all are in the results file). Each toolkit runs in its own process (its own
-peak RSS / GPU memory). Target tokens count each output's tokens plus its eos.
+times and the fastest pass is reported (all are in the results file). Each toolkit runs in its own
+process (its own peak RSS / GPU memory). Target tokens count each output's tokens plus its eos.
 
 Examples::
 
@@ -359,7 +359,8 @@ def main(argv: list[str] | None = None) -> None:
         run_dir = bc.BENCH_DIR / "train_tiny_cpu" / "ours"
         found = latest_checkpoint(run_dir)
         if found is None:
-            raise SystemExit(f"no checkpoint under {run_dir}: run scripts/bench/bench_train.py first "
+            raise SystemExit(f"no checkpoint under {run_dir}: run scripts/bench/bench_train.py "
+                             "first "
                              "or pass --checkpoint")
         args.checkpoint = str(found)
     if args.worker:

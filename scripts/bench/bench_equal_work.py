@@ -57,7 +57,8 @@ RESULT_NAMES = ("ours", "ours_xavier", "fairseq")  # rows of the report, in orde
 
 
 def peak_lr(args) -> float:
-    """lr_multiplier x d_model^-0.5 x warmup^-0.5 (the schedule's value at the last warm-up step)."""
+    """lr_multiplier x d_model^-0.5 x warmup^-0.5 (the schedule's value at the last warm-up
+    step)."""
     d_model = bc.SIZES[SIZE][2]
     return args.lr_multiplier * d_model ** -0.5 * args.warmup ** -0.5
 
@@ -318,8 +319,10 @@ def markdown(results: dict) -> str:
         bleu = [f"{r['bleu'][s]['bleu']:.2f}" if "bleu" in r else "–" for s in TEST_SPLITS]
         name = f"{t} (epochs 1-{len(r['train_loss_per_epoch'])} so far)" if r.get("partial") else t
         lines.append(f"| {name} | " + " | ".join(bleu)
-                     + f" | {r['valid_ppl_per_epoch'][-1]:.2f} | {r['train_loss_per_epoch'][-1]:.4f} |")
-    lines += ["", "| epoch | " + " | ".join(f"{t} train loss | {t} valid ppl" for t in names) + " |",
+                     + f" | {r['valid_ppl_per_epoch'][-1]:.2f}"
+                     + f" | {r['train_loss_per_epoch'][-1]:.4f} |")
+    lines += ["",
+              "| epoch | " + " | ".join(f"{t} train loss | {t} valid ppl" for t in names) + " |",
               "|---" * (1 + 2 * len(names)) + "|"]
     epochs = max(len(results[t]["train_loss_per_epoch"]) for t in names)
     for e in range(epochs):

@@ -24,14 +24,16 @@ MFU (GPU sizes): achieved model FLOP/s / the GPU's peak FLOP/s at the run's prec
 (transformer_nmt.model.flops.PEAK_FLOPS, as in train_summary.json and the GPU check), with model
 FLOPs per target token from bench_common.training_flops averaged over the training split:
 
-    FLOPs = 6 (P_src sum s_i + P_tgt sum t_i) + 12 D (L_e sum s_i^2 + L_d sum t_i^2 + L_d sum s_i t_i)
+    FLOPs = 6 (P_src sum s_i + P_tgt sum t_i)
+            + 12 D (L_e sum s_i^2 + L_d sum t_i^2 + L_d sum s_i t_i)
     P_src = L_e (4 D^2 + 2 D F) + L_d 2 D^2,   P_tgt = L_d (6 D^2 + 2 D F) + D V
 
 Examples::
 
     .venv-bench/bin/python scripts/bench/bench_train.py                      # CPU tiny, 200 steps
     .venv-bench/bin/python scripts/bench/bench_train.py --steps 12 --marian-steps 6 --skip 2
-    .venv-bench/bin/python scripts/bench/bench_train.py --size base --device cuda --precision bf16 \\
+    .venv-bench/bin/python scripts/bench/bench_train.py --size base --device cuda \\
+        --precision bf16 \\
         --steps 300 --marian-steps 100 --max-tokens 8192
 
 Results: ``data/bench/train_<size>_<device>.json`` (curves included) and a Markdown table on
@@ -335,7 +337,8 @@ def markdown(results: dict) -> str:
     s = results["summary"]
     ours = s.get("ours", {}).get("median_tokens_per_s")
     has_mfu = any("mfu" in v for v in s.values())
-    head = "| toolkit | steps measured | median target tok/s | aggregate tok/s | ours / toolkit | peak RSS MiB |"
+    head = ("| toolkit | steps measured | median target tok/s | aggregate tok/s | ours / toolkit"
+            " | peak RSS MiB |")
     sep = "|---|---:|---:|---:|---:|---:|"
     if has_mfu:
         head += " peak GPU MiB | model TFLOP/s | MFU |"
@@ -348,7 +351,8 @@ def markdown(results: dict) -> str:
         if has_mfu:
             gpu = v.get("peak_gpu_mib")
             row += (f" {gpu:,.0f} |" if gpu else " - |")
-            row += f" {v.get('model_tflops_per_s', float('nan')):.1f} | {v.get('mfu', float('nan')):.1%} |"
+            row += (f" {v.get('model_tflops_per_s', float('nan')):.1f} |"
+                    f" {v.get('mfu', float('nan')):.1%} |")
         lines.append(row)
     check = results.get("loss_curve")
     if check:

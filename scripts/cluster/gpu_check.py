@@ -5,8 +5,8 @@ it runs, each as the pipeline's own commands:
 
 1. the GPU tests (``pytest -m gpu``: every test that needs CUDA carries the mark);
 2. ``base`` on Multi30k EN-DE for a few hundred steps in bf16 and in fp16 (the loss must fall
-   by :data:`MIN_LOSS_DROP` nats and the greedy validation BLEU reach :data:`MIN_VALID_BLEU`, which a
-   collapsed model, one output for every input, does not; fp16 may skip steps only while the
+   by :data:`MIN_LOSS_DROP` nats and the greedy validation BLEU reach :data:`MIN_VALID_BLEU`, which
+   a collapsed model, one output for every input, does not; fp16 may skip steps only while the
    loss scale calibrates);
 3. ``base`` compiled (``trainer.compile=true``) with ``update_freq 2``;
 4. the bf16 run resumed from its GPU checkpoint for more steps;
@@ -15,7 +15,8 @@ it runs, each as the pipeline's own commands:
 7. ``big`` at the WMT14 big preset's ``max_tokens`` and vocabulary size (peak memory of a real
    training step with the real output layer);
 8. beam-4 decoding of test_2016_flickr on the GPU (sentences/s) with the bf16 model;
-9. the training benchmark against fairseq and Marian (``scripts/bench/bench_train.py``) with MFU, run
+9. the training benchmark against fairseq and Marian (``scripts/bench/bench_train.py``) with MFU,
+   run
    with the interpreter of ``.venv-bench`` (``make bench-install``) where the peers live.
 
 Every training check reports target tokens/s, MFU (against the GPU's peak at the run's
@@ -162,7 +163,8 @@ class GpuCheck:
             f"run_dir={run_dir}", f"trainer.precision={precision}",
             f"trainer.max_steps={steps}", "trainer.max_time_minutes=null",
             f"trainer.save_every_steps={steps}", "trainer.save_every_minutes=null",
-            f"trainer.validate_every_steps={steps}", f"trainer.log_every_steps={max(steps // 10, 1)}",
+            f"trainer.validate_every_steps={steps}",
+            f"trainer.log_every_steps={max(steps // 10, 1)}",
             f"trainer.max_tokens={max_tokens or (512 if self.smoke else 4096)}",
             f"trainer.warmup_steps={4 if self.smoke else 100}", "trainer.lr_multiplier=1.0",
             "trainer.valid_bleu=true",
@@ -245,7 +247,8 @@ class GpuCheck:
             c.note = "no bf16 run to resume"
             return
         more = steps + max(steps // 5, 2)
-        cmd = [a for a in cmd if not a.startswith("trainer.max_steps=")] + [f"trainer.max_steps={more}"]
+        cmd = ([a for a in cmd if not a.startswith("trainer.max_steps=")]
+               + [f"trainer.max_steps={more}"])
         proc = _run(cmd, self.work / "resume.log", timeout=3600)
         summary = json.loads((run_dir / "train_summary.json").read_text())
         ok = proc.returncode == 0 and summary["steps"] == more and summary["resumed_from"]
@@ -399,7 +402,8 @@ class GpuCheck:
             print(f"{c.status:>7}  {c.name}  {c.figures or ''} {c.note}", flush=True)
         return {
             "date": time.strftime("%Y-%m-%d %H:%M"),
-            "device": torch.cuda.get_device_name(0) if self.cuda else f"CPU ({platform.processor() or platform.machine()})",
+            "device": (torch.cuda.get_device_name(0) if self.cuda
+                       else f"CPU ({platform.processor() or platform.machine()})"),
             "gpus": self.gpus, "smoke": self.smoke,
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "cuda": torch.version.cuda, "nccl": _nccl_version()},

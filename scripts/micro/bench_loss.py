@@ -55,7 +55,8 @@ class PreviousLoss(torch.autograd.Function):
         grad = lprobs.exp_().mul_(g_loss + g_nll)
         grad.sub_(g_loss * (eps / vocab))
         at_target = -(g_loss * (1.0 - eps) + g_nll)
-        grad.scatter_add_(-1, target.unsqueeze(-1), at_target.expand(target.size(0), 1).contiguous())
+        grad.scatter_add_(-1, target.unsqueeze(-1),
+                          at_target.expand(target.size(0), 1).contiguous())
         return grad.to(ctx.logits_dtype), None, None
 
 

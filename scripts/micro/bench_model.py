@@ -10,8 +10,8 @@ Examples::
     python scripts/micro/bench_model.py --device cpu --iterations 3 --warmup 1
     python scripts/micro/bench_model.py --preset big --device cuda --iterations 20
     python scripts/micro/bench_model.py --decode --device cpu   # incremental decoding steps
-    python scripts/micro/bench_model.py --cache-ops --threads 2  # K/V cache update per layer and step
-    python scripts/micro/bench_model.py --adam --preset tiny --vocab 8000 --threads 2  # optimizer step
+    python scripts/micro/bench_model.py --cache-ops --threads 2  # K/V cache update, layer x step
+    python scripts/micro/bench_model.py --adam --preset tiny --vocab 8000 --threads 2  # Adam step
 
 Prints target tokens per second and peak memory (CUDA: torch.cuda.max_memory_allocated;
 CPU: the process's peak resident set size, which includes the Python runtime).
@@ -79,7 +79,8 @@ def bench_train(model: Transformer, args, device: torch.device, dtype: torch.dty
     return sum(times) / len(times)
 
 
-def bench_decode(model: Transformer, args, device: torch.device, dtype: torch.dtype | None) -> float:
+def bench_decode(model: Transformer, args, device: torch.device,
+                 dtype: torch.dtype | None) -> float:
     """Seconds per incremental decoder step (cache append + cache reorder, as beam search does)."""
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, args.vocab, (args.batch, args.src_len), generator=g).to(device)

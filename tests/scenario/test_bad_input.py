@@ -34,7 +34,8 @@ from transformer_nmt.fileio import bin_prefix, raw_path, spm_model_path
 
 REPO = Path(__file__).resolve().parents[2]
 EN = ["the", "a", "man", "woman", "dog", "cat", "runs", "walks", "park", "street", "red", "blue"]
-DE = ["der", "die", "mann", "frau", "hund", "katze", "läuft", "geht", "park", "straße", "rot", "blau"]
+DE = ["der", "die", "mann", "frau", "hund", "katze", "läuft", "geht", "park", "straße", "rot",
+      "blau"]
 FR = ["le", "la", "homme", "femme", "chien", "chat", "court", "marche", "parc", "rue", "rouge",
       "bleu"]
 
@@ -136,7 +137,8 @@ def test_14_orphaned_temporary_files_removed_when_the_stage_starts(tmp_path):
     raw_dir, spm_dir = raw_path(d, "train", "en").parent, spm_model_path(d).parent
     bin_dir = bin_prefix(d, "train", "en").parent
     (raw_dir / "orig").mkdir()
-    orphans = [raw_dir / "orig" / ".train.en.gz.p2.tmp", raw_dir / ".train.en.k2j3.tmp", spm_dir / ".spm_sample.x81k.txt",
+    orphans = [raw_dir / "orig" / ".train.en.gz.p2.tmp", raw_dir / ".train.en.k2j3.tmp",
+               spm_dir / ".spm_sample.x81k.txt",
                spm_dir / ".spm.model.q9.tmp", bin_dir / ".train.de.bin.zz.tmp"]
     for p in orphans:
         p.write_text("left by a killed run")
@@ -147,10 +149,11 @@ def test_14_orphaned_temporary_files_removed_when_the_stage_starts(tmp_path):
     assert sorted(p for p in (tmp_path / "data").rglob("*") if p.is_file()) == kept
 
 
-# --- 4: the checkpoint's vocabulary -----------------------------------------------------------------
+# --- 4: the checkpoint's vocabulary ---------------------------------------------------------------
 
 
-def _spm(tmp_path: Path, name: str, words: list[str], vocab: int = 40) -> bpe.SentencePieceTokenizer:
+def _spm(tmp_path: Path, name: str, words: list[str],
+         vocab: int = 40) -> bpe.SentencePieceTokenizer:
     text = tmp_path / f"{name}.txt"
     rng = random.Random(len(name))
     text.write_text("\n".join(" ".join(rng.choices(words, k=8)) for _ in range(200)) + "\n")
@@ -212,7 +215,7 @@ def test_04_trained_checkpoint_records_its_vocabulary_and_translate_checks_it(tm
     assert not out.exists()
 
 
-# --- 5: averaging ------------------------------------------------------------------------------------
+# --- 5: averaging ---------------------------------------------------------------------------------
 
 
 def _run_cfg(tmp_path: Path, *extra: str):
@@ -280,7 +283,8 @@ def test_05_final_checkpoint_at_an_odd_step_is_not_averaged(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="transformer_nmt.checkpoint"):
         out = load_checkpoint(average_run(cfg))
     assert out["averaged_from"] == ["checkpoint_10.pt", "checkpoint_20.pt", "checkpoint_30.pt"]
-    assert "left out checkpoint_37.pt: step not a multiple of trainer.save_every_steps=10" in caplog.text
+    assert ("left out checkpoint_37.pt: step not a multiple of trainer.save_every_steps=10"
+            in caplog.text)
     # time-based saves: the newest is left out when it comes soon after the one before it
     other = tmp_path / "timed"
     folder = checkpoint.checkpoint_dir(other / "run")
@@ -290,7 +294,7 @@ def test_05_final_checkpoint_at_an_odd_step_is_not_averaged(tmp_path, caplog):
     assert out["averaged_steps"] == [205, 298, 402]
 
 
-# --- 6, 8, 9, 10: finished, damaged and foreign runs; Ctrl-C ----------------------------------------
+# --- 6, 8, 9, 10: finished, damaged and foreign runs; Ctrl-C --------------------------------------
 
 TINY_TRAIN = ["model.d_model=16", "model.d_ff=32", "model.heads=2", "model.encoder_layers=1",
               "model.decoder_layers=1", "trainer.max_tokens=512", "trainer.warmup_steps=4",
@@ -394,7 +398,8 @@ def test_08_evaluate_on_a_corrupt_averaged_pt_names_the_file(tmp_path, tiny_run)
     averaged.write_bytes(b"")
     r = _cli("evaluate", *tiny_run.args(run_dir), cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert r.stderr.splitlines() == [f"error: cannot read checkpoint {averaged}: an empty file (0 bytes)"]
+    assert r.stderr.splitlines() == [
+        f"error: cannot read checkpoint {averaged}: an empty file (0 bytes)"]
 
 
 def test_09_resuming_with_another_model_size_is_one_error(tmp_path, tiny_run):
@@ -427,7 +432,8 @@ def _wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout: float
 def test_10_ctrl_c_checkpoints_and_exits_0(tmp_path, tiny_run):
     run_dir = tmp_path / "run"
     args = tiny_run.args(run_dir, "trainer.max_steps=100000")
-    proc = subprocess.Popen([sys.executable, "-m", "transformer_nmt.cli.train", *args], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "transformer_nmt.cli.train", *args],
+                            cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     _wait_for_line(run_dir / "metrics.jsonl", '"train"', proc)
@@ -970,8 +976,10 @@ def test_24_15_translate_bad_settings_are_one_error_before_decoding(translate_ru
     (tmp_path / "in.en").write_text("A dog runs.\n")
     folder = tmp_path / "out"
     folder.mkdir()
-    cfg = compose([*overrides, f"translate.input={tmp_path / 'in.en'}", f"translate.output={folder}"])
-    with pytest.raises(UserError, match=f"^translate.output={folder} is a folder; give a file path$"):
+    cfg = compose([*overrides, f"translate.input={tmp_path / 'in.en'}",
+                   f"translate.output={folder}"])
+    with pytest.raises(UserError,
+                       match=f"^translate.output={folder} is a folder; give a file path$"):
         translate(cfg)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = compose([*overrides, "decode.device=cuda", f"translate.input={tmp_path / 'in.en'}"])
@@ -997,7 +1005,8 @@ def test_24_15_translate_into_a_closed_pipe_and_ctrl_c_exit_quietly(translate_ru
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141, err[-2000:]
-    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err
+    assert ("Traceback" not in err and "BrokenPipeError" not in err
+            and "Exception ignored" not in err)
     # Ctrl-C while decoding: one line, exit 130, no output file
     out = tmp_path / "out.de"
     proc = _translate_cli(overrides, f"translate.input={source}", f"translate.output={out}",

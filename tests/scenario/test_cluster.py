@@ -1,4 +1,5 @@
-"""The cluster, simulated on one machine (gloo, 127.0.0.1): two nodes, a killed worker, SLURM's SIGTERM.
+"""The cluster, simulated on one machine (gloo, 127.0.0.1): two nodes, a killed worker, SLURM's
+SIGTERM.
 
 Each test starts real ``torchrun`` agents (``python -m torch.distributed.run``) that run
 ``transformer_nmt.cli.train`` on a synthetic corpus (copy / reversal of random token strings,
@@ -132,7 +133,8 @@ def _wait(cond, proc: subprocess.Popen, what: str, timeout: float = 240) -> None
     deadline = time.monotonic() + timeout
     while not cond():
         if proc.poll() is not None:
-            pytest.fail(f"exited ({proc.returncode}) before {what}:\n{proc.communicate()[1][-4000:]}")
+            pytest.fail(f"exited ({proc.returncode}) before {what}:\n"
+                        f"{proc.communicate()[1][-4000:]}")
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"no {what} within {timeout} s")
@@ -263,7 +265,8 @@ def test_two_nodes_of_two_processes_equal_one_process_with_update_freq_4(tmp_pat
         for _node in range(2)
     ]
     one_dir = tmp_path / "one"
-    single = _start([sys.executable, *TRAIN, *common, f"run_dir={one_dir}", "trainer.update_freq=4"])
+    single = _start([sys.executable, *TRAIN, *common, f"run_dir={one_dir}",
+                     "trainer.update_freq=4"])
     for i, agent in enumerate(agents):
         _finish(agent, f"torchrun agent {i}")
     _finish(single, "the single process")

@@ -123,7 +123,8 @@ def test_smoke_runs_every_command(tmp_path, multi30k_mirror):
         "training benchmark vs fairseq and Marian": "skipped",
     }
     figures = {c["name"]: c["figures"] for c in report["checks"]}
-    assert figures["base, bf16 training"]["last_loss"] < figures["base, bf16 training"]["first_loss"]
+    base = figures["base, bf16 training"]
+    assert base["last_loss"] < base["first_loss"]
     assert figures["2-process DDP (NCCL), bf16"]["world_size"] == 2
     for name, fig in figures.items():  # every training check reports its speed
         if status[name] == "passed" and name.startswith(("base", "resume", "SIGTERM", "2-process",

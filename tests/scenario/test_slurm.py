@@ -1,6 +1,6 @@
-"""scripts/cluster/slurm_train.sh without SLURM: `srun` and `scontrol` are stand-ins on PATH that record
-their arguments, so what the script does after the run (requeue or not, exit status) is checked
-for each way a run can end."""
+"""scripts/cluster/slurm_train.sh without SLURM: `srun` and `scontrol` are stand-ins on PATH that
+record their arguments, so what the script does after the run (requeue or not, exit status) is
+checked for each way a run can end."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ echo "$@" >> "$FAKE_LOG/scontrol.calls"
 
 @pytest.fixture(scope="module")
 def tiny_corpus(tmp_path_factory) -> Path:
-    """A 60-pair custom corpus (train/valid/test); its data root is shared, so it is prepared once."""
+    """A 60-pair custom corpus (train/valid/test); its data root is shared, so it is prepared
+    once."""
     root = tmp_path_factory.mktemp("corpus")
     words = ["cat", "dog", "house", "tree", "red", "blue", "runs", "sleeps", "big", "small"]
     for split, n in (("train", 60), ("valid", 10), ("test", 10)):
@@ -66,7 +67,8 @@ def _run(tmp_path: Path, corpus: Path, stopped_by: str, exit_code: int,
     overrides = [
         "data=custom", "data.name=slurm_tiny", f"data.root={corpus / 'data'}",
         "data.vocab_size=40", f"+data.custom_files.train={corpus / 'train'}",
-        f"+data.custom_files.valid={corpus / 'valid'}", f"+data.custom_files.test={corpus / 'test'}",
+        f"+data.custom_files.valid={corpus / 'valid'}",
+        f"+data.custom_files.test={corpus / 'test'}",
         f"run_dir={run_dir}",
     ]
     proc = subprocess.run(["bash", str(SCRIPT), *overrides], cwd=tmp_path, env=env,

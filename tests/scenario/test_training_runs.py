@@ -176,7 +176,8 @@ def test_golden_loss_curve_of_the_reversal_task(tmp_path, synthetic_corpus, tiny
                                                  update_golden):
     """The first 50 training losses of the tiny model on the synthetic corpus (fixed seed, one
     thread, fp32, CPU) against tests/data/golden_copy_task.json. A deliberate change to the
-    numerics regenerates the file with ``pytest tests/scenario/test_training_runs.py --update-golden``."""
+    numerics regenerates the file with ``pytest tests/scenario/test_training_runs.py
+    --update-golden``."""
     run = tmp_path / "run"
     overrides = [*synthetic_corpus.overrides, *tiny_model, *GOLDEN_OVERRIDES, f"run_dir={run}"]
     env = {**_env(), "CUDA_VISIBLE_DEVICES": ""}

@@ -153,7 +153,8 @@ def test_partial_stream_of_another_source_is_not_resumed(hub_folder, tmp_path, m
 def _run(module: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", f"transformer_nmt.cli.{module}", *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
     assert proc.returncode == 0, f"{module} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -166,7 +167,8 @@ def test_prepare_train_evaluate_from_hub_layout(hub_folder, tmp_path):
         f"data.root={tmp_path / 'data'}", "data.vocab_size=120", "data.num_workers=1",
         "data.test_splits=[newstest2013]", f"run_dir={run_dir}", "name=wmt14",
         "model=tiny", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32",
-        "model.d_ff=64", "model.heads=2", "trainer.max_tokens=512", "trainer.update_freq=1", "trainer.tokens_per_step=null",
+        "model.d_ff=64", "model.heads=2", "trainer.max_tokens=512", "trainer.update_freq=1",
+        "trainer.tokens_per_step=null",
         "trainer.max_steps=4", "trainer.save_every_steps=2", "trainer.save_every_minutes=null",
         "trainer.validate_every_steps=4", "trainer.precision=fp32", "average.last=2",
         "decode.max_len_b=5",

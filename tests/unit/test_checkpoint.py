@@ -204,7 +204,8 @@ def test_average_mismatch_names_keys_and_shapes(workspace, tokenizer, tmp_path):
 
 
 @pytest.mark.parametrize(("preset", "every", "last", "max_steps"),
-                         [("wmt14_en_de_base", 1400, 5, 100_000), ("wmt14_en_de_big", 600, 20, 300_000)])
+                         [("wmt14_en_de_base", 1400, 5, 100_000),
+                          ("wmt14_en_de_big", 600, 20, 300_000)])
 def test_the_average_is_exactly_the_last_n_periodic_checkpoints(tmp_path, preset, every, last,
                                                                 max_steps):
     """The WMT14 schedule's saves without training: a checkpoint every ``save_every_steps``, each

@@ -130,7 +130,8 @@ def test_gpu_presets_collate_in_prefetching_workers(experiment):
     t = compose([f"experiment={experiment}"]).trainer
     assert t.num_workers >= 2 and t.prefetch_factor >= 2
     cuda = torch.device("cuda", 0)
-    assert compile_enabled(t.compile, cuda) and resolve_pad_to_multiple(t.pad_to_multiple, cuda) == 8
+    assert compile_enabled(t.compile, cuda)
+    assert resolve_pad_to_multiple(t.pad_to_multiple, cuda) == 8
 
 
 def test_loader_workers_are_capped_at_the_cpus_left_to_them():

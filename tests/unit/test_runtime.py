@@ -64,7 +64,8 @@ class _FakeCuda:
         self.set_calls: list[int] = []
 
     def _check(self, device):
-        index = torch.device("cuda", device).index if isinstance(device, (int, str)) else device.index
+        index = (torch.device("cuda", device).index if isinstance(device, (int, str))
+                 else device.index)
         index = self.current if index is None else index
         if index >= self.count:
             raise RuntimeError(f"CUDA error: invalid device ordinal {index}")

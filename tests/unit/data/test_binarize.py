@@ -1,4 +1,5 @@
-"""Training pairs are filtered by piece count after BPE (model.max_positions, trainer.max_tokens)."""
+"""Training pairs are filtered by piece count after BPE (model.max_positions,
+trainer.max_tokens)."""
 
 from __future__ import annotations
 

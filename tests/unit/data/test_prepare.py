@@ -25,8 +25,10 @@ from transformer_nmt.data.corpora import DataError
 from transformer_nmt.data.prepare import prepare, summary_path
 from transformer_nmt.fileio import bin_prefix, raw_path, spm_model_path
 
-WORDS_EN = ["the", "a", "man", "woman", "dog", "cat", "runs", "walks", "park", "street", "red", "blue", "small", "big", "house"]
-WORDS_XX = ["der", "die", "ein", "eine", "mann", "frau", "hund", "katze", "läuft", "geht", "park", "straße", "rot", "blau", "haus"]
+WORDS_EN = ["the", "a", "man", "woman", "dog", "cat", "runs", "walks", "park", "street", "red",
+            "blue", "small", "big", "house"]
+WORDS_XX = ["der", "die", "ein", "eine", "mann", "frau", "hund", "katze", "läuft", "geht", "park",
+            "straße", "rot", "blau", "haus"]
 
 
 def write_pairs(prefix: Path, n: int, seed: int = 0, langs=("en", "de")) -> Path:
@@ -165,7 +167,8 @@ def test_translate_file_writes_one_line_per_input_line(tmp_path):
     decode = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=3)
     stats = translate_file(model, CharTokenizer(), decode, "cpu", src, out)
     assert stats["sentences"] == len(CR_LINES)
-    assert len(out.read_bytes().split(b"\n")) - 1 == len(CR_LINES) == len(list(corpora.read_lines(src)))
+    written = len(out.read_bytes().split(b"\n")) - 1
+    assert written == len(CR_LINES) == len(list(corpora.read_lines(src)))
     assert b"\r" not in out.read_bytes()
 
 
@@ -284,7 +287,8 @@ def test_parallel_binarize_matches_serial_and_reads_back(tmp_path):
 def test_token_dataset_int32_width_and_inconsistent_files(tmp_path):
     prefix = tmp_path / "big"
     seqs = [[70000, 5], [], [3, 65535, 1]]
-    Path(f"{prefix}.bin").write_bytes(np.array([i for s in seqs for i in s], dtype=np.int32).tobytes())
+    Path(f"{prefix}.bin").write_bytes(np.array([i for s in seqs for i in s],
+                                               dtype=np.int32).tobytes())
     offsets = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
     Path(f"{prefix}.idx").write_bytes(offsets.tobytes())
     ds = TokenDataset(prefix)
@@ -413,7 +417,8 @@ def test_prepare_real_multi30k_slice_end_to_end(tmp_path, multi30k_mirror):
     # the test sets are normalised but never filtered: line i is the official line i
     with gzip.open(multi30k_mirror / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
         official = [clean.normalize(x, d.unicode_form) for x in f.read().splitlines()]
-    assert raw_path(d, "test_2016_flickr", "de").read_text(encoding="utf-8").splitlines() == official
+    reference = raw_path(d, "test_2016_flickr", "de")
+    assert reference.read_text(encoding="utf-8").splitlines() == official
 
     outputs = [p for p in root.rglob("*") if p.is_file() and p != summary_path(d)]
     mtimes = {p: p.stat().st_mtime_ns for p in outputs}

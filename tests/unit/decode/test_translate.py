@@ -64,7 +64,8 @@ def test_translate_cli_prints_only_translations(workspace, tokenizer, tmp_path):
     root, cfg = workspace
     ckpt = tmp_path / "model.pt"
     write_checkpoint(ckpt, new_model(cfg, tokenizer.vocab_size, 3), cfg, 1)
-    args = [f"data.root={root / 'data'}", f"run_dir={tmp_path / 'run'}", f"decode.checkpoint={ckpt}",
+    args = [f"data.root={root / 'data'}", f"run_dir={tmp_path / 'run'}",
+            f"decode.checkpoint={ckpt}",
             "decode.beam_size=2", "decode.max_len_b=4", "decode.device=cpu", *DECODE_MODEL,
             "data.vocab_size=60"]
     proc = subprocess.run(

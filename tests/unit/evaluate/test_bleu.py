@@ -143,7 +143,7 @@ def test_line_count_mismatch_raises():
         score_all(HYPS, REFS[:1], lang="en")
 
 
-# ---------------------------------------------------------------- the paper's pipeline, step by step
+# --------------------------------------------------------------- the paper's pipeline, step by step
 
 
 def test_replace_unicode_punctuation_as_the_perl_script():

@@ -1,4 +1,5 @@
-"""nmt-table (transformer_nmt.evaluate.report): the paper's Table 2 and Table 3 beside our results."""
+"""nmt-table (transformer_nmt.evaluate.report): the paper's Table 2 and Table 3 beside our
+results."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def fake_result(experiment, corpus, data_name, tgt, model_name, splits, tok, sac
         "model": {"name": model_name, "params": 61_000_000, "config": model_cfg},
         "trainer": {"label_smoothing": ls},
         "num_checkpoints_averaged": averaged,
-        "test_sets": {s: {"bleu": {"sacrebleu": entry("sacrebleu", "sacreBLEU (detokenized)", sacre),
+        "test_sets": {s: {"bleu": {"sacrebleu": entry("sacrebleu", "sacreBLEU (detokenized)",
+                                                      sacre),
                                    "paper_bleu": entry("paper_bleu", "paper BLEU", tok)},
                           "chrf": entry("chrf", "chrF", 50.0)} for s in splits},
         "training_cost": {"gpu_hours": 96.0, "flops": flops, "train_seconds": 1, "world_size": 8},
@@ -45,7 +47,8 @@ def test_report_tables(tmp_path):
                                        ["newstest2014"], 40.55, 38.77, flops=1.9e19,
                                        steps=300000, averaged=20),
         "row_b_dk16": fake_result("row_b_dk16", "wmt14", "wmt14_en_de", "de", "base",
-                                  ["newstest2013"], 24.83, 24.1, row="B", model_cfg=variant, ppl=5.2),
+                                  ["newstest2013"], 24.83, 24.1, row="B", model_cfg=variant,
+                                  ppl=5.2),
         "multi30k": fake_result("multi30k", "multi30k", "multi30k_en_de", "de", "tiny",
                                 ["test_2016_flickr", "test_2017_flickr"], 35.52, 34.47),
     }
@@ -66,16 +69,20 @@ def test_report_tables(tmp_path):
     assert ("EN-DE paper BLEU (t2t get_ende_bleu.sh, 2017 form) | EN-DE sacreBLEU | "
             "EN-FR paper BLEU (Moses tokenizer, multi-bleu) | EN-FR sacreBLEU") in text
     for size, paper in PAPER_TABLE2.items():
-        assert f"| Transformer ({size}), paper | {paper['de']:.1f} | – | {paper['fr']:.1f} |" in text
+        assert (f"| Transformer ({size}), paper | {paper['de']:.1f} | – | {paper['fr']:.1f} |"
+                in text)
     assert ("| training cost: GPU time x sustained TFLOPS (FLOPs, the paper's) | "
             "training cost: 6 x weights x tokens + attention (FLOPs, ours) |") in text
     assert "| 3.3e+18 | – | – |" in text and "| 2.3e+19 | – | – |" in text
-    assert "| Transformer (base), ours: wmt14_en_de_base | 26.9 | 26.0 | – | – | – | 2.1e+18 |" in text
+    assert ("| Transformer (base), ours: wmt14_en_de_base | 26.9 | "
+            "26.0 | – | – | – | 2.1e+18 |" in text)
     # Symmetric tokenized BLEU of an older results.json is not the paper's way: not compared.
-    assert "| Transformer (base), ours: wmt14_en_de_old (†) | – | 25.0 | – | – | – | 2.0e+18 |" in text
+    assert ("| Transformer (base), ours: wmt14_en_de_old (†) | – | "
+            "25.0 | – | – | – | 2.0e+18 |" in text)
     assert "(†): a results.json written before" in text
     assert "29.9" not in text.split("### Table 2 runs")[0]
-    assert "| Transformer (big), ours: wmt14_en_fr_big | – | – | 40.5 | 38.8 | – | 1.9e+19 |" in text
+    assert ("| Transformer (big), ours: wmt14_en_fr_big | – | – | 40.5 | "
+            "38.8 | – | 1.9e+19 |" in text)
     assert "WMT14 runs not in Table 2" not in text  # every candidate above is comparable
     # Table 3: the variant matched to the paper's line (d_k=16: PPL 5.16, BLEU 25.1, 58M).
     assert "## Table 3" in text
@@ -88,7 +95,8 @@ def test_report_tables(tmp_path):
     assert "row_b_dk16" not in text.split("## Other runs")[1].split("## Score")[0]
     assert "`sig-paper_bleu`" in text
     # Both newstest2014 variants of the Table 2 runs are listed with their scores.
-    assert "| wmt14_en_de_base | wmt14_en_de (en-de) | base | 61.0M | 100000 | 5 | newstest2014_filtered |" in text
+    assert ("| wmt14_en_de_base | wmt14_en_de (en-de) | base | 61.0M | "
+            "100000 | 5 | newstest2014_filtered |" in text)
 
 
 def test_table3_seeds_are_averaged_and_rows_differenced_against_the_base(tmp_path):
@@ -110,7 +118,8 @@ def test_table3_seeds_are_averaged_and_rows_differenced_against_the_base(tmp_pat
     text = write_report(cfg).read_text(encoding="utf-8")
     assert "### table3_proxy (dev set: valid; seed noise of the base row: ± 2.00 BLEU)" in text
     assert "| base | base model |" in text and "| 3 | 100000 |" in text
-    assert "| 10.00 ± 1.00 | 4.92 | 22.00 ± 2.00 | 21.00 ± 2.00 | 25.8 | 0 (base) | 0 (base) |" in text
+    assert ("| 10.00 ± 1.00 | 4.92 | 22.00 ± 2.00 | 21.00 ± 2.00 | "
+            "25.8 | 0 (base) | 0 (base) |" in text)
     assert "| C | N=2 |" in text and "| 21.00 | 20.00 | 23.7 | -1.00 | -2.1 |" in text
     assert "## Table 2" not in text and "## Other runs" not in text
 

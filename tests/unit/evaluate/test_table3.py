@@ -1,6 +1,6 @@
-"""The paper's Table 3 (transformer_nmt.evaluate.table3): rows as configs applied to any base experiment,
-the sweep on SLURM through the submitit launcher's generated submission (the local sweep is
-tests/scenario/test_table3_sweep.py)."""
+"""The paper's Table 3 (transformer_nmt.evaluate.table3): rows as configs applied to any base
+experiment, the sweep on SLURM through the submitit launcher's generated submission (the local sweep
+is tests/scenario/test_table3_sweep.py)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ def test_rows_scale_the_cpu_proxy_by_the_same_rule():
 
 
 def test_a_row_that_does_not_scale_to_the_experiment_is_one_line(tmp_path):
-    with pytest.raises(Table3Error, match=r"table3=A_h4: heads 3 x 0.5 = 1.5 is not a positive whole"):
+    with pytest.raises(Table3Error,
+                       match=r"table3=A_h4: heads 3 x 0.5 = 1.5 is not a positive whole"):
         _row_cfg("multi30k_en_de", "A_h4", "model.heads=3", "model.d_model=96")
     proc = subprocess.run(
         [str(BIN / "nmt-train"), "experiment=multi30k_en_de", "table3=A_h4", "model.heads=3",
@@ -160,7 +161,8 @@ def test_submitit_tasks_get_the_torchrun_environment(monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert export_submitit_environment() is True
-    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("5", "8", "5")
+    env = os.environ
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("5", "8", "5")
     assert os.environ["MASTER_ADDR"] == "gpu-node-07" and int(os.environ["MASTER_PORT"]) > 0
     assert export_submitit_environment() is False  # RANK set: torchrun's (or ours) wins
 
@@ -183,5 +185,6 @@ def test_submitit_export_keeps_a_master_port_already_set(monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert export_submitit_environment() is True
-    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("9", "16", "1")
+    env = os.environ
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("9", "16", "1")
     assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("10.0.0.7", "29611")

@@ -51,7 +51,8 @@ def spm_model(multi30k_mirror, tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("spm")
     text = folder / "text.txt"
-    lines = _head(multi30k_mirror / "train.en.gz", 2000) + _head(multi30k_mirror / "train.de.gz", 2000)
+    lines = (_head(multi30k_mirror / "train.en.gz", 2000)
+             + _head(multi30k_mirror / "train.de.gz", 2000))
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(folder / "spm"), vocab_size=V, model_type="bpe",
@@ -75,7 +76,8 @@ def _checkpoint(path: Path, overrides=(), seed: int = 0, eos_bias: float = 3.5) 
         for p in model.parameters():  # LayerNorms and biases off their initial values too
             p.add_(0.02 * torch.randn_like(p))
         e = model.output_projection.weight[EOS_ID]
-        norm = model.decoder_norm if model.decoder_norm is not None else model.decoder_layers[-1].ffn_norm
+        norm = (model.decoder_norm if model.decoder_norm is not None
+                else model.decoder_layers[-1].ffn_norm)
         norm.bias.add_(eos_bias * e / e.norm())
     save_checkpoint(path, {"model": model.state_dict(),
                            "config": to_plain(cfg),
@@ -90,8 +92,10 @@ def post_norm(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_dir(post_norm, spm_model, tmp_path_factory) -> Path:
-    results = {"date": "2026-11-22", "checkpoint": "averaged.pt", "test_sets": {"test_2016_flickr": {
-        "sentences": 1000, "bleu": {"sacrebleu": {"score": 12.34, "signature": "nrefs:1|case:mixed"},
+    results = {"date": "2026-11-22", "checkpoint": "averaged.pt",
+               "test_sets": {"test_2016_flickr": {
+        "sentences": 1000, "bleu": {"sacrebleu": {"score": 12.34,
+                                                  "signature": "nrefs:1|case:mixed"},
                                     "tokenized_bleu": {"score": 13.0}}}}}
     return hf.export_hf(post_norm, spm_model, tmp_path_factory.mktemp("hf") / "hf", results)
 
@@ -327,7 +331,8 @@ def test_load_initial_weights_for_fine_tuning(post_norm, tmp_path):
     original = load_checkpoint(post_norm)["model"]
     assert all(torch.equal(v, original[k]) for k, v in model.state_dict().items())
     with pytest.raises(UserError, match="does not fit"):
-        ck_lib.load_initial_weights(Transformer(compose([*SMALL, "model.d_ff=48"]).model, V), post_norm)
+        ck_lib.load_initial_weights(Transformer(compose([*SMALL, "model.d_ff=48"]).model, V),
+                                    post_norm)
     with pytest.raises(UserError, match="vocabulary"):
         ck_lib.load_initial_weights(Transformer(compose(SMALL).model, V + 8), post_norm)
 
@@ -365,7 +370,8 @@ def test_24_01_export_never_replaces_a_folder_it_did_not_write(post_norm, spm_mo
     run = tmp_path / "run"
     before = _fake_run(run, post_norm)
     for target in (run, tmp_path):  # the run itself, a folder holding it
-        with pytest.raises(common.ExportError, match="is not an export folder written by nmt-export"):
+        with pytest.raises(common.ExportError,
+                           match="is not an export folder written by nmt-export"):
             hf.export_hf(post_norm, spm_model, target, overwrite=True)
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no temporary folder left
@@ -458,7 +464,8 @@ def test_24_08_15_import_refuses_a_folder_it_cannot_load_exactly(hf_dir, spm_mod
         torch.save({"model.shared.weight": torch.zeros(V, 32)}, weights)
     elif case in ("max_positions_0", "unicode_form"):
         name, key, value = (("config.json", "max_position_embeddings", 0)
-                            if case == "max_positions_0" else (common.SIDECAR, "unicode_form", "NFX"))
+                            if case == "max_positions_0"
+                            else (common.SIDECAR, "unicode_form", "NFX"))
         data = json.loads((folder / name).read_text())
         data[key] = value
         (folder / name).write_text(json.dumps(data))
@@ -499,7 +506,8 @@ def test_24_04_ctranslate2_cache_is_keyed_on_the_tokenizer_and_checked_first(
     save_checkpoint(ckpt, state)
     # another tokenizer of the same size (unigram pieces of the same text)
     spm.SentencePieceTrainer.train(
-        input=str(spm_model.parent / "text.txt"), model_prefix=str(tmp_path / "other"), vocab_size=V, model_type="unigram",
+        input=str(spm_model.parent / "text.txt"), model_prefix=str(tmp_path / "other"),
+        vocab_size=V, model_type="unigram",
         normalization_rule_name="identity", pad_id=PAD_ID, unk_id=1, bos_id=BOS_ID,
         eos_id=EOS_ID, minloglevel=2)
     other = tmp_path / "other.model"
@@ -551,7 +559,8 @@ def test_24_15_ctranslate2_cache_read_only_folder_and_full_disk(post_norm, spm_m
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(ct2.shutil, "copyfile", full)
-    with pytest.raises(NoSpaceError, match=f"^no space left on device: {ckpt.parent / 'ctranslate2'}"):
+    with pytest.raises(NoSpaceError,
+                       match=f"^no space left on device: {ckpt.parent / 'ctranslate2'}"):
         ct2.cached_ctranslate2(ckpt, spm_model)
     monkeypatch.setattr(hf.shutil, "copyfile", full)
     with pytest.raises(NoSpaceError, match=f"^no space left on device: {tmp_path / 'hf'}$"):
@@ -570,7 +579,8 @@ def test_24_05_ctranslate2_bars_tokens_before_its_softmax(post_norm, spm_model, 
     line = sentences[0][0]
     ids = tokenizer.encode(line)
     result = engine.translator.translate_batch(
-        [[tokenizer.sp.id_to_piece(t) for t in ids] + ["</s>"]], beam_size=1, max_decoding_length=40,
+        [[tokenizer.sp.id_to_piece(t) for t in ids] + ["</s>"]], beam_size=1,
+        max_decoding_length=40,
         min_decoding_length=1, suppress_sequences=[["<blank>"], ["<s>"]], return_scores=True,
         length_penalty=0.0)[0]
     out = [tokenizer.sp.piece_to_id(p) for p in result.hypotheses[0]]

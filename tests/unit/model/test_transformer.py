@@ -384,7 +384,8 @@ def test_initialisation():
 
 
 def test_initialisation_fairseq():
-    """init=fairseq: W^Q/W^K/W^V Xavier with gain 1/sqrt(2), qkv and feed-forward as nn.Linear's default."""
+    """init=fairseq: W^Q/W^K/W^V Xavier with gain 1/sqrt(2), qkv and feed-forward as nn.Linear's
+    default."""
     torch.manual_seed(17)
     d, f = 64, 256
     model = Transformer(replace(TINY, d_model=d, d_ff=f, init="fairseq"), vocab_size=500)
@@ -419,7 +420,8 @@ def test_parameter_count_near_paper(name, paper_millions):
     n = model.num_parameters()
     d, f, layers_e, layers_d = cfg.d_model, cfg.d_ff, cfg.encoder_layers, cfg.decoder_layers
     attn, ffn, norm = 4 * d * d + 4 * d, 2 * d * f + f + d, 2 * d
-    assert n == 37000 * d + layers_e * (attn + ffn + 2 * norm) + layers_d * (2 * attn + ffn + 3 * norm)
+    assert n == (37000 * d + layers_e * (attn + ffn + 2 * norm)
+                 + layers_d * (2 * attn + ffn + 3 * norm))
     assert abs(n / (paper_millions * 1e6) - 1) < 0.05, f"{name}: {n:,} parameters"
 
 
@@ -446,7 +448,8 @@ def test_table3_variants_are_config_overrides(overrides, paper_millions):
         ({"attention_dropout": -0.1}, ["model.attention_dropout=-0.1"]),
         ({"d_k": 0}, ["model.d_k=0"]),
         ({"norm": "middle"}, ["model.norm='middle'", "post"]),
-        ({"positions": "rope", "encoder_layers": 0}, ["model.positions='rope'", "encoder_layers=0"]),
+        ({"positions": "rope", "encoder_layers": 0},
+         ["model.positions='rope'", "encoder_layers=0"]),
     ],
 )
 def test_config_validation_names_key_and_value(overrides, expected):

@@ -1,5 +1,5 @@
-"""The weight ports of the benchmarks (scripts/bench/bench_common.py): a tiny random model ported into
-Hugging Face's MarianMTModel and fairseq's TransformerModel gives our logits within 1e-5.
+"""The weight ports of the benchmarks (scripts/bench/bench_common.py): a tiny random model ported
+into Hugging Face's MarianMTModel and fairseq's TransformerModel gives our logits within 1e-5.
 
 The peers are not dependencies of the package; each test skips where its peer is not installed
 (``make bench-install`` puts both into ``.venv-bench``)."""

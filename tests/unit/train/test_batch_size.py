@@ -52,7 +52,8 @@ def _measure(rank: int, world: int, src: np.ndarray, tgt: np.ndarray, group=None
     per_step = []
     for i in range(len(batches) // plan.update_freq):
         chunk = [ix for b in batches[i * plan.update_freq:(i + 1) * plan.update_freq] for ix in b]
-        t = torch.tensor([float(src[chunk].sum() + len(chunk)), float(tgt[chunk].sum() + len(chunk))])
+        t = torch.tensor([float(src[chunk].sum() + len(chunk)),
+                          float(tgt[chunk].sum() + len(chunk))])
         if group is not None:
             dist.all_reduce(t, group=group)
         per_step.append(t)
@@ -88,7 +89,8 @@ def test_world_sizes_1_2_4_hold_the_target_per_step(synthetic_corpus, tmp_path):
     found = {int(k): v for k, v in json.loads(out.read_text()).items()}
     assert sorted(found) == [1, 2, 4]
     freqs = [found[w][2] for w in (1, 2, 4)]
-    assert freqs[0] > freqs[1] > freqs[2] >= 1, freqs  # fewer micro-batches per rank with more ranks
+    # fewer micro-batches per rank with more ranks
+    assert freqs[0] > freqs[1] > freqs[2] >= 1, freqs
     for side in (0, 1):
         values = [found[w][side] for w in (1, 2, 4)]
         assert all(abs(v / TARGET - 1) <= 0.1 for v in values), values

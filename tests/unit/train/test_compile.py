@@ -96,7 +96,8 @@ def test_ddp_wraps_before_compiling_and_does_not_broadcast_buffers(monkeypatch):
         wrapped = wrap_model(model, info_multi, compile=True)
         assert isinstance(wrapped._orig_mod, torch.nn.parallel.DistributedDataParallel)
         ddp = wrapped._orig_mod
-        assert getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", None)) is False
+        sync = getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", None))
+        assert sync is False
         assert hasattr(wrapped, "no_sync")  # forward_backward's gradient accumulation
     finally:
         dist.destroy_process_group()

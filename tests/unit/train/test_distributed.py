@@ -216,7 +216,8 @@ def test_ddp_gets_the_bucket_size_and_the_bf16_hook(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     two_nodes = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}
     assert resolve_grad_compression("auto", cuda, two_nodes) == "bf16"
-    assert resolve_grad_compression("auto", cuda, {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == "none"
+    assert resolve_grad_compression("auto", cuda, {"WORLD_SIZE": "8",
+                                                   "LOCAL_WORLD_SIZE": "8"}) == "none"
     assert resolve_grad_compression("auto", cpu, two_nodes) == "none"
     assert resolve_grad_compression("none", cuda, two_nodes) == "none"
     with pytest.raises(ValueError, match="grad_compression=bf16 needs CUDA"):
@@ -242,7 +243,8 @@ def test_update_leaves_gradients_alone_without_clipping_and_zeroes_bucket_views(
     versions = [p.grad._version for p in params]
     norm = grad_norm_(params, 0.0)
     assert [p.grad._version for p in params] == versions  # not written
-    assert norm.item() == pytest.approx(torch.cat([p.grad.reshape(-1) for p in params]).norm().item())
+    whole = torch.cat([p.grad.reshape(-1) for p in params])
+    assert norm.item() == pytest.approx(whole.norm().item())
     grad_norm_(params, 1e-3)
     assert [p.grad._version for p in params] != versions  # clipping does write
 

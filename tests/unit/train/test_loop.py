@@ -71,7 +71,8 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> Non
     while not path.exists():
         if proc.poll() is not None:
             _, err = proc.communicate()
-            pytest.fail(f"training exited ({proc.returncode}) before {path} appeared:\n{err[-4000:]}")
+            pytest.fail(f"training exited ({proc.returncode}) before {path} appeared:\n"
+                        f"{err[-4000:]}")
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"{path} did not appear within {timeout} s")
@@ -294,7 +295,8 @@ def test_sigusr2_checkpoints_then_hands_over_to_submitit(tmp_path, data_override
 # ------------------------------------------------------------------- host-device syncs
 
 
-def test_at_most_one_host_sync_per_step_outside_logging(tmp_path, data_overrides, tiny, monkeypatch):
+def test_at_most_one_host_sync_per_step_outside_logging(tmp_path, data_overrides, tiny,
+                                                        monkeypatch):
     """Every Python read of a tensor (item, bool, float, int, tolist, bool-mask indexing) is
     a host-device synchronisation on a GPU; between two steps' forward_backward calls (no
     logging, validation or checkpoint in between) there may be at most one."""
