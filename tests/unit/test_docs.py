@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -89,32 +87,36 @@ def _make_targets() -> set[str]:
 BASENAMES = {p.name for p in REPO.rglob("*") if ".git" not in p.parts and ".venv" not in p.parts}
 
 
-@pytest.mark.parametrize("page,text", _pages(), ids=[str(p.relative_to(REPO)) for p in PAGES])
-def test_every_path_named_on_a_page_exists(page, text):
-    missing = sorted({m.group(1).rstrip(".,") for m in PATH.finditer(text)}
-                     - NOT_OURS - WRITTEN_BY_COMMANDS)
-    missing = [p for p in missing if not _exists(p)]
-    bare = sorted({m.group(1) for m in FILE.finditer(text)} - NOT_OURS - EXAMPLES - BASENAMES)
-    links = sorted({m.group(1) for m in LINK.finditer(text)
-                    if "://" not in m.group(1)
-                    and not ((REPO / page).parent / m.group(1)).exists()})
-    assert not (missing or bare or links), (
-        f"{page} names what is not in the repository: paths {missing}, file names {bare}, "
-        f"links {links}")
+def test_every_path_named_on_a_page_exists():
+    wrong = {}
+    for page, text in _pages():
+        paths = sorted({m.group(1).rstrip(".,") for m in PATH.finditer(text)}
+                       - NOT_OURS - WRITTEN_BY_COMMANDS)
+        bare = {m.group(1) for m in FILE.finditer(text)} - NOT_OURS - EXAMPLES - BASENAMES
+        links = {m.group(1) for m in LINK.finditer(text)
+                 if "://" not in m.group(1) and not ((REPO / page).parent / m.group(1)).exists()}
+        missing = sorted({p for p in paths if not _exists(p)} | bare | links)
+        if missing:
+            wrong[page] = missing
+    assert not wrong, f"pages name what is not in the repository: {wrong}"
 
 
-@pytest.mark.parametrize("page,text", _pages(), ids=[str(p.relative_to(REPO)) for p in PAGES])
-def test_every_module_named_on_a_page_exists(page, text):
-    names = {m.group(1) for m in MODULE.finditer(text) if not m.group(1).endswith(".json")}
-    missing = sorted(n for n in names if not _module_exists(n))
-    assert not missing, f"{page} names modules that do not exist: {missing}"
+def test_every_module_named_on_a_page_exists():
+    wrong = {}
+    for page, text in _pages():
+        names = {m.group(1) for m in MODULE.finditer(text) if not m.group(1).endswith(".json")}
+        if missing := sorted(n for n in names if not _module_exists(n)):
+            wrong[page] = missing
+    assert not wrong, f"pages name modules that do not exist: {wrong}"
 
 
-@pytest.mark.parametrize("page,text", _pages(), ids=[str(p.relative_to(REPO)) for p in PAGES])
-def test_every_make_target_named_on_a_page_exists(page, text):
-    code = "\n".join(CODE.findall(text))
-    missing = sorted({m.group(1) for m in MAKE.finditer(code)} - _make_targets())
-    assert not missing, f"{page} names make targets that the Makefile lacks: {missing}"
+def test_every_make_target_named_on_a_page_exists():
+    targets, wrong = _make_targets(), {}
+    for page, text in _pages():
+        code = "\n".join(CODE.findall(text))
+        if missing := sorted({m.group(1) for m in MAKE.finditer(code)} - targets):
+            wrong[page] = missing
+    assert not wrong, f"pages name make targets that the Makefile lacks: {wrong}"
 
 
 def test_the_checks_find_what_is_missing():
