@@ -575,7 +575,7 @@ def test_13_utf16_file_is_named_as_utf16(tmp_path, encoding, bom):
                                 f"UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8 {path}")
 
 
-# --- issue 24: resume, locks, validation, values (rows 24.6-24.15 of docs/reliability.md) -------
+# --- resume, locks, validation, values (docs/reliability.md) -------------------------------------
 
 
 def test_24_06_resuming_with_changed_settings_is_refused_and_names_them(tmp_path, tiny_run):
@@ -931,7 +931,7 @@ def test_24_15_plot_bleu_sentences_below_one_is_refused(tmp_path):
                             "validation sentence)")
 
 
-# --- 24: nmt-translate one step off the default path (docs/reliability.md) ----------------------
+# --- nmt-translate one step off the default path (docs/reliability.md) --------------------------
 
 
 @pytest.fixture

@@ -326,7 +326,7 @@ def test_load_initial_weights_for_fine_tuning(post_norm, tmp_path):
         ck_lib.load_initial_weights(Transformer(compose(SMALL).model, V + 8), post_norm)
 
 
-# --- issue 24: nothing lost, nothing silently wrong (docs/reliability.md) ---------------------
+# --- nothing lost, nothing silently wrong (docs/reliability.md) ------------------------------
 
 
 def _cli(module: str, *args: str) -> subprocess.CompletedProcess:
