@@ -3,9 +3,9 @@
 Writes ``tests/data/paper_bleu/handmade.json`` and ``tests/data/paper_bleu/multi30k.json``:
 what Moses ``tokenizer.perl`` / ``replace-unicode-punctuation.perl`` / ``multi-bleu.perl`` and
 tensor2tensor's ``get_ende_bleu.sh`` print for every form of
-:func:`transformer_nmt.evaluate.bleu.paper_bleu`
-(``t2t-2017``, ``t2t-2018``, ``moses``, ``moses-a``). tests/test_bleu.py checks that ours gives
-the same tokenized lines and the same BLEU line. The scripts are not part of this repository:
+:func:`transformer_nmt.evaluate.bleu.paper_bleu` (``t2t-2017``, ``t2t-2018``, ``moses``,
+``moses-a``). tests/unit/evaluate/test_bleu.py checks that ours gives the same tokenized lines
+and the same BLEU line. The scripts are not part of this repository:
 check them out at the commits named in tests/data/paper_bleu/README.md and pass their paths::
 
     python scripts/golden/paper_bleu_goldens.py --moses /tmp/perl-scripts/moses-2017 \\

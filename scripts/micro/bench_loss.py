@@ -35,7 +35,7 @@ from transformer_nmt.train.loss import label_smoothed_nll_loss
 
 class PreviousLoss(torch.autograd.Function):
     """The label-smoothed loss as it was before chunking (kept for this comparison and for
-    tests/test_train_loss.py): float32 log-softmax of all (N, V) logits, saved for an
+    tests/unit/train/test_loss.py): float32 log-softmax of all (N, V) logits, saved for an
     analytic backward that turns it into the gradient in place."""
 
     @staticmethod
