@@ -72,7 +72,7 @@ def test_every_test_that_needs_cuda_is_marked_gpu():
     import ast
 
     needs_cuda, marked = [], []
-    for path in sorted((REPO / "tests").glob("test_*.py")):
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
                 continue
