@@ -4,13 +4,12 @@ real SentencePiece model: input order, empty and over-long lines, n-best, precis
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import DECODE_MODEL, new_model, sentences, write_checkpoint
+from helpers import new_model, sentences
 
 from transformer_nmt.config import EOS_ID, DecodeConfig
 from transformer_nmt.decode.beam_search import beam_search
@@ -58,25 +57,6 @@ def test_translate_lines_reduced_precision(workspace, tokenizer, precision):
     lines = sentences(4, 8)
     outputs, stats = translate_lines(model, tokenizer, lines, decode, "cpu")
     assert len(outputs) == 4 and all(outputs) and stats["precision"] == precision
-
-
-def test_translate_cli_prints_only_translations(workspace, tokenizer, tmp_path):
-    root, cfg = workspace
-    ckpt = tmp_path / "model.pt"
-    write_checkpoint(ckpt, new_model(cfg, tokenizer.vocab_size, 3), cfg, 1)
-    args = [f"data.root={root / 'data'}", f"run_dir={tmp_path / 'run'}",
-            f"decode.checkpoint={ckpt}",
-            "decode.beam_size=2", "decode.max_len_b=4", "decode.device=cpu", *DECODE_MODEL,
-            "data.vocab_size=60"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "transformer_nmt.cli.translate", *args], check=False,
-        input="A dog runs.\n\nTwo people in the park.\n", capture_output=True, text=True,
-        cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout.split("\n")
-    assert len(out) == 4 and out[1] == "" and out[3] == ""  # 3 lines + final newline
-    assert "sentences/s" in proc.stderr
 
 
 ALLOC_PROBE = """
