@@ -2,7 +2,7 @@
 #   make install            venv + editable install with dev, export and cluster extras (CPU torch pinned unless torch is already there)
 #   make test               the whole test suite: unit tests and scenario tests (tests/scenario:
 #                           end to end, cluster simulations, reliability)
-#   make test-fast          the unit tests only (tests/unit): about 2.5 minutes of CPU time
+#   make test-fast          the unit tests only (tests/unit): about 1.5 minutes on a 2-core CPU
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make all                the whole default job: train (data first), average, evaluate, table
 #                           (runs/results.md; the committed docs/results.md is rebuilt only when
