@@ -1,5 +1,6 @@
-"""Translation (transformer_nmt.decode.translate and nmt-translate) with a random tiny model and a
-real SentencePiece model: input order, empty and over-long lines, n-best, precision."""
+"""Translation (transformer_nmt.decode.translate) with a random tiny model and a real SentencePiece
+model: input order, empty and over-long lines, n-best, precision (nmt-translate as a command:
+tests/scenario/test_translate_command.py)."""
 
 from __future__ import annotations
 
