@@ -1,19 +1,21 @@
 # transformer-nmt: one entry point per pipeline stage.
 #   make install            venv + editable install with dev, export and cluster extras (CPU torch pinned unless torch is already there)
-#   make test               the whole test suite (the cluster simulations of tests/test_cluster.py included)
+#   make test               the whole test suite: unit tests and scenario tests (tests/scenario:
+#                           end to end, cluster simulations, reliability)
+#   make test-fast          the unit tests only (tests/unit): about 1.5 minutes on a 2-core CPU
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make smoke              the whole default pipeline at smoke size (prepare, train, average,
 #                           evaluate: about a minute on a laptop CPU; runs/smoke)
 #   make all                the whole default job: train (data first), average, evaluate, table
 #                           (runs/results.md; the committed docs/results.md is rebuilt only when
 #                           asked: make table ARGS=table.output=docs/results.md)
-# test, data, train, average, eval and table run `make install` first when the environment is
+# test, test-fast, data, train, average, eval and table run `make install` first when the environment is
 # missing or older than pyproject.toml (stamp file $(VENV)/.installed).
 #   make table3 EXP=wmt14_en_de_base [ARGS="hydra/launcher=slurm_torchrun ..."]   the paper's Table 3 sweep
 #   make table3-proxy       Table 3 at CPU scale on Multi30k (resumable; docs/table3_proxy.md)
 #   make plots EXP=<experiment>   training curves, BLEU per checkpoint (runs/<experiment>/plots/)
 #   make export EXP=<experiment>  runs/<experiment>/export/hf (ARGS="export.format=ctranslate2 export.quantization=int8"; to replace an earlier export: ARGS=export.overwrite=true)
-#   make bench-install      .venv-bench: this package plus the peers it is timed against (fairseq, transformers)
+#   make bench-install      .venv-bench: this package (export extra: CTranslate2) plus the peers it is timed against (fairseq, transformers)
 #   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
 #   make gpu-check          on a CUDA machine: GPU tests, bf16/fp16/DDP/big runs, decoding -> docs/gpu_check.md
 
@@ -26,7 +28,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: all install test data train average eval export table table3 table3-proxy plots lint clean bench-install bench gpu-check
+.PHONY: all install test test-fast data train average eval export table table3 table3-proxy plots lint clean bench-install bench gpu-check
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -67,6 +69,9 @@ smoke: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
 data: $(STAMP)
 	$(BIN)/nmt-prepare experiment=$(EXP) $(ARGS)
 
@@ -93,7 +98,7 @@ table3: data
 	$(BIN)/nmt-table
 
 # Table 3 at CPU scale (experiment=table3_proxy): the base row with three seeds first, then
-# every other row; about three hours on a 2-core CPU, resumable (finished rows are skipped).
+# every other row; about four hours on a 2-core CPU, resumable (finished rows are skipped).
 TABLE3_PROXY := experiment=table3_proxy
 table3-proxy: $(STAMP)
 	$(BIN)/nmt-prepare $(TABLE3_PROXY)
@@ -115,7 +120,7 @@ bench-install: $(BENCH_BIN)/python
 	else \
 		$(BENCH_BIN)/python -m pip install "$(TORCH_SPEC)"; \
 	fi
-	$(BENCH_BIN)/python -m pip install -e .
+	$(BENCH_BIN)/python -m pip install -e ".[export]"
 	# fairseq builds C extensions against torch: without build isolation it uses the torch
 	# above instead of pulling a CUDA torch (gigabytes) into a throw-away build environment
 	$(BENCH_BIN)/python -m pip install cython "setuptools<81" wheel numpy
@@ -123,11 +128,11 @@ bench-install: $(BENCH_BIN)/python
 
 bench:
 	$(BENCH_BIN)/nmt-prepare experiment=$(EXP)
-	$(BENCH_BIN)/python scripts/bench_train.py $(BENCH_TRAIN_ARGS)
-	$(BENCH_BIN)/python scripts/bench_decode.py $(BENCH_DECODE_ARGS)
+	$(BENCH_BIN)/python scripts/bench/bench_train.py $(BENCH_TRAIN_ARGS)
+	$(BENCH_BIN)/python scripts/bench/bench_decode.py $(BENCH_DECODE_ARGS)
 
 gpu-check:
-	$(BIN)/python scripts/gpu_check.py
+	$(BIN)/python scripts/cluster/gpu_check.py
 
 lint:
 	$(BIN)/ruff check src tests scripts

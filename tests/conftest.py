@@ -47,7 +47,8 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="session")
 def multi30k_mirror() -> Path:
-    """Folder with the real Multi30k files (train.en.gz, ...); tests that need it skip without it."""
+    """Folder with the real Multi30k files (train.en.gz, ...); tests that need it skip without
+    it."""
     if not (MULTI30K_MIRROR / "train.en.gz").exists():
         pytest.skip(f"Multi30k mirror not found at {MULTI30K_MIRROR}")
     return MULTI30K_MIRROR

@@ -19,7 +19,9 @@ TINY_MODEL = (
 )
 """The one tiny Transformer of the tests."""
 
-WORDS = ["a", "dog", "cat", "man", "woman", "child", "runs", "sits", "plays", "walks", "on", "in", "the", "red", "blue", "green", "big", "small", "street", "park", "water", "ball", "house", "near", "with", "two", "three", "people"]
+WORDS = ["a", "dog", "cat", "man", "woman", "child", "runs", "sits", "plays", "walks", "on", "in",
+         "the", "red", "blue", "green", "big", "small", "street", "park", "water", "ball", "house",
+         "near", "with", "two", "three", "people"]
 DECODE_MODEL = [*TINY_MODEL, "model.dropout=0.0", "model.max_positions=128"]
 
 

@@ -348,7 +348,7 @@ def wrap_model(model: torch.nn.Module, info: distributed.DistInfo, *, compile: b
 
     The training step marks the batch, length and target-token dimensions of its inputs
     dynamic (:func:`transformer_nmt.train.step.mark_dynamic_batch`), so one graph serves
-    every batch shape (tests/test_train_compile.py counts the recompilations over real
+    every batch shape (tests/unit/train/test_compile.py counts the recompilations over real
     batches); on CUDA the lengths are also multiples of 8 (``trainer.pad_to_multiple``).
 
     DDP comes first so that the compiled graph is split at DDP's gradient buckets

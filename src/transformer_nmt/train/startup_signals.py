@@ -7,7 +7,7 @@ the standard library): each stop signal is recorded instead of ending the proces
 training loop's :class:`transformer_nmt.runtime.StopFlag` then takes the recorded signal over
 (:func:`take_over`), and a run signalled before its first step stops there, without a step or
 a new checkpoint, with ``stopped_by: "signal SIGTERM"`` in ``train_summary.json``, so
-``scripts/slurm_train.sh`` requeues it (and submitit's SIGUSR2 handler runs). When nothing
+``scripts/cluster/slurm_train.sh`` requeues it (and submitit's SIGUSR2 handler runs). When nothing
 takes the signal over (a dry run, an error before training), :func:`release` delivers it
 again once the command has finished.
 """
