@@ -9,7 +9,9 @@ A training checkpoint is one ``torch.save`` file of plain types and tensors, loa
       "scheduler":   the learning-rate schedule's state_dict(),
       "scaler":      the fp16 GradScaler's state_dict() (empty when disabled),
       "sampler":     {"epoch", "position", "seed"}: the data position, in batches per rank
-                     consumed by the training loop this epoch,
+                     consumed by the training loop this epoch, and "sentences" and
+                     "consumed" (np.packbits of the sentences consumed this epoch, a uint8
+                     tensor): the same position in any batch layout,
       "rng":         a list indexed by rank of {"torch", "cuda", "numpy", "python"} RNG states,
       "train_state": the loop's counters (transformer_nmt.train.state.TrainState.state_dict():
                      step, micro_step, tokens_seen, train_seconds, skipped_steps, best
@@ -119,7 +121,8 @@ def training_checkpoint(
 
     Args:
         model: the plain Transformer (not the DDP / compiled wrapper).
-        sampler: ``{"epoch", "position", "seed"}`` as counted by the training loop.
+        sampler: ``{"epoch", "position", "seed"}`` as counted by the training loop, with
+            ``"sentences"`` and ``"consumed"`` when given.
         rng: every rank's :func:`transformer_nmt.runtime.rng_state`, indexed by rank.
         config: the run config (DictConfig, structured config or plain dict).
         vocab: the vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`).
@@ -131,7 +134,8 @@ def training_checkpoint(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(),
-        "sampler": {k: int(sampler[k]) for k in ("epoch", "position", "seed")},
+        "sampler": {**{k: int(sampler[k]) for k in ("epoch", "position", "seed")},
+                    **{k: sampler[k] for k in ("sentences", "consumed") if k in sampler}},
         "rng": rng,
         "train_state": dict(train_state),
         "config": config,

@@ -58,6 +58,14 @@ Resumption
     ``state_dict()`` is exact only when it is iterated directly or through a
     ``DataLoader`` with ``num_workers=0``.
 
+    Another batch layout (another world size, another ``max_tokens`` or padding: a
+    requeued job on other GPUs) cannot continue a position counted in batches. The
+    position then carries over as the *sentences* consumed in the epoch
+    (:meth:`consumed`, saved in the checkpoint): :meth:`resume_epoch` batches the
+    sentences the epoch has not yet given with this sampler's budget, shuffles those
+    batches from ``(seed, epoch, number consumed)`` and deals them round robin as
+    usual, so every sentence of the epoch is still seen once. The next epoch is whole.
+
 Over-long sentences
     A sentence that alone exceeds ``max_tokens`` raises ``ValueError`` naming its
     index, lengths and how many such sentences there are. With
@@ -83,6 +91,7 @@ log = logging.getLogger(__name__)
 # Tags that keep the random streams of batch composition and epoch order apart.
 _COMPOSE_TAG = 0x42554B54
 _EPOCH_TAG = 0x4550434B
+_REST_TAG = 0x52455354
 
 
 class _Tokens(Protocol):
@@ -400,9 +409,13 @@ class LengthBucketSampler:
         )
         self._src_len = src_len
         self._tgt_len = tgt_len
+        self._budget = (budget_src, budget_tgt)
+        self._keep = keep
         self.epoch = 0
         self._position = 0
         self._resume = False
+        self._rest: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        # (epoch, sentences consumed before it, order, bounds) of a resumed epoch's rest
 
     # -- sizes and statistics -----------------------------------------------------
     @property
@@ -415,9 +428,27 @@ class LengthBucketSampler:
         """Batches per epoch over all ranks."""
         return len(self._bounds) - 1
 
+    @property
+    def num_examples(self) -> int:
+        """Sentences of the split, the skipped ones included (the range of the indices)."""
+        return len(self._src_len)
+
+    @property
+    def num_sentences(self) -> int:
+        """Sentences an epoch gives over all ranks (the skipped ones left out)."""
+        return len(self._keep)
+
+    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(order, bounds, consumed_before)`` of ``epoch``: the rest of a resumed epoch
+        (:meth:`resume_epoch`), else the whole composition (``consumed_before`` None)."""
+        if self._rest is not None and self._rest[0] == epoch:
+            return self._rest[2], self._rest[3], self._rest[1]
+        return self._order, self._bounds, None
+
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank)."""
-        return math.ceil(self.num_batches / self.world_size)
+        """Batches this rank yields in the current epoch (the same on every rank)."""
+        bounds = self._layout(self.epoch)[1]
+        return math.ceil((len(bounds) - 1) / self.world_size)
 
     @property
     def padding_efficiency(self) -> float:
@@ -456,22 +487,66 @@ class LengthBucketSampler:
             self.epoch = epoch
             self._position = 0
             self._resume = False
+            if self._rest is not None and self._rest[0] != epoch:
+                self._rest = None
 
     def _batch_order(self, epoch: int) -> np.ndarray:
-        """(num_batches,) batch numbers in this epoch's order (same on every rank)."""
+        """(batches of the epoch,) batch numbers in this epoch's order (same on every rank)."""
+        _, bounds, before = self._layout(epoch)
+        n = len(bounds) - 1
         if not self.shuffle:
-            return np.arange(self.num_batches)
-        rng = np.random.default_rng([_EPOCH_TAG, self.seed, epoch])
-        return rng.permutation(self.num_batches)
+            return np.arange(n)
+        if before is not None:
+            rng = np.random.default_rng([_EPOCH_TAG, self.seed, epoch, _REST_TAG, len(before)])
+        else:
+            rng = np.random.default_rng([_EPOCH_TAG, self.seed, epoch])
+        return rng.permutation(n)
 
     def _rank_batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
         """This rank's batches of ``epoch`` from position ``start`` on, ``[]`` padding included."""
         mine = self._batch_order(epoch)[self.rank :: self.world_size]
-        order, bounds = self._order, self._bounds
+        order, bounds, _ = self._layout(epoch)
+        per_rank = math.ceil((len(bounds) - 1) / self.world_size)
         for j in mine[start:]:
             yield order[bounds[j] : bounds[j + 1]].tolist()
-        for _ in range(max(start, len(mine)), len(self)):
+        for _ in range(max(start, len(mine)), per_rank):
             yield []
+
+    def consumed(self, epoch: int, position: int) -> np.ndarray:
+        """(K,) sorted indices of the sentences every rank together has consumed after
+        ``position`` batches per rank of ``epoch`` (those of a resumed epoch's earlier
+        segments included): the data position independent of the batch layout."""
+        order, bounds, before = self._layout(int(epoch))
+        taken = self._batch_order(int(epoch))[: int(position) * self.world_size]
+        parts = [order[bounds[j] : bounds[j + 1]] for j in taken]
+        if before is not None:
+            parts.append(before)
+        if not parts:
+            return np.zeros(0, np.int64)
+        return np.sort(np.concatenate(parts)).astype(np.int64)
+
+    def resume_epoch(self, epoch: int, consumed: np.ndarray) -> None:
+        """Continue ``epoch`` after the sentences ``consumed`` (indices, from
+        :meth:`consumed` of the sampler that wrote the checkpoint, whatever its world size
+        or budget): the next ``__iter__`` yields the batches of the rest of the epoch,
+        batched with this sampler's budget, from their first on.
+
+        Raises:
+            ValueError: an index outside the split.
+        """
+        consumed = np.unique(np.asarray(consumed, dtype=np.int64))
+        if len(consumed) and (consumed[0] < 0 or consumed[-1] >= self.num_examples):
+            raise ValueError(f"consumed sentence indices must lie in [0, {self.num_examples}), "
+                             f"got {int(consumed[0])}..{int(consumed[-1])}")
+        epoch = int(epoch)
+        keep = np.setdiff1d(self._keep, consumed, assume_unique=True)
+        rng = (np.random.default_rng([_COMPOSE_TAG, self.seed, epoch, len(consumed)])
+               if self.shuffle else None)
+        order, bounds = _bucket(*self._budget, keep, self.max_tokens, rng, self.size_multiple)
+        self._rest = (epoch, consumed, order, bounds)
+        self.epoch = epoch
+        self._position = 0
+        self._resume = True
 
     def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
         """All ``len(self)`` batches this rank yields in ``epoch`` (default: the current
@@ -505,12 +580,16 @@ class LengthBucketSampler:
                 f"{self.seed}; resuming would visit different batches"
             )
         position = int(state["position"])
-        if not 0 <= position <= len(self):
+        epoch = int(state["epoch"])
+        per_rank = math.ceil((len(self._layout(epoch)[1]) - 1) / self.world_size)
+        if not 0 <= position <= per_rank:
             raise ValueError(
-                f"sampler state position {position} is outside [0, {len(self)}] "
+                f"sampler state position {position} is outside [0, {per_rank}] "
                 f"(batches per epoch on this rank)"
             )
-        self.epoch = int(state["epoch"])
+        if self._rest is not None and self._rest[0] != epoch:
+            self._rest = None
+        self.epoch = epoch
         self._position = position
         self._resume = True
 
