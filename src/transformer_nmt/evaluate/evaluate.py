@@ -25,8 +25,9 @@ scored against the official reference exactly as distributed,
       "trainer": {"label_smoothing", "max_steps"}   (from the checkpoint's config),
       "checkpoint", "checkpoint_sha256" (of the file decoded), "steps",
       "checkpoints_averaged" (file names or null),
-      "num_checkpoints_averaged",
-      "decode": {beam_size, lenpen, lenpen_form, max_len_a, max_len_b, precision, ...},
+      "num_checkpoints_averaged", "averaged_steps" (their steps, or null),
+      "run_config": the checkpoint's whole resolved config (model, trainer, data, ...),
+      "decode": the whole decode config (beam_size, lenpen, max_len_a, precision, engine, ...),
       "test_sets": {split: {"sentences", "source", "reference", "translations",
                     "bleu": {"sacrebleu": {...}, "paper_bleu": {...},
                              "paper_bleu:<other form>": {...}}, "chrf": {...},
@@ -50,7 +51,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.checkpoint import checkpoint_step
-from transformer_nmt.config import Config
+from transformer_nmt.config import Config, to_plain
 from transformer_nmt.data.bpe import file_digest, load_tokenizer
 from transformer_nmt.data.corpora import reference_path
 from transformer_nmt.decode.translate import (
@@ -62,6 +63,7 @@ from transformer_nmt.decode.translate import (
 )
 from transformer_nmt.errors import UserError
 from transformer_nmt.evaluate.bleu import format_score, read_text_lines, score_all
+from transformer_nmt.evaluate.gate import averaged_steps
 from transformer_nmt.evaluate.paper import PAPER_TABLE3
 from transformer_nmt.fileio import atomic_write, raw_path
 from transformer_nmt.runtime import resolve_device
@@ -231,11 +233,9 @@ def evaluate(cfg: Config) -> dict[str, Any]:
         "steps": meta["step"],
         "checkpoints_averaged": averaged,
         "num_checkpoints_averaged": len(averaged) if averaged is not None else None,
-        "decode": {
-            k: getattr(cfg.decode, k)
-            for k in ("beam_size", "lenpen", "lenpen_form", "stopping", "max_len_a",
-                      "max_len_b", "nbest", "max_tokens", "max_input_tokens", "precision", "engine")
-        },
+        "averaged_steps": averaged_steps({"checkpoints_averaged": averaged}),
+        "run_config": to_plain(model_cfg),
+        "decode": to_plain(cfg.decode),
         "device": str(device),
         "test_sets": test_sets,
         "training_cost": cost,
