@@ -24,6 +24,14 @@ and reference files it runs, in a scratch folder:
   lines are its ``hyp.tok.atat`` and ``newstest2013.tok.de.atat``.
 * ``moses`` / ``moses-a``: ``tokenizer.perl -l <lang> [-a]`` on both sides, then
   ``multi-bleu.perl ref.tok < hyp.tok``.
+* ``ott2018`` (German only, written to ``tests/data/paper_bleu/ott2018.json``):
+  ``tokenizer.perl -l de`` on both sides (a model trained on Google's tokenized WMT16 data
+  writes tokenized text, and its reference ``newstest2014.tok.de`` is tokenized so), the
+  lines written as ``fairseq-generate`` prints them (``T-<i>\t<ref>``, ``H-<i>\t<score>\t<hyp>``,
+  a last ``BLEU`` line), then fairseq's ``bash compound_split_bleu.sh gen.out`` (``--compound-split``)
+  with a ``fairseq-score`` on ``PATH`` that runs ``multi-bleu.perl --ref < --sys``. Golden
+  lines: its ``gen.out.sys`` and ``gen.out.ref``. ``--ott2018-only`` writes only this file
+  (no tensor2tensor scripts needed).
 
 Inputs: the hand-made lines below (every kind of quote, dash, apostrophe, ellipsis, compound,
 escaped character, full-width punctuation, number format, URL; one empty hypothesis per
@@ -257,6 +265,22 @@ def run_form(form: str, hyps: list[str], refs: list[str], lang: str, args) -> di
             proc = subprocess.run(["bash", str(script), "hyp"], cwd=d, env=env, check=True,
                                   capture_output=True, text=True)
             hyp_tok, ref_tok = _read(d / "hyp.tok.atat"), _read(d / "newstest2013.tok.de.atat")
+        elif form == "ott2018":
+            _perl(["perl", tokenizer, "-l", "de"], d / "hyp", d / "hyp.tok", d)
+            _perl(["perl", tokenizer, "-l", "de"], d / "ref", d / "ref.tok", d)
+            gen = [line for i, (h, r) in enumerate(zip(_read(d / "hyp.tok"),
+                                                       _read(d / "ref.tok"), strict=True))
+                   for line in (f"T-{i}\t{r}", f"H-{i}\t-0.5\t{h}")]
+            _write(d / "gen.out", [*gen, "Generate test with beam=4: BLEU4 = 0.00"])
+            (d / "bin").mkdir()
+            (d / "bin" / "fairseq-score").write_text(
+                '#!/bin/bash\n# stand-in: fairseq-score --sys SYS --ref REF, scored by multi-bleu\n'
+                f'perl {multi_bleu} "$4" < "$2"\n')
+            (d / "bin" / "fairseq-score").chmod(0o755)
+            env = {**os.environ, "PATH": f"{d / 'bin'}:{os.environ['PATH']}"}
+            proc = subprocess.run(["bash", str(Path(args.compound_split).resolve()), "gen.out"],
+                                  cwd=d, env=env, check=True, capture_output=True, text=True)
+            hyp_tok, ref_tok = _read(d / "gen.out.sys"), _read(d / "gen.out.ref")
         else:
             flags = ["-a"] if form == "moses-a" else []
             _perl(["perl", tokenizer, "-l", lang, *flags], d / "hyp", d / "hyp.tok", d)
@@ -278,9 +302,11 @@ def _sha256(lines: list[str]) -> str:
     return hashlib.sha256("".join(f"{line}\n" for line in lines).encode("utf-8")).hexdigest()
 
 
-def handmade(args) -> dict:
+def handmade(args, forms_of=forms_of, langs=LANGS) -> dict:
     out = {"inputs": {}, "forms": {}}
     for lang, pairs in HANDMADE.items():
+        if lang not in langs:
+            continue
         refs, hyps = [r for r, _ in pairs], [h for _, h in pairs]
         out["inputs"][lang] = {"ref": refs, "hyp": hyps}
         out["forms"][lang] = {form: run_form(form, hyps, refs, lang, args)
@@ -288,11 +314,11 @@ def handmade(args) -> dict:
     return out
 
 
-def multi30k(args) -> dict:
+def multi30k(args, forms_of=forms_of, langs=LANGS) -> dict:
     out = {"keep": args.keep, "sets": {}}
     for name in MULTI30K_SETS:
         out["sets"][name] = {}
-        for lang in LANGS:
+        for lang in langs:
             path = Path(args.multi30k) / f"{name}.{lang}.gz"
             refs = gzip.decompress(path.read_bytes()).decode("utf-8").split("\n")
             refs = refs[:-1] if refs[-1] == "" else refs
@@ -317,19 +343,34 @@ def multi30k(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--moses", required=True, help="mosesdecoder checkout (has scripts/)")
-    parser.add_argument("--t2t-2017", required=True, help="get_ende_bleu.sh without the "
+    parser.add_argument("--t2t-2017", help="get_ende_bleu.sh without the "
                         "unicode step (tensor2tensor bca81bee)")
-    parser.add_argument("--t2t-2018", required=True, help="get_ende_bleu.sh with it "
+    parser.add_argument("--t2t-2018", help="get_ende_bleu.sh with it "
                         "(tensor2tensor fc9335c0)")
+    parser.add_argument("--compound-split", help="fairseq's scripts/compound_split_bleu.sh "
+                        "(form ott2018, written to ott2018.json)")
+    parser.add_argument("--ott2018-only", action="store_true",
+                        help="write only ott2018.json")
     parser.add_argument("--multi30k", default=str(REPO.parent / "shared" / "data" / "multi30k"))
     parser.add_argument("--keep", type=int, default=50,
                         help="tokenized Multi30k lines kept verbatim per file")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
+    if not args.ott2018_only and not (args.t2t_2017 and args.t2t_2018):
+        parser.error("--t2t-2017 and --t2t-2018 are needed (or --ott2018-only)")
+    if args.ott2018_only and not args.compound_split:
+        parser.error("--ott2018-only needs --compound-split")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, data in (("handmade", handmade(args)), ("multi30k", multi30k(args))):
-        text = json.dumps(data, ensure_ascii=False, indent=1) + "\n"
+    files = [] if args.ott2018_only else [("handmade", lambda: handmade(args)),
+                                          ("multi30k", lambda: multi30k(args))]
+    if args.compound_split:
+        def ott(lang):
+            return ("ott2018",)
+        files.append(("ott2018", lambda: {"handmade": handmade(args, ott, ("de",)),
+                                          "multi30k": multi30k(args, ott, ("de",))}))
+    for name, make in files:
+        text = json.dumps(make(), ensure_ascii=False, indent=1) + "\n"
         (out / f"{name}.json").write_text(text, encoding="utf-8")
         print(f"wrote {out / name}.json ({len(text.encode()):,} bytes)")
 

@@ -292,6 +292,10 @@ class DecodeConfig:
     device: str = "auto"
     checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
+    paper_bleu_form: str | None = None
+    """The form of the paper's BLEU ``nmt-evaluate`` records as ``paper_bleu``
+    (:data:`transformer_nmt.evaluate.bleu.PAPER_LABELS`: ``t2t-2017``, ``t2t-2018``, ``moses``,
+    ``moses-a``, ``ott2018``); None: the target language's default. The others beside it."""
 
 
 @dataclass

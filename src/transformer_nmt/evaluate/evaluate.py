@@ -12,8 +12,9 @@ scored against the official reference exactly as distributed,
   the ``sacrebleu`` command line reads them, so the score equals
   ``sacrebleu data/raw/<data>/ref/<split>.<tgt> -i runs/<name>/translations/<split>.<tgt>``;
 * the paper's BLEU (tensor2tensor's ``get_ende_bleu.sh`` for German, Moses tokenizer +
-  multi-bleu otherwise) in its default form, with the other historical form beside it
-  (``t2t-2018``, ``moses-a``), see :mod:`transformer_nmt.evaluate.bleu` and docs/paper_bleu.md.
+  multi-bleu otherwise) in its default form, or in ``decode.paper_bleu_form`` (the Ott et al.
+  2018 preset: ``ott2018``), with the other historical forms beside it (``t2t-2018``,
+  ``moses-a``), see :mod:`transformer_nmt.evaluate.bleu` and docs/paper_bleu.md.
 
 ``runs/<name>/results.json`` (written atomically) records::
 
@@ -62,7 +63,7 @@ from transformer_nmt.decode.translate import (
     write_lines,
 )
 from transformer_nmt.errors import UserError
-from transformer_nmt.evaluate.bleu import format_score, read_text_lines, score_all
+from transformer_nmt.evaluate.bleu import check_form, format_score, read_text_lines, score_all
 from transformer_nmt.evaluate.gate import averaged_steps
 from transformer_nmt.evaluate.paper import PAPER_TABLE3
 from transformer_nmt.fileio import atomic_write, raw_path
@@ -154,6 +155,10 @@ def evaluate(cfg: Config) -> dict[str, Any]:
             f"data.test_splits is empty: nothing to evaluate, and {run_dir / 'results.json'} "
             "would lose its scores; name the test sets, e.g. data.test_splits=[test]")
     summary = read_train_summary(run_dir)  # checked before any decoding
+    try:
+        check_form(data.tgt_lang, cfg.decode.paper_bleu_form)
+    except ValueError as e:
+        raise UserError(f"decode.paper_bleu_form: {e}") from e
     device = resolve_device(cfg.decode.device)
     ckpt_path = resolve_checkpoint(cfg)
     meta = checkpoint_metadata(ckpt_path)
@@ -186,7 +191,8 @@ def evaluate(cfg: Config) -> dict[str, Any]:
         out_file = run_dir / "translations" / f"{split}.{data.tgt_lang}"
         write_lines(hypotheses, out_file)
         # Score the two files as written, as `sacrebleu REF -i HYP` reads them.
-        scores = score_all(read_text_lines(out_file), references, data.tgt_lang)
+        scores = score_all(read_text_lines(out_file), references, data.tgt_lang,
+                           cfg.decode.paper_bleu_form)
         print(f"{cfg.name} {split} ({len(sources)} sentences, {data.src_lang}->{data.tgt_lang}):")
         for result in scores.values():
             print(f"  {format_score(result)}")
