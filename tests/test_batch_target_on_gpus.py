@@ -17,7 +17,7 @@ from transformer_nmt.errors import UserError
 from transformer_nmt.train.batch_size import plan_batch, search_max_tokens
 from transformer_nmt.train.data import real_tokens_per_step
 from transformer_nmt.train.resume import (
-    _replanned_keys,
+    _check_same_target,
     consumed_part,
     restore_data_position,
 )
@@ -185,12 +185,18 @@ def test_same_layout_resumes_exactly_in_batches():
 
 
 def test_resume_keeps_the_target_and_lets_the_derived_budget_change():
-    cfg = SimpleNamespace(trainer=SimpleNamespace(tokens_per_step=25000, resume_changed=[]))
+    from transformer_nmt.checkpoint import config_differences
+
     saved = {"trainer": {"tokens_per_step": 25000, "max_tokens": 3600, "update_freq": 8}}
-    assert set(_replanned_keys(saved, cfg)) == {"trainer.max_tokens", "trainer.update_freq"}
+    other_gpus = {"trainer": {"tokens_per_step": 25000, "max_tokens": 2048, "update_freq": 1}}
+    assert config_differences(saved, other_gpus) == []  # resume and averaging accept it
+    no_target = {"trainer": {"tokens_per_step": None, "max_tokens": 3600, "update_freq": 8}}
+    assert config_differences(no_target, {"trainer": {**no_target["trainer"],
+                                                      "max_tokens": 2048}})
+    cfg = SimpleNamespace(trainer=SimpleNamespace(tokens_per_step=50000, resume_changed=[]))
     with pytest.raises(UserError, match=r"tokens_per_step=25000, now 50000"):
-        _replanned_keys(saved, SimpleNamespace(trainer=SimpleNamespace(
-            tokens_per_step=50000, resume_changed=[])))
-    plain = {"trainer": {"tokens_per_step": None}}
-    assert _replanned_keys(plain, SimpleNamespace(trainer=SimpleNamespace(
-        tokens_per_step=None, resume_changed=[]))) == ()
+        _check_same_target(saved, cfg)
+    cfg.trainer.resume_changed = ["trainer.tokens_per_step"]
+    _check_same_target(saved, cfg)  # deliberately changed
+    same = SimpleNamespace(trainer=SimpleNamespace(tokens_per_step=25000, resume_changed=[]))
+    _check_same_target(saved, same)

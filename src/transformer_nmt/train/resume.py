@@ -289,8 +289,8 @@ def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config 
         )
     if config is None:
         return
-    diff = config_differences(saved.get("config"), to_plain(config),
-                              allowed=_replanned_keys(saved.get("config"), config))
+    _check_same_target(saved.get("config"), config)
+    diff = config_differences(saved.get("config"), to_plain(config))
     if diff:
         keys = ",".join(d.split(":")[0] for d in diff)
         raise UserError(
@@ -301,26 +301,29 @@ def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config 
         )
 
 
-def _replanned_keys(saved_cfg: Any, config: Config) -> tuple[str, ...]:
-    """The settings a batch target derives (``trainer.max_tokens``, ``trainer.update_freq``)
-    when the run keeps its target: they follow the world size and the GPUs' memory, and the
-    data position carries over as sentences. Empty otherwise (then they must match).
+def _check_same_target(saved_cfg: Any, config: Config) -> None:
+    """A resumed run keeps its batch target (``trainer.tokens_per_step``), and so its schedule;
+    the ``max_tokens`` and ``update_freq`` derived from it may change with the GPUs
+    (:data:`transformer_nmt.checkpoint.REPLANNED_KEYS`).
 
     Raises:
-        UserError: the run had a target and this one sets another (or none).
+        UserError: the run had a target and this one sets another or none (or the reverse),
+            unless ``trainer.resume_changed`` names ``trainer.tokens_per_step``.
     """
-    theirs = ((saved_cfg or {}).get("trainer") or {}).get("tokens_per_step") \
-        if isinstance(saved_cfg, dict) else None
+    theirs = (((saved_cfg or {}).get("trainer") or {}).get("tokens_per_step")
+              if isinstance(saved_cfg, dict) else None)
     mine = config.trainer.tokens_per_step
     changed = set(config.trainer.resume_changed or [])
-    if (theirs is None and mine is None) or changed & {"*", "trainer.tokens_per_step"}:
-        return ()
+    if theirs == mine or not isinstance(saved_cfg, dict) \
+            or changed & {"*", "trainer.tokens_per_step"}:
+        return
     if theirs is None or mine is None or float(theirs) != float(mine):
         raise UserError(
             f"the run was started with trainer.tokens_per_step={theirs}, now {mine}: a resumed "
             f"run keeps its batch (and so its schedule); resume it with "
-            f"trainer.tokens_per_step={theirs}, or give a new run another run_dir= or name=")
-    return ("trainer.max_tokens", "trainer.update_freq")
+            f"trainer.tokens_per_step={theirs}, add "
+            "trainer.resume_changed=[trainer.tokens_per_step] to change it deliberately, or "
+            "give a new run another run_dir= or name=")
 
 
 def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
