@@ -233,18 +233,22 @@ def preset_config(name: str) -> dict[str, Any] | None:
 
 @functools.cache
 def _preset_config(name: str) -> dict[str, Any] | None:
-    from hydra import compose as hydra_compose
+    import os
+
+    from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from transformer_nmt.cli import CONFIG_DIR, compose, typed_config
-
-    if not (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").is_file():
+    package = Path(__file__).resolve().parents[1]
+    folders = [Path(os.environ["NMT_CONFIG_DIR"])] if os.environ.get("NMT_CONFIG_DIR") else []
+    folders += [package / "configs", package.parents[1] / "configs"]  # as the entry points
+    folder = next((f for f in folders if (f / "config.yaml").is_file()), None)
+    if folder is None or not (folder / "experiment" / f"{name}.yaml").is_file():
         return None
-    if GlobalHydra.instance().is_initialized():
-        cfg = typed_config(hydra_compose(config_name="config", overrides=[f"experiment={name}"]))
-    else:
-        cfg = compose([f"experiment={name}"])
-    return to_plain(cfg)
+    overrides = [f"experiment={name}"]
+    if GlobalHydra.instance().is_initialized():  # inside nmt-table: its own config folder
+        return to_plain(compose(config_name="config", overrides=overrides))
+    with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
+        return to_plain(compose(config_name="config", overrides=overrides))
 
 
 def table2_exclusions(result: dict[str, Any], preset: dict[str, Any] | None = None) -> list[str]:
