@@ -454,15 +454,17 @@ class LengthBucketSampler:
 
     @property
     def padding_efficiency(self) -> float:
-        """Real tokens / padded tokens over all batches (all ranks), source + target."""
+        """Real tokens / padded tokens over all batches (all ranks), source + target; the
+        padded widths are the lengths rounded to ``pad_to_multiple``, as collated."""
         if self.num_batches == 0:
             return 1.0
         starts = self._bounds[:-1]
         counts = np.diff(self._bounds)  # (num_batches,)
         src_s = self._src_len[self._order]
         tgt_s = self._tgt_len[self._order]
-        padded = (np.maximum.reduceat(src_s, starts) * counts).sum() + (
-            np.maximum.reduceat(tgt_s, starts) * counts
+        src_w, tgt_w = (x[self._order] for x in self._budget)  # (M,) rounded lengths
+        padded = (np.maximum.reduceat(src_w, starts) * counts).sum() + (
+            np.maximum.reduceat(tgt_w, starts) * counts
         ).sum()
         return float((src_s.sum() + tgt_s.sum()) / padded)
 
