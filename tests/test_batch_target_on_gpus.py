@@ -200,3 +200,17 @@ def test_resume_keeps_the_target_and_lets_the_derived_budget_change():
     _check_same_target(saved, cfg)  # deliberately changed
     same = SimpleNamespace(trainer=SimpleNamespace(tokens_per_step=25000, resume_changed=[]))
     _check_same_target(saved, same)
+
+
+def test_a_checkpoint_with_its_position_in_batches_only_resumes_in_its_own_layout():
+    """A checkpoint written before the position was kept as sentences cannot continue in
+    another budget: refused, naming the budget to resume with."""
+    src, tgt = _lengths(3000)
+    saved = {"sampler": {"epoch": 0, "position": 3, "seed": 1},
+             "config": {"trainer": {"max_tokens": 1000}}}
+    s = SimpleNamespace(sampler=_maker(src, tgt, 8)(600))
+    with pytest.raises(UserError, match=r"trainer.max_tokens=1000 trainer.auto_max_tokens=false"):
+        restore_data_position(saved, Path("ckpt.pt"), s, TrainState(), 1)
+    saved["config"]["trainer"]["max_tokens"] = 600
+    state = TrainState()
+    assert restore_data_position(saved, Path("ckpt.pt"), s, state, 1) and state.position == 3

@@ -205,6 +205,12 @@ def restore_data_position(saved: dict[str, Any], path: Path, s: Setup, state: Tr
     state.epoch, state.position = int(part["epoch"]), int(part["position"])
     saved_ws = int(state.world_size)
     if "consumed" not in part:
+        saved_mt = ((saved.get("config") or {}).get("trainer") or {}).get("max_tokens")
+        if saved_mt is not None and int(saved_mt) != int(s.sampler.max_tokens):
+            raise UserError(
+                f"{path} holds its data position in batches of max_tokens {saved_mt}, this "
+                f"run plans {s.sampler.max_tokens}; resume it with trainer.max_tokens={saved_mt} "
+                "trainer.auto_max_tokens=false")
         if saved_ws == world_size:
             return True
         state.position = state.position * saved_ws // world_size
@@ -212,10 +218,10 @@ def restore_data_position(saved: dict[str, Any], path: Path, s: Setup, state: Tr
             state.epoch, state.position = state.epoch + 1, 0
         return False
     done = _consumed_indices(part, s.sampler.num_examples, path)
-    if (saved_ws == world_size and state.position <= len(s.sampler)
-            and len(done) == len(s.sampler.consumed(state.epoch, state.position))
-            and (done == s.sampler.consumed(state.epoch, state.position)).all()):
-        return True
+    if saved_ws == world_size and state.position <= len(s.sampler):
+        same = s.sampler.consumed(state.epoch, state.position)
+        if len(same) == len(done) and (same == done).all():
+            return True
     s.sampler.resume_epoch(state.epoch, done)
     state.position = 0
     if len(s.sampler) == 0:
