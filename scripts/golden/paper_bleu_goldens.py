@@ -31,6 +31,15 @@ and reference files it runs, in a scratch folder:
   ``multi-bleu.perl ref.tok < hyp.tok``.
 * ``mmt``: ``lowercase.perl | normalize-punctuation.perl -l <lang> | tokenizer.perl -l <lang>``
   on both sides, then ``multi-bleu.perl -lc ref.tok < hyp.tok``.
+* ``ott2018`` (German only, written to ``tests/data/paper_bleu/ott2018.json``):
+  ``tokenizer.perl -l de`` on both sides (a model trained on Google's tokenized WMT16 data
+  writes tokenized text, and its reference ``newstest2014.tok.de`` is tokenized so), the
+  lines written as ``fairseq-generate`` prints them (``T-<i>\t<ref>``, ``H-<i>\t<score>\t<hyp>``,
+  a last ``BLEU`` line), then fairseq's ``bash compound_split_bleu.sh gen.out``
+  (``--compound-split``)
+  with a ``fairseq-score`` on ``PATH`` that runs ``multi-bleu.perl --ref < --sys``. Golden
+  lines: its ``gen.out.sys`` and ``gen.out.ref``. ``--ott2018-only`` writes only this file
+  (no tensor2tensor scripts needed).
 
 Inputs: the hand-made lines below (every kind of quote, dash, apostrophe, ellipsis, compound,
 escaped character, full-width punctuation, number format, URL; one empty hypothesis per
@@ -294,6 +303,22 @@ def run_form(form: str, hyps: list[str], refs: list[str], lang: str, args) -> di
                 proc = subprocess.run(["perl", multi_bleu, "-lc", str(d / "ref.tok")], stdin=fin,
                                       cwd=d, check=True, capture_output=True, text=True)
             hyp_tok, ref_tok = _read(d / "hyp.tok"), _read(d / "ref.tok")
+        elif form == "ott2018":
+            _perl(["perl", tokenizer, "-l", "de"], d / "hyp", d / "hyp.tok", d)
+            _perl(["perl", tokenizer, "-l", "de"], d / "ref", d / "ref.tok", d)
+            gen = [line for i, (h, r) in enumerate(zip(_read(d / "hyp.tok"),
+                                                       _read(d / "ref.tok"), strict=True))
+                   for line in (f"T-{i}\t{r}", f"H-{i}\t-0.5\t{h}")]
+            _write(d / "gen.out", [*gen, "Generate test with beam=4: BLEU4 = 0.00"])
+            (d / "bin").mkdir()
+            (d / "bin" / "fairseq-score").write_text(
+                '#!/bin/bash\n# stand-in: fairseq-score --sys SYS --ref REF, scored by multi-bleu\n'
+                f'perl {multi_bleu} "$4" < "$2"\n')
+            (d / "bin" / "fairseq-score").chmod(0o755)
+            env = {**os.environ, "PATH": f"{d / 'bin'}:{os.environ['PATH']}"}
+            proc = subprocess.run(["bash", str(Path(args.compound_split).resolve()), "gen.out"],
+                                  cwd=d, env=env, check=True, capture_output=True, text=True)
+            hyp_tok, ref_tok = _read(d / "gen.out.sys"), _read(d / "gen.out.ref")
         else:
             flags = ["-a"] if form == "moses-a" else []
             _perl(["perl", tokenizer, "-l", lang, *flags], d / "hyp", d / "hyp.tok", d)
@@ -332,9 +357,11 @@ def _sha256(lines: list[str]) -> str:
     return hashlib.sha256("".join(f"{line}\n" for line in lines).encode("utf-8")).hexdigest()
 
 
-def handmade(args, old: dict) -> dict:
+def handmade(args, old: dict, forms_of=forms_of, langs=LANGS, with_steps: bool = True) -> dict:
     out = {"inputs": {}, "forms": {}}
     for lang, pairs in HANDMADE.items():
+        if lang not in langs:
+            continue
         refs, hyps = [r for r, _ in pairs], [h for _, h in pairs]
         out["inputs"][lang] = {"ref": refs, "hyp": hyps}
         out["forms"][lang] = dict(old.get("forms", {}).get(lang, {}))
@@ -342,15 +369,16 @@ def handmade(args, old: dict) -> dict:
                                    for form in forms_of(lang, args.forms)})
     if old and old.get("inputs") != out["inputs"]:
         raise SystemExit("the hand-made lines changed: regenerate every form (no --forms)")
-    out["steps"] = steps(args)
+    if with_steps:
+        out["steps"] = steps(args)
     return out
 
 
-def multi30k(args, old: dict) -> dict:
+def multi30k(args, old: dict, forms_of=forms_of, langs=LANGS) -> dict:
     out = {"keep": args.keep, "sets": {}}
     for name in MULTI30K_SETS:
         out["sets"][name] = {}
-        for lang in LANGS:
+        for lang in langs:
             path = Path(args.multi30k) / f"{name}.{lang}.gz"
             refs = gzip.decompress(path.read_bytes()).decode("utf-8").split("\n")
             refs = refs[:-1] if refs[-1] == "" else refs
@@ -382,23 +410,39 @@ def main() -> None:
                         "(tensor2tensor fc9335c0); needed for form t2t-2018")
     parser.add_argument("--forms", nargs="+", choices=ALL_FORMS, default=list(ALL_FORMS),
                         help="forms to compute; the others are kept from the existing files")
+    parser.add_argument("--compound-split", help="fairseq's scripts/compound_split_bleu.sh "
+                        "(form ott2018, written to ott2018.json)")
+    parser.add_argument("--ott2018-only", action="store_true",
+                        help="write only ott2018.json")
     parser.add_argument("--multi30k", default=str(REPO.parent / "shared" / "data" / "multi30k"))
     parser.add_argument("--keep", type=int, default=50,
                         help="tokenized Multi30k lines kept verbatim per file")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
     args.forms = tuple(args.forms)
+    if args.ott2018_only and not args.compound_split:
+        parser.error("--ott2018-only needs --compound-split")
     for form in T2T_FORMS:
-        if form in args.forms and not getattr(args, form.replace("-", "_")):
+        missing = not getattr(args, form.replace("-", "_"))
+        if not args.ott2018_only and form in args.forms and missing:
             parser.error(f"form {form} needs --{form}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     every = set(args.forms) == set(ALL_FORMS)
-    for name, build in (("handmade", handmade), ("multi30k", multi30k)):
+    files = []
+    builds = () if args.ott2018_only else (("handmade", handmade), ("multi30k", multi30k))
+    for name, build in builds:
         path = out / f"{name}.json"
         old = {} if every or not path.is_file() else json.loads(path.read_text(encoding="utf-8"))
-        data = build(args, old)
-        text = json.dumps(data, ensure_ascii=False, indent=1) + "\n"
+        files.append((name, lambda build=build, old=old: build(args, old)))
+    if args.compound_split:
+        def ott(lang, wanted=ALL_FORMS):
+            return ("ott2018",)
+        files.append(("ott2018", lambda: {
+            "handmade": handmade(args, {}, ott, ("de",), with_steps=False),
+            "multi30k": multi30k(args, {}, ott, ("de",))}))
+    for name, make in files:
+        text = json.dumps(make(), ensure_ascii=False, indent=1) + "\n"
         (out / f"{name}.json").write_text(text, encoding="utf-8")
         print(f"wrote {out / name}.json ({len(text.encode()):,} bytes)")
 

@@ -10,7 +10,14 @@ length x a log-normal ratio (median ``--ratio-median``, 1 for EN-DE; spread
 the mean real source and target tokens per batch and per step (``--gpus`` x
 ``--update-freq`` batches) for each budget.
 
+Lengths are padded as on the device that runs: ``--pad-to-multiple 8`` (the default) is the
+CUDA padding (``trainer.pad_to_multiple``), 1 the CPU's. ``--target`` adds the
+``update_freq`` a run derives for ``--gpus`` and whether the step is within
+``--tolerance``; ``--auto-cap`` runs the ``trainer.auto_max_tokens`` search instead, under
+that many padded tokens per micro-batch.
+
     .venv/bin/python scripts/micro/tokens_per_step.py --max-tokens 3125 3500 4000 4096 4500
+    .venv/bin/python scripts/micro/tokens_per_step.py --gpus 16 --target 25000 --auto-cap 15872
 """
 
 from __future__ import annotations
@@ -20,6 +27,12 @@ import argparse
 import numpy as np
 
 from transformer_nmt.data.batching import LengthBucketSampler
+from transformer_nmt.errors import UserError
+from transformer_nmt.train.batch_size import (
+    check_tokens_per_step,
+    derive_update_freq,
+    search_max_tokens,
+)
 
 
 def synthetic_lengths(n: int, mean: float, std: float, ratio_sigma: float, max_len: int,
@@ -49,20 +62,57 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--update-freq", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pad-to-multiple", type=int, default=8,
+                    help="lengths padded to a multiple of this (8: CUDA, 1: CPU)")
+    ap.add_argument("--target", type=float, default=None,
+                    help="trainer.tokens_per_step: derive update_freq for --gpus")
+    ap.add_argument("--tolerance", type=float, default=0.1)
+    ap.add_argument("--auto-cap", type=int, default=None,
+                    help="run the trainer.auto_max_tokens search under this budget")
     args = ap.parse_args()
     src, tgt = synthetic_lengths(args.pairs, args.mean, args.std, args.ratio_sigma,
                                  args.max_len, args.seed, args.ratio_median)
     print(f"proxy: {args.pairs:,} pairs, source mean {src.mean() + 1:.1f} / target mean "
-          f"{tgt.mean() + 1:.1f} tokens with eos, p99 {np.percentile(src, 99):.0f}")
-    per_step = args.gpus * args.update_freq
-    print(f"| max_tokens | real src / batch | real tgt / batch | real src / step | "
-          f"real tgt / step ({args.gpus} GPUs x update_freq {args.update_freq}) | padding eff. |")
-    print("|---|---|---|---|---|---|")
+          f"{tgt.mean() + 1:.1f} tokens with eos, p99 {np.percentile(src, 99):.0f}; lengths "
+          f"padded to a multiple of {args.pad_to_multiple}")
+
+    def make(mt: int) -> LengthBucketSampler:
+        return LengthBucketSampler(src, tgt, mt, seed=args.seed, skip_too_long=True,
+                                   pad_to_multiple=args.pad_to_multiple)
+
+    if args.auto_cap is not None:
+        if args.target is None:
+            ap.error("--auto-cap needs --target")
+        longest = int(max(src.max(), tgt.max())) + 1
+        try:
+            plan = search_max_tokens(make, args.target, args.tolerance, args.gpus,
+                                     args.auto_cap, longest)
+        except UserError as e:
+            print(f"refused: {e}")
+            return
+        print(f"auto_max_tokens under {args.auto_cap}: {args.gpus} GPUs x update_freq "
+              f"{plan.update_freq} x max_tokens {plan.max_tokens}: {plan.src_per_step:,.0f} "
+              f"real source / {plan.tgt_per_step:,.0f} real target tokens per step")
+        return
+    print(f"| max_tokens | real src / batch | real tgt / batch | update_freq | real src / step | "
+          f"real tgt / step ({args.gpus} GPUs) | padding eff. |")
+    print("|---|---|---|---|---|---|---|")
     for mt in args.max_tokens:
-        sampler = LengthBucketSampler(src, tgt, mt, seed=args.seed, skip_too_long=True)
+        sampler = make(mt)
         s, t = sampler.real_tokens_per_batch
-        print(f"| {mt} | {s:,.0f} | {t:,.0f} | {s * per_step:,.0f} | {t * per_step:,.0f} | "
-              f"{sampler.padding_efficiency:.3f} |")
+        uf = args.update_freq
+        verdict = ""
+        if args.target is not None:
+            uf = derive_update_freq((s, t), args.target, args.gpus)
+            try:
+                check_tokens_per_step((s * uf * args.gpus, t * uf * args.gpus), args.target,
+                                      args.tolerance, max_tokens=mt, update_freq=uf,
+                                      world_size=args.gpus)
+            except UserError:
+                verdict = " (refused)"
+        per_step = args.gpus * uf
+        print(f"| {mt} | {s:,.0f} | {t:,.0f} | {uf}{verdict} | {s * per_step:,.0f} | "
+              f"{t * per_step:,.0f} | {sampler.padding_efficiency:.3f} |")
 
 
 if __name__ == "__main__":

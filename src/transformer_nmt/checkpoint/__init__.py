@@ -10,7 +10,9 @@ A training checkpoint is one ``torch.save`` file of plain types and tensors, loa
       "scheduler":   the learning-rate schedule's state_dict(),
       "scaler":      the fp16 GradScaler's state_dict() (empty when disabled),
       "sampler":     {"epoch", "position", "seed"}: the data position, in batches per rank
-                     consumed by the training loop this epoch,
+                     consumed by the training loop this epoch, and "sentences" and
+                     "consumed" (np.packbits of the sentences consumed this epoch, a uint8
+                     tensor): the same position in any batch layout,
       "rng":         a list indexed by rank of {"torch", "cuda", "numpy", "python"} RNG states,
       "train_state": the loop's counters (transformer_nmt.train.state.TrainState.state_dict():
                      step, micro_step, tokens_seen, train_seconds, skipped_steps, best

@@ -110,7 +110,8 @@ def training_checkpoint(
 
     Args:
         model: the plain Transformer (not the DDP / compiled wrapper).
-        sampler: ``{"epoch", "position", "seed"}`` as counted by the training loop.
+        sampler: ``{"epoch", "position", "seed"}`` as counted by the training loop, with
+            ``"sentences"`` and ``"consumed"`` when given.
         rng: every rank's :func:`transformer_nmt.runtime.rng_state`, indexed by rank.
         config: the run config (typed or its plain dict).
         vocab: the vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`).
@@ -123,7 +124,8 @@ def training_checkpoint(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(),
-        "sampler": {k: int(sampler[k]) for k in ("epoch", "position", "seed")},
+        "sampler": {**{k: int(sampler[k]) for k in ("epoch", "position", "seed")},
+                    **{k: sampler[k] for k in ("sentences", "consumed") if k in sampler}},
         "rng": rng,
         "train_state": dict(train_state),
         "config": config,
@@ -309,7 +311,8 @@ RESUME_HARMLESS_KEYS: tuple[str, ...] = (
     "trainer.num_workers", "data.num_workers",
     # device, precision, compilation
     "trainer.precision", "trainer.tf32", "trainer.compile",
-    # batch targets: the max_tokens and update_freq they derive are compared themselves
+    # batch targets: the max_tokens and update_freq they derive are compared themselves,
+    # unless both runs have the same target (config_differences)
     "trainer.tokens_per_step", "trainer.tokens_per_step_tolerance", "trainer.auto_max_tokens",
     # data loading and gradient communication (not what is computed)
     "trainer.prefetch_factor", "trainer.grad_compression", "trainer.bucket_cap_mb",
@@ -336,7 +339,9 @@ def config_differences(saved: dict | None, new: dict | None,
 
     Only ``name``, ``model``, ``data`` and ``trainer`` are compared (decoding, averaging and
     table settings are not the run's). A key the saved config lacks (a checkpoint written
-    before the field existed) is not compared.
+    before the field existed) is not compared. With the same batch target
+    (``trainer.tokens_per_step``) on both sides, the :data:`REPLANNED_KEYS` derived from it
+    for the GPUs of each segment are not compared either.
 
     Args:
         saved, new: plain configs (:func:`transformer_nmt.config.to_plain`), e.g. a checkpoint's ``"config"``.
@@ -346,6 +351,9 @@ def config_differences(saved: dict | None, new: dict | None,
     skip = set(RESUME_HARMLESS_KEYS) | set(allowed)
     for c in (saved, new):
         skip |= set(((c.get("trainer") or {}).get("resume_changed")) or [])
+    targets = [(c.get("trainer") or {}).get("tokens_per_step") for c in (saved, new)]
+    if targets[0] is not None and targets[0] == targets[1]:
+        skip |= set(REPLANNED_KEYS)
     if "*" in skip:
         return []
     out: list[str] = []
@@ -365,6 +373,11 @@ def config_differences(saved: dict | None, new: dict | None,
             walk(saved[group], new.get(group), group)
     return out
 
+
+REPLANNED_KEYS = ("trainer.max_tokens", "trainer.update_freq")
+"""What ``nmt-train`` derives from ``trainer.tokens_per_step`` for the GPUs that run (their
+number and memory): a resumed segment on other GPUs may differ in them, the data position
+then carried over as sentences (transformer_nmt.train.resume)."""
 
 _FREE_FORM = ("data.custom_files",)
 """Nested dicts compared as one value."""

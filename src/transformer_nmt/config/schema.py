@@ -322,6 +322,10 @@ class DecodeConfig:
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
     sdpa_backends: list[str] = field(default_factory=lambda: ["flash", "efficient", "math"])
     """Attention kernels for decoding, in order of preference (as ``trainer.sdpa_backends``)."""
+    paper_bleu_form: str | None = None
+    """The form of the paper's BLEU ``nmt-evaluate`` records as ``paper_bleu``
+    (:data:`transformer_nmt.evaluate.bleu.PAPER_LABELS`: ``t2t-2017``, ``t2t-2018``, ``moses``,
+    ``moses-a``, ``ott2018``); None: the target language's default. The others beside it."""
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Length-bucketed max-token batches: the sampler, the dataset pair, and collate.
+"""Length-bucketed max-token batches: the sampler and the dataset pair (collate, re-exported
+here, is in :mod:`transformer_nmt.data.collate`).
 
 Pipeline position: binarize (``TokenDataset`` per split and language) -> **batching**
 -> train / translate.
@@ -58,6 +59,14 @@ Resumption
     ``state_dict()`` is exact only when it is iterated directly or through a
     ``DataLoader`` with ``num_workers=0``.
 
+    Another batch layout (another world size, another ``max_tokens`` or padding: a
+    requeued job on other GPUs) cannot continue a position counted in batches. The
+    position then carries over as the *sentences* consumed in the epoch
+    (:meth:`consumed`, saved in the checkpoint): :meth:`resume_epoch` batches the
+    sentences the epoch has not yet given with this sampler's budget, shuffles those
+    batches from ``(seed, epoch, number consumed)`` and deals them round robin as
+    usual, so every sentence of the epoch is still seen once. The next epoch is whole.
+
 Over-long sentences
     A sentence that alone exceeds ``max_tokens`` raises ``ValueError`` naming its
     index, lengths and how many such sentences there are. With
@@ -70,19 +79,21 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
+from transformer_nmt.data.collate import Batch, collate
+
+__all__ = ["Batch", "LengthBucketSampler", "ParallelDataset", "collate", "make_batches",
+           "padding_efficiency"]
 
 log = logging.getLogger(__name__)
 
 # Tags that keep the random streams of batch composition and epoch order apart.
 _COMPOSE_TAG = 0x42554B54
 _EPOCH_TAG = 0x4550434B
+_REST_TAG = 0x52455354
 
 
 class _Tokens(Protocol):
@@ -400,9 +411,13 @@ class LengthBucketSampler:
         )
         self._src_len = src_len
         self._tgt_len = tgt_len
+        self._budget = (budget_src, budget_tgt)
+        self._keep = keep
         self.epoch = 0
         self._position = 0
         self._resume = False
+        self._rest: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        # (epoch, sentences consumed before it, order, bounds) of a resumed epoch's rest
 
     # -- sizes and statistics -----------------------------------------------------
     @property
@@ -415,21 +430,41 @@ class LengthBucketSampler:
         """Batches per epoch over all ranks."""
         return len(self._bounds) - 1
 
+    @property
+    def num_examples(self) -> int:
+        """Sentences of the split, the skipped ones included (the range of the indices)."""
+        return len(self._src_len)
+
+    @property
+    def num_sentences(self) -> int:
+        """Sentences an epoch gives over all ranks (the skipped ones left out)."""
+        return len(self._keep)
+
+    def _layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(order, bounds, consumed_before)`` of ``epoch``: the rest of a resumed epoch
+        (:meth:`resume_epoch`), else the whole composition (``consumed_before`` None)."""
+        if self._rest is not None and self._rest[0] == epoch:
+            return self._rest[2], self._rest[3], self._rest[1]
+        return self._order, self._bounds, None
+
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank)."""
-        return math.ceil(self.num_batches / self.world_size)
+        """Batches this rank yields in the current epoch (the same on every rank)."""
+        bounds = self._layout(self.epoch)[1]
+        return math.ceil((len(bounds) - 1) / self.world_size)
 
     @property
     def padding_efficiency(self) -> float:
-        """Real tokens / padded tokens over all batches (all ranks), source + target."""
+        """Real tokens / padded tokens over all batches (all ranks), source + target; the
+        padded widths are the lengths rounded to ``pad_to_multiple``, as collated."""
         if self.num_batches == 0:
             return 1.0
         starts = self._bounds[:-1]
         counts = np.diff(self._bounds)  # (num_batches,)
         src_s = self._src_len[self._order]
         tgt_s = self._tgt_len[self._order]
-        padded = (np.maximum.reduceat(src_s, starts) * counts).sum() + (
-            np.maximum.reduceat(tgt_s, starts) * counts
+        src_w, tgt_w = (x[self._order] for x in self._budget)  # (M,) rounded lengths
+        padded = (np.maximum.reduceat(src_w, starts) * counts).sum() + (
+            np.maximum.reduceat(tgt_w, starts) * counts
         ).sum()
         return float((src_s.sum() + tgt_s.sum()) / padded)
 
@@ -456,22 +491,66 @@ class LengthBucketSampler:
             self.epoch = epoch
             self._position = 0
             self._resume = False
+            if self._rest is not None and self._rest[0] != epoch:
+                self._rest = None
 
     def _batch_order(self, epoch: int) -> np.ndarray:
-        """(num_batches,) batch numbers in this epoch's order (same on every rank)."""
+        """(batches of the epoch,) batch numbers in this epoch's order (same on every rank)."""
+        _, bounds, before = self._layout(epoch)
+        n = len(bounds) - 1
         if not self.shuffle:
-            return np.arange(self.num_batches)
-        rng = np.random.default_rng([_EPOCH_TAG, self.seed, epoch])
-        return rng.permutation(self.num_batches)
+            return np.arange(n)
+        if before is not None:
+            rng = np.random.default_rng([_EPOCH_TAG, self.seed, epoch, _REST_TAG, len(before)])
+        else:
+            rng = np.random.default_rng([_EPOCH_TAG, self.seed, epoch])
+        return rng.permutation(n)
 
     def _rank_batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
         """This rank's batches of ``epoch`` from position ``start`` on, ``[]`` padding included."""
         mine = self._batch_order(epoch)[self.rank :: self.world_size]
-        order, bounds = self._order, self._bounds
+        order, bounds, _ = self._layout(epoch)
+        per_rank = math.ceil((len(bounds) - 1) / self.world_size)
         for j in mine[start:]:
             yield order[bounds[j] : bounds[j + 1]].tolist()
-        for _ in range(max(start, len(mine)), len(self)):
+        for _ in range(max(start, len(mine)), per_rank):
             yield []
+
+    def consumed(self, epoch: int, position: int) -> np.ndarray:
+        """(K,) sorted indices of the sentences every rank together has consumed after
+        ``position`` batches per rank of ``epoch`` (those of a resumed epoch's earlier
+        segments included): the data position independent of the batch layout."""
+        order, bounds, before = self._layout(int(epoch))
+        taken = self._batch_order(int(epoch))[: int(position) * self.world_size]
+        parts = [order[bounds[j] : bounds[j + 1]] for j in taken]
+        if before is not None:
+            parts.append(before)
+        if not parts:
+            return np.zeros(0, np.int64)
+        return np.sort(np.concatenate(parts)).astype(np.int64)
+
+    def resume_epoch(self, epoch: int, consumed: np.ndarray) -> None:
+        """Continue ``epoch`` after the sentences ``consumed`` (indices, from
+        :meth:`consumed` of the sampler that wrote the checkpoint, whatever its world size
+        or budget): the next ``__iter__`` yields the batches of the rest of the epoch,
+        batched with this sampler's budget, from their first on.
+
+        Raises:
+            ValueError: an index outside the split.
+        """
+        consumed = np.unique(np.asarray(consumed, dtype=np.int64))
+        if len(consumed) and (consumed[0] < 0 or consumed[-1] >= self.num_examples):
+            raise ValueError(f"consumed sentence indices must lie in [0, {self.num_examples}), "
+                             f"got {int(consumed[0])}..{int(consumed[-1])}")
+        epoch = int(epoch)
+        keep = np.setdiff1d(self._keep, consumed, assume_unique=True)
+        rng = (np.random.default_rng([_COMPOSE_TAG, self.seed, epoch, len(consumed)])
+               if self.shuffle else None)
+        order, bounds = _bucket(*self._budget, keep, self.max_tokens, rng, self.size_multiple)
+        self._rest = (epoch, consumed, order, bounds)
+        self.epoch = epoch
+        self._position = 0
+        self._resume = True
 
     def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
         """All ``len(self)`` batches this rank yields in ``epoch`` (default: the current
@@ -505,133 +584,15 @@ class LengthBucketSampler:
                 f"{self.seed}; resuming would visit different batches"
             )
         position = int(state["position"])
-        if not 0 <= position <= len(self):
+        epoch = int(state["epoch"])
+        per_rank = math.ceil((len(self._layout(epoch)[1]) - 1) / self.world_size)
+        if not 0 <= position <= per_rank:
             raise ValueError(
-                f"sampler state position {position} is outside [0, {len(self)}] "
+                f"sampler state position {position} is outside [0, {per_rank}] "
                 f"(batches per epoch on this rank)"
             )
-        self.epoch = int(state["epoch"])
+        if self._rest is not None and self._rest[0] != epoch:
+            self._rest = None
+        self.epoch = epoch
         self._position = position
         self._resume = True
-
-
-# --------------------------------------------------------------------------- collate
-
-
-@dataclass
-class Batch:
-    """One padded batch (PAD_ID on the right).
-
-    Fields (B sentences, S = longest source + 1, T = longest target + 1):
-        ids: (B,) long, example indices (to restore input order after decoding).
-        src_tokens: (B, S) long, ``src + [eos]``.
-        src_lengths: (B,) long, source lengths including eos.
-        tgt_in: (B, T) long, ``[bos] + tgt`` (decoder input); None without target.
-        tgt_out: (B, T) long, ``tgt + [eos]`` (decoder output); None without target.
-        ntokens: non-pad target tokens (``tgt_out != PAD_ID``); 0 without target.
-        nsentences: B.
-    """
-
-    ids: torch.Tensor
-    src_tokens: torch.Tensor
-    src_lengths: torch.Tensor
-    tgt_in: torch.Tensor | None
-    tgt_out: torch.Tensor | None
-    ntokens: int
-    nsentences: int
-
-    def _map(self, fn) -> Batch:
-        values = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            values[f.name] = fn(v) if isinstance(v, torch.Tensor) else v
-        return Batch(**values)
-
-    def to(self, device: torch.device | str, non_blocking: bool = True) -> Batch:
-        """A copy with every tensor on ``device`` (asynchronous from pinned memory)."""
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> Batch:
-        """A copy with every tensor in page-locked memory (``DataLoader(pin_memory=True)``)."""
-        return self._map(lambda t: t.pin_memory())
-
-
-def _pad_rows(seqs: list[np.ndarray], lengths: np.ndarray, width: int, offset: int) -> np.ndarray:
-    """(B, width) int64 PAD_ID array with ``seqs[b]`` written at columns ``offset..``."""
-    out = np.full((len(seqs), width), PAD_ID, dtype=np.int64)
-    cols = np.arange(width)
-    mask = (cols >= offset) & (cols < (lengths + offset)[:, None])  # (B, width)
-    if lengths.sum():
-        out[mask] = np.concatenate(seqs)  # row-major fill = concatenation order
-    return out
-
-
-def _round_up(width: int, multiple: int, max_length: int | None) -> int:
-    """``width`` rounded up to a multiple of ``multiple``, not beyond ``max_length`` (never
-    below ``width``)."""
-    rounded = -(-width // multiple) * multiple
-    if max_length is not None:
-        rounded = min(rounded, max(width, max_length))
-    return rounded
-
-
-def collate(
-    samples: Sequence[tuple[int, np.ndarray, np.ndarray | None]],
-    pad_to_multiple: int = 1,
-    max_length: int | None = None,
-) -> Batch | None:
-    """Pad ``(i, src_ids, tgt_ids)`` samples into a :class:`Batch`.
-
-    Source rows are ``src + [eos]``; target rows are ``[bos] + tgt`` (``tgt_in``) and
-    ``tgt + [eos]`` (``tgt_out``); all right-padded with PAD_ID. An empty sample list
-    (the ``[]`` batch a rank gets when it has no data left in an epoch) gives None.
-
-    ``pad_to_multiple``: the padded source and target lengths are rounded up to a multiple
-    of it (training uses 8, ``trainer.pad_to_multiple``: fewer distinct shapes for
-    ``torch.compile`` and tensor-core-sized matrices), but not beyond ``max_length`` (the
-    model's ``max_positions``) when given. The extra positions are padding: nothing the
-    model computes for real positions changes.
-
-    Raises:
-        ValueError: when some samples have a target and others do not.
-    """
-    if len(samples) == 0:
-        return None
-    ids = np.fromiter((s[0] for s in samples), dtype=np.int64, count=len(samples))
-    srcs = [np.asarray(s[1], dtype=np.int64) for s in samples]
-    src_sizes = np.fromiter((len(s) for s in srcs), dtype=np.int64, count=len(srcs))
-    b = len(samples)
-    rows = np.arange(b)
-
-    multiple = max(int(pad_to_multiple), 1)
-    src_width = _round_up(int(src_sizes.max()) + 1, multiple, max_length)
-    src_tokens = _pad_rows(srcs, src_sizes, src_width, 0)  # (B, S)
-    src_tokens[rows, src_sizes] = EOS_ID
-
-    has_tgt = [s[2] is not None for s in samples]
-    if any(has_tgt) and not all(has_tgt):
-        missing = [int(ids[k]) for k, h in enumerate(has_tgt) if not h]
-        raise ValueError(f"examples {missing[:5]} have no target but others in the batch do")
-    tgt_in = tgt_out = None
-    ntokens = 0
-    if all(has_tgt):
-        tgts = [np.asarray(s[2], dtype=np.int64) for s in samples]
-        tgt_sizes = np.fromiter((len(t) for t in tgts), dtype=np.int64, count=b)
-        width = _round_up(int(tgt_sizes.max()) + 1, multiple, max_length)
-        tgt_in_np = _pad_rows(tgts, tgt_sizes, width, 1)  # (B, T)
-        tgt_in_np[:, 0] = BOS_ID
-        tgt_out_np = _pad_rows(tgts, tgt_sizes, width, 0)  # (B, T)
-        tgt_out_np[rows, tgt_sizes] = EOS_ID
-        tgt_in = torch.from_numpy(tgt_in_np)
-        tgt_out = torch.from_numpy(tgt_out_np)
-        ntokens = int(tgt_sizes.sum()) + b
-
-    return Batch(
-        ids=torch.from_numpy(ids),
-        src_tokens=torch.from_numpy(src_tokens),
-        src_lengths=torch.from_numpy(src_sizes + 1),
-        tgt_in=tgt_in,
-        tgt_out=tgt_out,
-        ntokens=ntokens,
-        nsentences=b,
-    )

@@ -29,6 +29,11 @@ Two different numbers, never to be mixed up; every result carries its ``label`` 
     target language: both sides through ``lowercase.perl``, ``normalize-punctuation.perl -l
     <lang>`` and ``tokenizer.perl -l <lang>`` (no ``-a``), scored by ``multi-bleu.perl -lc``
     (what fairseq's BLEU4 gives on the same tokenized, lowercased files).
+  - Ott et al. 2018 (form ``ott2018``, German): fairseq's ``scripts/compound_split_bleu.sh``
+    on the output of ``fairseq-generate`` for a model trained on Google's tokenized WMT16
+    data: the hypothesis and the reference ``newstest2014.tok.de`` tokenized by
+    ``tokenizer.perl -l de`` (no quote change), the ``##AT##`` split on both sides, BLEU as
+    ``multi-bleu.perl`` computes it.
 
   ``multi-bleu.perl`` is case-sensitive over whitespace-separated tokens, unsmoothed (an
   n-gram order with zero matches gives BLEU 0), brevity penalty exp(1 - r/c) when c < r;
@@ -68,6 +73,7 @@ PAPER_LABELS = {
     "moses-a": "paper BLEU (Moses tokenizer -a, multi-bleu)",
     "mmt": "paper BLEU (Multi30k papers: lowercased, Moses normalize-punctuation + tokenizer, "
            "multi-bleu -lc)",
+    "ott2018": "paper BLEU (fairseq compound_split_bleu.sh, Ott et al. 2018)",
 }
 """The label of each form of :func:`paper_bleu`."""
 PAPER_DE_LABEL = PAPER_LABELS["t2t-2017"]
@@ -76,14 +82,18 @@ PAPER_LABEL = PAPER_LABELS["moses"]
 T2T_FORMS = ("t2t-2017", "t2t-2018")
 MOSES_FORMS = ("moses", "moses-a")
 MMT_FORM = "mmt"
-"""The Multi30k papers' form: any target language, scored beside the defaults by :func:`score_all`."""
+"""The Multi30k papers' form: any target language, scored beside the defaults by
+:func:`score_all`."""
+GERMAN_ONLY_FORMS = (*T2T_FORMS, "ott2018")
+"""Forms of EN-DE scripts, German targets only."""
 
 
 def paper_forms(lang: str) -> tuple[str, ...]:
     """The forms the paper's number may have had for target ``lang``, the default first:
     ``("t2t-2017", "t2t-2018")`` for German, ``("moses", "moses-a")`` otherwise. ``moses``
-    and ``moses-a`` are accepted for German too, the ``t2t-*`` forms for German only
-    (:data:`MMT_FORM`, the Multi30k papers' form, for any language, is not among them)."""
+    and ``moses-a`` are accepted for German too, the ``t2t-*`` forms and ``ott2018`` for
+    German only (:data:`MMT_FORM`, the Multi30k papers' form, for any language, is not among
+    them)."""
     return T2T_FORMS if lang == "de" else MOSES_FORMS
 
 
@@ -305,10 +315,19 @@ def _check_form(lang: str, form: str | None) -> str:
         raise ValueError(f"unknown paper BLEU form {form!r}; one of {', '.join(PAPER_LABELS)}")
     if form == MMT_FORM:
         return form
-    if form in T2T_FORMS and lang != "de":
-        raise ValueError(f"form {form!r} is tensor2tensor's EN-DE script: German targets only, "
+    if form in GERMAN_ONLY_FORMS and lang != "de":
+        raise ValueError(f"form {form!r} is an EN-DE script's: German targets only, "
                          f"not {lang!r} (use one of {', '.join(MOSES_FORMS)})")
     return form
+
+
+def check_form(lang: str, form: str | None) -> str:
+    """``form`` for target ``lang``; None gives the default of ``lang``.
+
+    Raises:
+        ValueError: an unknown form, or a German-only form for another target (named).
+    """
+    return _check_form(lang, form)
 
 
 def paper_tokenize(
@@ -322,7 +341,9 @@ def paper_tokenize(
     ``moses`` / ``moses-a``: the Moses tokenizer of ``lang`` (``-a`` for ``moses-a``) on both
     sides, nothing else. ``mmt``: Moses ``lowercase.perl``, ``normalize-punctuation.perl -l
     <lang>`` and ``tokenizer.perl -l <lang>`` on both sides
-    (:func:`transformer_nmt.data.moses.preprocess`).
+    (:func:`transformer_nmt.data.moses.preprocess`). ``ott2018``: Moses tokenizer (``de``) ->
+    :func:`split_compounds` on both sides (fairseq's ``compound_split_bleu.sh``; no quote change
+    of the reference).
 
     Args:
         hypotheses: detokenized translations.
@@ -349,6 +370,9 @@ def paper_tokenize(
         ref = [normalize_german_quotes(r) for r in references]
         return (moses_tokenize(hyp, "de", compound_split=True),
                 moses_tokenize(ref, "de", compound_split=True))
+    if form == "ott2018":
+        return (moses_tokenize(hypotheses, "de", compound_split=True),
+                moses_tokenize(references, "de", compound_split=True))
     aggressive = form == "moses-a"
     return (moses_tokenize(hypotheses, lang, aggressive=aggressive),
             moses_tokenize(references, lang, aggressive=aggressive))
@@ -364,9 +388,10 @@ def paper_bleu(
     2017-06-29 to 2018-04-05), ``t2t-2018`` (the same script from 2018-04-05 on:
     ``replace-unicode-punctuation.perl`` on the hypothesis first), ``moses`` (default for any
     other language: ``tokenizer.perl`` and ``multi-bleu.perl``), ``moses-a`` (the tokenizer
-    with ``-a``) and ``mmt`` (the Multi30k papers': lowercased, ``normalize-punctuation.perl``,
-    ``tokenizer.perl``, ``multi-bleu.perl -lc``). Each form's tokenized lines and BLEU equal the Perl scripts'
-    (tests/data/paper_bleu).
+    with ``-a``), ``mmt`` (the Multi30k papers': lowercased, ``normalize-punctuation.perl``,
+    ``tokenizer.perl``, ``multi-bleu.perl -lc``) and ``ott2018`` (German: fairseq's
+    ``compound_split_bleu.sh``, Ott et al. 2018). Each form's tokenized lines and BLEU equal the
+    Perl scripts' (tests/data/paper_bleu).
 
     Args:
         hypotheses: detokenized translations.
@@ -392,6 +417,9 @@ def paper_bleu(
         recipe = "t2t-get_ende_bleu"
         punct = "replace-unicode-punctuation+" if form == "t2t-2018" else ""
         steps = f"hyp:{punct}tok-de+atat|ref:german-quotes+tok-de+atat"
+    elif form == "ott2018":
+        recipe = "fairseq-compound_split_bleu"
+        steps = "hyp:tok-de+atat|ref:tok-de+atat"
     else:
         recipe = "moses-multi-bleu"
         flag = "-a" if form == "moses-a" else ""
@@ -407,7 +435,7 @@ def paper_bleu(
 
 
 def score_all(
-    hypotheses: Sequence[str], references: Sequence[str], lang: str
+    hypotheses: Sequence[str], references: Sequence[str], lang: str, form: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """sacreBLEU (the headline), the paper's BLEU in every form, the Multi30k papers' BLEU
     (form ``mmt``) and chrF of one test set.
@@ -416,6 +444,9 @@ def score_all(
         hypotheses: detokenized translations.
         references: the official reference lines, unnormalised.
         lang: target language.
+        form: the form under ``paper_bleu`` (an experiment scored another paper's way, e.g.
+            ``ott2018``); None = the default of ``lang``. The forms of :func:`paper_forms`
+            are then beside it.
 
     Returns:
         ``{"sacrebleu": ..., "paper_bleu": ..., "paper_bleu:<form>": ..., "chrf": ...}``:
@@ -423,13 +454,15 @@ def score_all(
         other form of :func:`paper_forms` (``paper_bleu:t2t-2018`` for German,
         ``paper_bleu:moses-a`` otherwise) and ``paper_bleu:mmt``, to be listed beside it.
     """
-    default, *others = paper_forms(lang)
+    default = check_form(lang, form)
+    others = [f for f in paper_forms(lang) if f != default]
     scores = {
         "sacrebleu": sacrebleu_score(hypotheses, references),
         "paper_bleu": paper_bleu(hypotheses, references, lang, default),
     }
-    for form in (*others, MMT_FORM):
-        scores[f"paper_bleu:{form}"] = paper_bleu(hypotheses, references, lang, form)
+    for other in (*others, MMT_FORM):
+        if other != default:
+            scores[f"paper_bleu:{other}"] = paper_bleu(hypotheses, references, lang, other)
     scores["chrf"] = chrf_score(hypotheses, references)
     return scores
 

@@ -12,8 +12,9 @@ scored against the official reference exactly as distributed,
   the ``sacrebleu`` command line reads them, so the score equals
   ``sacrebleu data/raw/<data>/ref/<split>.<tgt> -i runs/<name>/translations/<split>.<tgt>``;
 * the paper's BLEU (tensor2tensor's ``get_ende_bleu.sh`` for German, Moses tokenizer +
-  multi-bleu otherwise) in its default form, with the other historical form beside it
-  (``t2t-2018``, ``moses-a``), and the Multi30k papers' form (``mmt``: lowercased, Moses
+  multi-bleu otherwise) in its default form, or in ``decode.paper_bleu_form`` (the Ott et al.
+  2018 preset: ``ott2018``), with the other historical forms beside it (``t2t-2018``,
+  ``moses-a``), and the Multi30k papers' form (``mmt``: lowercased, Moses
   normalize-punctuation and tokenizer, multi-bleu -lc), see :mod:`transformer_nmt.evaluate.bleu`
   and docs/paper_bleu.md.
 
@@ -27,8 +28,9 @@ scored against the official reference exactly as distributed,
       "trainer": {"label_smoothing", "max_steps"}   (from the checkpoint's config),
       "checkpoint", "checkpoint_sha256" (of the file decoded), "steps",
       "checkpoints_averaged" (file names or null),
-      "num_checkpoints_averaged",
-      "decode": {beam_size, lenpen, lenpen_form, max_len_a, max_len_b, precision, ...},
+      "num_checkpoints_averaged", "averaged_steps" (their steps, or null),
+      "run_config": the checkpoint's whole resolved config (model, trainer, data, ...),
+      "decode": the whole decode config (beam_size, lenpen, max_len_a, precision, engine, ...),
       "test_sets": {split: {"sentences", "source", "reference", "translations",
                     "translations_sha256", "checkpoint_sha256", "decode", "date",
                     "bleu": {"sacrebleu": {...}, "paper_bleu": {...},
@@ -76,7 +78,8 @@ from transformer_nmt.decode.translate import (
     write_lines,
 )
 from transformer_nmt.errors import UserError
-from transformer_nmt.evaluate.bleu import format_score, read_text_lines, score_all
+from transformer_nmt.evaluate.bleu import check_form, format_score, read_text_lines, score_all
+from transformer_nmt.evaluate.gate import averaged_steps
 from transformer_nmt.evaluate.paper import PAPER_TABLE3
 from transformer_nmt.evaluate.results import (
     NATIVE,
@@ -212,6 +215,10 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
 
     data = cfg.data
     summary = read_train_summary(run_dir)  # checked before any decoding
+    try:
+        check_form(data.tgt_lang, cfg.decode.paper_bleu_form)
+    except ValueError as e:
+        raise UserError(f"decode.paper_bleu_form: {e}") from e
     device = resolve_device(cfg.decode.device)
     ckpt_path = resolve_checkpoint(cfg)
     meta = checkpoint_metadata(ckpt_path)
@@ -262,7 +269,8 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
             written.append((out_file, _backup(out_file)))
             write_lines(hypotheses, out_file)
             # Score the two files as written, as `sacrebleu REF -i HYP` reads them.
-            scores = score_all(read_text_lines(out_file), references, data.tgt_lang)
+            scores = score_all(read_text_lines(out_file), references, data.tgt_lang,
+                               cfg.decode.paper_bleu_form)
             print(f"{cfg.name} {split} ({len(sources)} sentences, {data.src_lang}->"
                   f"{data.tgt_lang}{'' if engine_name == NATIVE else ', ' + engine_name}):")
             for result in scores.values():
@@ -313,6 +321,8 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
             "steps": meta["step"],
             "checkpoints_averaged": averaged,
             "num_checkpoints_averaged": len(averaged) if averaged is not None else None,
+            "averaged_steps": averaged_steps({"checkpoints_averaged": averaged}),
+            "run_config": to_plain(model_cfg),
             "decode": decode,
             "device": str(device),
             "test_sets": test_sets,

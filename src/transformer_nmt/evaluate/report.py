@@ -8,8 +8,9 @@ atomically, with the sections ``cfg.table.tables`` names:
 * **Table 2** (paper section 6.1): newstest2014 BLEU, EN-DE and EN-FR, and training cost,
   for Transformer base and big; the paper's numbers beside ours. Runs qualify when their
   corpus is ``wmt14``, their model preset ``base`` or ``big``, they name no Table 3 row, and
-  they followed the paper's recipe (:func:`table2_exclusions`: steps, real tokens per step,
-  checkpoints averaged, full data); the others are listed under Other runs with the reason.
+  they followed the paper's whole recipe, setting by setting, as their preset has it
+  (:func:`table2_exclusions`, :func:`transformer_nmt.evaluate.gate.recipe_differences`); the
+  others are listed under Other runs with each difference.
 * **Table 3** (paper section 6.2): the runs of Table 3 rows (:mod:`transformer_nmt.evaluate.table3`),
   one table per base experiment, each row beside the paper's line it varies (by
   ``table3.variant``; a run configured by hand: the line with the same setting), seeds
@@ -33,6 +34,8 @@ single-precision TFLOPS of the GPUs; ours come from the run's train_summary.json
 
 from __future__ import annotations
 
+import copy
+import functools
 import glob
 import logging
 from collections.abc import Iterable
@@ -40,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformer_nmt.config import Config
+from transformer_nmt.config import Config, to_plain
+from transformer_nmt.evaluate.gate import paper_bleu_of_form, preset_for, recipe_differences
 from transformer_nmt.evaluate.paper import (
     DEV_SET,
-    PAPER_RECIPE,
     PAPER_TABLE2,
     PAPER_TABLE3,
     PAPER_TOKENS_PER_STEP,
@@ -190,42 +193,52 @@ def is_table2_candidate(result: dict[str, Any]) -> bool:
     )
 
 
-TOKENS_PER_STEP_TOLERANCE = 0.1
+TABLE2_FORMS = {"de": "t2t-2017", "fr": "moses"}
+"""The paper-BLEU form of each Table 2 column (its label: TOK_DE, TOK_FR)."""
 
 
-def table2_exclusions(result: dict[str, Any]) -> list[str]:
-    """Why a Table 2 candidate is not comparable with the paper's row ([] = it is): it must
-    have finished the paper's steps (100k base, 300k big), held the paper's 25,000 real
-    source and target tokens per step within ±10 % (measured: ``real_tokens_per_step`` of
-    its train_summary.json), averaged the paper's checkpoints (5 base, 20 big) and trained
-    on the full data (no ``data.max_train_pairs``)."""
-    size = str((result.get("model") or {}).get("name"))
-    recipe = PAPER_RECIPE[size]
-    rec = record(result)
-    summary = rec.train_summary
-    why = []
-    steps = summary.steps if summary is not None and "steps" in summary.raw else rec.steps
-    if steps is None or int(steps) < recipe["steps"]:
-        why.append(f"trained {'an unrecorded number of' if steps is None else f'{int(steps):,}'} "
-                   f"of the paper's {recipe['steps']:,} steps")
-    per_step = summary.real_tokens_per_step if summary is not None else {}
-    if not per_step:
-        why.append("real tokens per step not recorded (no train_summary.json)")
-    for side, name in (("src", "source"), ("tgt", "target")):
-        value = per_step.get(side)
-        if value is not None and abs(value / PAPER_TOKENS_PER_STEP - 1) > TOKENS_PER_STEP_TOLERANCE:
-            why.append(f"{value:,.0f} real {name} tokens per step, not the paper's "
-                       f"{PAPER_TOKENS_PER_STEP:,} ± {TOKENS_PER_STEP_TOLERANCE:.0%}")
-    n_avg = result.get("num_checkpoints_averaged")
-    if n_avg != recipe["averaged"]:
-        why.append(f"averaged {n_avg or 'no'} checkpoints, not the paper's {recipe['averaged']}")
-    data = result.get("data") or {}
-    if "max_train_pairs" not in data:
-        why.append("training data size not recorded (results.json before data.max_train_pairs)")
-    elif data["max_train_pairs"] is not None:
-        why.append(f"trained on the first {int(data['max_train_pairs']):,} pairs "
-                   "(data.max_train_pairs), not the full data")
-    return why
+def preset_config(name: str) -> dict[str, Any] | None:
+    """The composed config of ``experiment=<name>`` as a plain dict (a copy of its own);
+    None when there is no such preset. Works inside a Hydra application (``nmt-table``) and
+    outside it."""
+    return copy.deepcopy(_preset_config(name))
+
+
+@functools.cache
+def _preset_config(name: str) -> dict[str, Any] | None:
+    import os
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    package = Path(__file__).resolve().parents[1]
+    folders = [Path(os.environ["NMT_CONFIG_DIR"])] if os.environ.get("NMT_CONFIG_DIR") else []
+    folders += [package / "configs", package.parents[1] / "configs"]  # as the entry points
+    folder = next((f for f in folders if (f / "config.yaml").is_file()), None)
+    if folder is None or not (folder / "experiment" / f"{name}.yaml").is_file():
+        return None
+    overrides = [f"experiment={name}"]
+    if GlobalHydra.instance().is_initialized():  # inside nmt-table: its own config folder
+        return to_plain(compose(config_name="config", overrides=overrides))
+    with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
+        return to_plain(compose(config_name="config", overrides=overrides))
+
+
+def table2_exclusions(result: dict[str, Any], preset: dict[str, Any] | None = None) -> list[str]:
+    """Why a Table 2 candidate is not comparable with the paper's row ([] = it is): each
+    recipe setting in which it differs from its preset ``wmt14_<src>_<tgt>_<size>``
+    (:func:`transformer_nmt.evaluate.gate.recipe_differences`: model, dropout, label
+    smoothing, optimizer, schedule, exact steps, the last N periodic checkpoints averaged,
+    vocabulary and data, the measured batch within the run's own tolerance, decoding).
+
+    Args:
+        preset: the preset's plain config; None composes it (:func:`preset_config`).
+    """
+    if preset is None:
+        preset = preset_config(preset_for(result))
+        if preset is None:
+            return [f"no preset {preset_for(result)} to compare the recipe with"]
+    return recipe_differences(result, preset)
 
 
 def is_table2_run(result: dict[str, Any]) -> bool:
@@ -261,7 +274,8 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
                 continue
             tgt = r["data"]["tgt_lang"]
             flops, hours = _cost(r)
-            tok = _fmt(_score(r, TABLE2_TEST_SET, PAPER_KIND))
+            bleu = ((r.get("test_sets") or {}).get(TABLE2_TEST_SET) or {}).get("bleu") or {}
+            tok = _fmt(paper_bleu_of_form(bleu, TABLE2_FORMS.get(tgt, "moses")))
             sacre = _fmt(_score(r, TABLE2_TEST_SET, "sacrebleu"))
             de = tgt == "de"
             rows.append([
@@ -281,11 +295,14 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
         f"{TOK_FR}. {SACRE} (detokenized, 13a, mixed case, against the official reference)",
         "is our headline; the paper has no such number.",
         *([LEGACY_NOTE] if any(is_table2_run(r) and is_legacy(r) for r in results) else []),
-        "A run of ours enters the table only when it finished the paper's steps (100k base,",
-        (f"300k big), held {PAPER_TOKENS_PER_STEP:,} real source and target tokens per step "
-        f"± {TOKENS_PER_STEP_TOLERANCE:.0%} (measured),"),
-        "averaged the paper's checkpoints (5 base, 20 big) and trained on the full data;",
-        "the others are under Other runs with the reason. The two cost columns are two",
+        "A run of ours enters the table only when it followed its preset's whole recipe: model",
+        "dimensions, dropout, label smoothing, optimizer, schedule, exactly the paper's steps",
+        "(100k base, 300k big), the last 5 (base) / 20 (big) periodic checkpoints averaged,",
+        f"the vocabulary and the full data, {PAPER_TOKENS_PER_STEP:,} real source and target",
+        "tokens per step (measured, within the run's own tolerance), and decoding with beam 4,",
+        "α 0.6, maximum length source + 50, by our engine in fp32 or bf16; a paper-BLEU cell",
+        "shows only a score computed in the column's form. The others are under Other runs",
+        "with each difference. The two cost columns are two",
         "definitions: the paper's is training time x GPUs x the GPUs' sustained single-precision",
         "TFLOPS; ours is the `flops` of the run's train_summary.json (model FLOPs counted from",
         "the tokens it trained on, transformer_nmt.model.flops), not comparable with the paper's.",

@@ -82,7 +82,8 @@ def save_training(
         return
     ckpt = training_checkpoint(
         model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, scaler=s.scaler,
-        sampler=state.sampler_state(seed), rng=rngs, train_state=state.state_dict(),
+        sampler={**state.sampler_state(seed), **consumed_part(s.sampler, state)},
+        rng=rngs, train_state=state.state_dict(),
         config=config, vocab_size=s.vocab_size, vocab=s.vocab, data=getattr(s, "data", None),
     )
     folder = checkpoint_dir(run_dir)
@@ -93,6 +94,79 @@ def save_training(
     if best:
         save_checkpoint(folder / BEST_NAME, ckpt)
         log.info("saved %s (step %d)", folder / BEST_NAME, state.step)
+
+
+def consumed_part(sampler: Any, state: TrainState) -> dict[str, Any]:
+    """The checkpoint's data position as sentences: ``{"sentences": K, "consumed": (ceil(N /
+    8),) uint8 tensor}``, the bits (``np.packbits``) of the K sentences of the N in the
+    split that the ranks consumed in the current epoch
+    (:meth:`~transformer_nmt.data.batching.LengthBucketSampler.consumed`)."""
+    import numpy as np
+    import torch
+
+    done = sampler.consumed(state.epoch, state.position)
+    mask = np.zeros(sampler.num_examples, dtype=bool)
+    mask[done] = True
+    return {"sentences": len(done), "consumed": torch.from_numpy(np.packbits(mask))}
+
+
+def _consumed_indices(part: dict[str, Any], n: int, path: Path) -> Any:
+    """The sentence indices of a checkpoint's ``consumed`` bits (:func:`consumed_part`).
+
+    Raises:
+        UserError: the bits are of another split size, or disagree with their count.
+    """
+    import numpy as np
+
+    bits = np.asarray(part["consumed"], dtype=np.uint8)
+    if len(bits) != -(-n // 8):
+        raise UserError(f"{path} was written for a training split of about {len(bits) * 8} "
+                        f"pairs, the split now holds {n}; resume it with the data it was "
+                        "started with")
+    done = np.flatnonzero(np.unpackbits(bits, count=n))
+    if len(done) != int(part.get("sentences", len(done))):
+        raise UserError(f"{path}: its data position is damaged ({len(done)} sentences marked, "
+                        f"{part.get('sentences')} recorded); resume from an earlier checkpoint")
+    return done
+
+
+def restore_data_position(saved: dict[str, Any], path: Path, s: Setup, state: TrainState,
+                          world_size: int) -> bool:
+    """Put the checkpoint's data position into ``state`` (and ``s.sampler``); True when it
+    is the same batch layout (position in batches, exact), False when the epoch continues
+    from the sentences consumed (another world size, ``max_tokens`` or padding).
+
+    A checkpoint with ``consumed`` bits continues in any layout: when the layout differs,
+    :meth:`~transformer_nmt.data.batching.LengthBucketSampler.resume_epoch` batches the
+    rest of the epoch anew, so every sentence of the epoch is seen once. An older
+    checkpoint (batches only) of another world size rescales the position (approximate).
+    """
+    part = saved["sampler"]
+    state.epoch, state.position = int(part["epoch"]), int(part["position"])
+    saved_ws = int(state.world_size)
+    if "consumed" not in part:
+        saved_mt = ((saved.get("config") or {}).get("trainer") or {}).get("max_tokens")
+        if saved_mt is not None and int(saved_mt) != int(s.sampler.max_tokens):
+            raise UserError(
+                f"{path} holds its data position in batches of max_tokens {saved_mt}, this "
+                f"run plans {s.sampler.max_tokens}; resume it with trainer.max_tokens={saved_mt} "
+                "trainer.auto_max_tokens=false")
+        if saved_ws == world_size:
+            return True
+        state.position = state.position * saved_ws // world_size
+        if state.position >= len(s.sampler):
+            state.epoch, state.position = state.epoch + 1, 0
+        return False
+    done = _consumed_indices(part, s.sampler.num_examples, path)
+    if saved_ws == world_size and state.position <= len(s.sampler):
+        same = s.sampler.consumed(state.epoch, state.position)
+        if len(same) == len(done) and (same == done).all():
+            return True
+    s.sampler.resume_epoch(state.epoch, done)
+    state.position = 0
+    if len(s.sampler) == 0:
+        state.epoch += 1
+    return False
 
 
 def _load_resumable(run_dir: str | Path, info: Any) -> tuple[Path, dict[str, Any]] | None:
@@ -201,8 +275,10 @@ def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config 
     ``trainer.resume_changed`` (:func:`transformer_nmt.checkpoint.config_differences`).
 
     A change of the model (``model.heads``, dropout), the optimisation (learning rate, label
-    smoothing, seed) or the data order (``max_tokens``, ``update_freq``: the data position is
-    counted in batches) would otherwise be resumed silently.
+    smoothing, seed) or the data order would otherwise be resumed silently. A run with a
+    batch target (``trainer.tokens_per_step``) keeps it, and may change the ``max_tokens`` and
+    ``update_freq`` derived from it (another GPU count or memory); its data position carries
+    over as sentences (:func:`restore_data_position`).
 
     Raises:
         UserError: one line naming the run, every key that differs with both values, and the
@@ -221,6 +297,7 @@ def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config 
         )
     if config is None:
         return
+    _check_same_target(saved.get("config"), config)
     diff = config_differences(saved.get("config"), to_plain(config))
     if diff:
         keys = ",".join(d.split(":")[0] for d in diff)
@@ -230,6 +307,31 @@ def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config 
             f"trainer.resume_changed=[{keys}] to change them deliberately, or give a new run "
             "another run_dir= or name="
         )
+
+
+def _check_same_target(saved_cfg: Any, config: Config) -> None:
+    """A resumed run keeps its batch target (``trainer.tokens_per_step``), and so its schedule;
+    the ``max_tokens`` and ``update_freq`` derived from it may change with the GPUs
+    (:data:`transformer_nmt.checkpoint.REPLANNED_KEYS`).
+
+    Raises:
+        UserError: the run had a target and this one sets another or none (or the reverse),
+            unless ``trainer.resume_changed`` names ``trainer.tokens_per_step``.
+    """
+    theirs = (((saved_cfg or {}).get("trainer") or {}).get("tokens_per_step")
+              if isinstance(saved_cfg, dict) else None)
+    mine = config.trainer.tokens_per_step
+    changed = set(config.trainer.resume_changed or [])
+    if theirs == mine or not isinstance(saved_cfg, dict) \
+            or changed & {"*", "trainer.tokens_per_step"}:
+        return
+    if theirs is None or mine is None or float(theirs) != float(mine):
+        raise UserError(
+            f"the run was started with trainer.tokens_per_step={theirs}, now {mine}: a resumed "
+            f"run keeps its batch (and so its schedule); resume it with "
+            f"trainer.tokens_per_step={theirs}, add "
+            "trainer.resume_changed=[trainer.tokens_per_step] to change it deliberately, or "
+            "give a new run another run_dir= or name=")
 
 
 def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
@@ -265,23 +367,21 @@ def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
     restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
                     scaler=s.scaler)
     state.load_state_dict(saved["train_state"])
-    state.epoch, state.position = int(saved["sampler"]["epoch"]), int(saved["sampler"]["position"])
     saved_ws = int(state.world_size)
-    if saved_ws != info.world_size:
-        log.warning(
-            "%s was written with world_size=%d, now %d: the data position is rescaled and "
-            "RNG streams reseeded, so the run will not match an uninterrupted one exactly",
-            path, saved_ws, info.world_size,
-        )
-        state.position = state.position * saved_ws // info.world_size
-        if state.position >= len(s.sampler):
-            state.epoch += 1
-            state.position = 0
-        seed_everything(seed + info.rank + 1000 * int(state.step))
-    else:
+    if restore_data_position(saved, path, s, state, info.world_size):
         set_rng_state(saved["rng"][info.rank])
+        where = f"batch {state.position} of the epoch"
+    else:
+        log.warning(
+            "%s was written with world_size=%d and max_tokens %s, now %d and %d: epoch %d "
+            "continues with the sentences it has not given yet, batched anew, and the RNG "
+            "streams are reseeded, so the run will not match an uninterrupted one exactly",
+            path, saved_ws, (saved.get("config") or {}).get("trainer", {}).get("max_tokens"),
+            info.world_size, int(s.sampler.max_tokens), state.epoch,
+        )
+        seed_everything(seed + info.rank + 1000 * int(state.step))
+        where = f"{len(s.sampler)} batches per rank left in the epoch"
     state.world_size = info.world_size
     if info.is_main:
-        log.info("resumed from %s (step %d, epoch %d, batch %d of the epoch)", path,
-                 state.step, state.epoch, state.position)
+        log.info("resumed from %s (step %d, epoch %d, %s)", path, state.step, state.epoch, where)
     return path
