@@ -28,6 +28,7 @@ NOT_OURS = {
     "scripts/share/nonbreaking_prefixes/nonbreaking_prefix.{de,en,fr}",
     "scripts/tokenizer/replace-unicode-punctuation.perl",
     "scripts/average_checkpoints.py", "average_checkpoints.py", "get_ende_bleu.sh", "evaluate.sh",
+    "compound_split_bleu.sh", "scripts/compound_split_bleu.sh",
     "generate.py", "train.py", "model.py", "src/decoding.cc",
 }
 EXAMPLES = {
