@@ -6,8 +6,8 @@ it runs, each as the pipeline's own commands:
 1. the GPU tests (``pytest -m gpu``: every test that needs CUDA carries the mark);
 2. ``base`` on Multi30k EN-DE for a few hundred steps in bf16 and in fp16, at the paper's peak
    learning rate (:func:`paper_lr_multiplier`; the loss must fall
-   by :data:`MIN_LOSS_DROP` nats and the greedy validation BLEU reach :data:`MIN_VALID_BLEU`, which a
-   collapsed model, one output for every input, does not; fp16 may skip steps only while the
+   by :data:`MIN_LOSS_DROP` nats and the greedy validation BLEU reach :data:`MIN_VALID_BLEU`, which
+   a collapsed model, one output for every input, does not; fp16 may skip steps only while the
    loss scale calibrates);
 3. ``base`` compiled (``trainer.compile=true``) with ``update_freq 2``;
 4. the bf16 run resumed from its GPU checkpoint for more steps;

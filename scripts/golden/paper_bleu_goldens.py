@@ -248,8 +248,10 @@ STEP_LINES = [
     "Das kostet 10\u00a0000 Euro, also 20 % mehr ; oder 30\u00a0% ?",
     "\u00ab\u00a0Oui\u00a0\u00bb, dit-il\u00a0! Pourquoi\u00a0? Voil\u00e0\u00a0; fini\u00a0: bon",
     "\u00abNon\u00bb et \u00ab non \u00bb, n\u00ba\u00a012, 5\u00a0\u00baC, 3\u00a0cm,\u00a0fin",
-    "Don\u2019t \u2018quote\u2019 \u201aso\u2018 \u201eso\u201c \u201cso\u201d \u00b4x\u00b4 x\u00b4\u00b4",
-    "A \u2013 B \u2014 C\u2014D \u2026 E\u2026", "\u00c4RGER \u00dcBER \u00c9T\u00c9 \u0130STANBUL \u1e9e",
+    ("Don\u2019t \u2018quote\u2019 \u201aso\u2018 \u201eso\u201c "
+     "\u201cso\u201d \u00b4x\u00b4 x\u00b4\u00b4"),
+    "A \u2013 B \u2014 C\u2014D \u2026 E\u2026",
+    "\u00c4RGER \u00dcBER \u00c9T\u00c9 \u0130STANBUL \u1e9e",
     "\u039f\u0394\u039f\u03a3 \u03a3\u039f\u03a3", "Tab\there  two  spaces", "",
     "He said \"Stop\", then \"go\".", "1\u00a02\u00a03 and 4\u00a05",
 ]

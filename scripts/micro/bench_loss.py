@@ -34,9 +34,9 @@ from transformer_nmt.train.loss import label_smoothed_nll_loss
 
 
 class PreviousLoss(torch.autograd.Function):
-    """The label-smoothed loss as it was before the chunked and fused versions (kept for this comparison and for
-    tests/unit/train/test_loss.py): float32 log-softmax of all (N, V) logits, saved for an
-    analytic backward that turns it into the gradient in place."""
+    """The label-smoothed loss as it was before the chunked and fused versions (kept for this
+    comparison and for tests/unit/train/test_loss.py): float32 log-softmax of all (N, V) logits,
+    saved for an analytic backward that turns it into the gradient in place."""
 
     @staticmethod
     def forward(ctx, logits, target, epsilon):  # type: ignore[override]

@@ -10,7 +10,8 @@
 
 Example::
 
-    PYTHONPATH=src .venv/bin/python scripts/micro/count_loss_graph.py --n 25000 --vocab 37000 --inductor
+    PYTHONPATH=src .venv/bin/python scripts/micro/count_loss_graph.py \\
+        --n 25000 --vocab 37000 --inductor
 
 Prints one JSON object.
 """
@@ -82,7 +83,8 @@ def inductor_kernels(n: int, vocab: int) -> dict:
     _, codes = run_and_get_code(call)
     out = []
     for code in codes:
-        buffers = re.findall(r"empty_strided_cpu\(\((\w+), (\w+)\), \([^)]*\), torch\.(\w+)\)", code)
+        buffers = re.findall(
+            r"empty_strided_cpu\(\((\w+), (\w+)\), \([^)]*\), torch\.(\w+)\)", code)
         out.append({"kernels": len(set(re.findall(r"\b(cpp_fused_\w+) = ", code))),
                     "float32_logit_sized_buffers": sum(1 for _, c, d in buffers
                                                        if c != "1" and d == "float32")})

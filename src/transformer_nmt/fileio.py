@@ -244,8 +244,8 @@ def check_output(path: str | os.PathLike, what: str,
     if real.is_dir():
         raise UserError(f"{what}={given} is a folder; give a file path")
     if any(p.suffix.lower() in MODEL_SUFFIXES for p in (given, real)):
-        raise UserError(f"{what}={given} would overwrite a model file ({real.suffix or given.suffix});"
-                        " give another path")
+        raise UserError(f"{what}={given} would overwrite a model file "
+                        f"({real.suffix or given.suffix}); give another path")
     for folder in (real.parent, *real.parent.parents):
         if folder.name == "checkpoints" and (
                 (folder.parent / ".hydra").is_dir() or next(folder.glob("*.pt"), None)):

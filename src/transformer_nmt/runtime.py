@@ -137,9 +137,9 @@ class StopFlag:
     requested.
 
     ``requested`` is 0, or the number of the first signal received (the cause: under
-    ``torchrun`` a Ctrl-C reaches the agent too, which then sends SIGTERM to its workers). A second SIGINT (Ctrl-C
-    pressed again while the first stop waits for the step boundary) ends the process at once
-    with exit status :data:`INTERRUPT_EXIT` (130) and one line on standard error, without a
+    ``torchrun`` a Ctrl-C reaches the agent too, which then sends SIGTERM to its workers). A second
+    SIGINT (Ctrl-C pressed again while the first stop waits for the step boundary) ends the process
+    at once with exit status :data:`INTERRUPT_EXIT` (130) and one line on standard error, without a
     traceback and without a checkpoint.
     """
 
@@ -193,6 +193,7 @@ class StopFlag:
             return False
         handler(self.requested, None)
         return True
+
 
 def _cuda_rng_state() -> torch.Tensor | list:
     """The RNG state of this process's current CUDA device ([] without CUDA).
@@ -286,10 +287,12 @@ def retain_freed_memory() -> bool:
         return False
     ok = libc.mallopt(_M_MMAP_MAX, 0) == 1
     return ok and libc.mallopt(_M_TRIM_THRESHOLD, -1) == 1
-# --- one writer at a time ------------------------------------------------------------------------
 
+
+# --- one writer at a time ------------------------------------------------------------------------
 LOCK_NAME = "nmt.lock"
-"""The lock file a command holds in a run or data folder while it writes there (:func:`folder_lock`)."""
+"""The lock file a command holds in a run or data folder while it writes there
+(:func:`folder_lock`)."""
 _LOCK_READ_TRIES = 10
 """Reads of a lock file whose content is not (yet) a holder, 0.1 s apart: a holder writes its
 name right after creating the file."""

@@ -919,7 +919,8 @@ def test_24_15_table_skips_a_truncated_or_mistyped_results_file(tmp_path, caplog
     assert warnings[0].startswith(
         f"skipping {runs}/a_list/results.json: a JSON list, not an object; ")
     assert warnings[1].startswith(f"skipping {runs}/mistyped/results.json: "
-                                  "test_sets.test_2016_flickr.bleu.sacrebleu has no numeric score; ")
+                                  "test_sets.test_2016_flickr.bleu.sacrebleu "
+                                  "has no numeric score; ")
     assert warnings[2].startswith(f"skipping {runs}/truncated/results.json: not valid JSON "
                                   "(line 1")
 

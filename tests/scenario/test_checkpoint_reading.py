@@ -57,7 +57,8 @@ def _damage(path, kind: str, marker) -> str:
     else:  # the same payload in torch's zip format
         torch.save({"model": _Payload(str(marker))}, path)
     return ("it holds Python objects other than tensors and plain values "
-            f"({path.stat().st_size:,} bytes), which are refused because loading them could run code")
+            f"({path.stat().st_size:,} bytes), which are refused "
+            "because loading them could run code")
 
 
 @pytest.mark.parametrize("kind", ["empty", "truncated", "pickle", "zip-pickle"])

@@ -44,8 +44,8 @@ def test_24_01_16_nmt_export_onto_its_run_is_one_line_and_keeps_the_run(post_nor
 def test_24_02_16_nmt_import_into_a_trained_run_is_refused(hf_dir, post_norm, tmp_path):
     run = tmp_path / "run"
     before = _fake_run(run, post_norm)
-    proc = _cli("import_model", f"export.source={hf_dir}", f"run_dir={run}", f"data.root={tmp_path}",
-                "data.name=imported")
+    proc = _cli("import_model", f"export.source={hf_dir}", f"run_dir={run}",
+                f"data.root={tmp_path}", "data.name=imported")
     assert _one_error_line(proc) == (
         f"error: {run} already holds checkpoints (checkpoint_7.pt in {run / 'checkpoints'}); "
         "import under another name= (or run_dir=), or pass export.overwrite=true to replace "

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts" / "cluster"))
-import gpu_check
-
 from transformer_nmt.config import compose
 from transformer_nmt.train.optim import inverse_sqrt_lr
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts" / "cluster"))
+import gpu_check  # noqa: E402  (found on the sys.path entry above)
 
 
 def test_base_checks_peak_at_the_papers_learning_rate():

@@ -49,7 +49,8 @@ def run(workspace, tokenizer, tmp_path):
     folder = tmp_path / "run" / "checkpoints"
     paths = [folder / f"checkpoint_{s}.pt" for s in (150, 300)]
     for seed, path in enumerate(paths):
-        write_checkpoint(path, new_model(cfg, tokenizer.vocab_size, seed=seed), cfg, 150 * (seed + 1))
+        write_checkpoint(path, new_model(cfg, tokenizer.vocab_size, seed=seed), cfg,
+                         150 * (seed + 1))
     overrides = [f"data.root={root / 'data'}", f"run_dir={tmp_path / 'run'}", "name=tiny",
                  "data.vocab_size=60", *DECODE_MODEL]
     return overrides, paths

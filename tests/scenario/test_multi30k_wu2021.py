@@ -40,7 +40,10 @@ def test_the_preset_schedule_is_fairseqs_inverse_sqrt_with_peak_0005():
     at update 2000, then 0.005 * sqrt(2000 / step)."""
     t, m = compose(["experiment=multi30k_wu2021"]).trainer, compose(
         ["experiment=multi30k_wu2021"]).model
-    lr = lambda step: inverse_sqrt_lr(step, m.d_model, t.warmup_steps, t.lr_multiplier)
+
+    def lr(step):
+        return inverse_sqrt_lr(step, m.d_model, t.warmup_steps, t.lr_multiplier)
+
     assert t.warmup_steps == 2000
     assert lr(2000) == pytest.approx(0.005, rel=1e-12)
     assert lr(1000) == pytest.approx(0.0025, rel=1e-12)
@@ -74,7 +77,8 @@ def test_lowercase_and_pretokenize_round_trip():
             assert "&quot;" not in text and "&amp;" not in text and "&apos;" not in text
             assert moses.preprocess([text], lang, lower=True, moses=True) == [side]
     only_lower = compose(["experiment=multi30k_wu2021", "data.pretokenize=none"]).data
-    assert preprocess_pair("A Dog's ball.", "Ein Ball.", only_lower) == ("a dog's ball.", "ein ball.")
+    assert preprocess_pair("A Dog's ball.", "Ein Ball.", only_lower) == (
+        "a dog's ball.", "ein ball.")
     only_tok = compose(["experiment=multi30k_wu2021", "data.lowercase=false"]).data
     assert preprocess_pair("A Dog's ball.", "Ein Ball.", only_tok) == (
         "A Dog &apos;s ball .", "Ein Ball .")

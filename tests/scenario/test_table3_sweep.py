@@ -55,7 +55,8 @@ def test_local_sweep_trains_evaluates_skips_done_rows_and_tabulates(tmp_path, sy
     assert stamps == {p.name: (p / "results.json").stat().st_mtime_ns for p in root.iterdir()}
 
     out, plot = tmp_path / "table3.md", tmp_path / "table3.png"
-    _run("nmt-table", ["table.tables=[table3]", f"table.results_glob={tmp_path}/runs/**/results.json",
+    _run("nmt-table", ["table.tables=[table3]",
+                       f"table.results_glob={tmp_path}/runs/**/results.json",
                        f"table.output={out}", f"table.table3_plot={plot}"], tmp_path)
     text = out.read_text()
     assert "## Table 3" in text and "## Table 2" not in text and "## Other runs" not in text

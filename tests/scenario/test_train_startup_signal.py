@@ -1,7 +1,8 @@
 """A stop signal during the start-up of a (requeued) run, before its first step: before torch
 is even imported (while the config is composed) or while the sampler and model are built.
 The run stops before its first step without a new checkpoint, exit 0, and its summary says
-`stopped_by: "signal SIGTERM"`, which scripts/cluster/slurm_train.sh requeues (tests/scenario/test_slurm.py)."""
+`stopped_by: "signal SIGTERM"`, which scripts/cluster/slurm_train.sh requeues
+(tests/scenario/test_slurm.py)."""
 
 from __future__ import annotations
 

@@ -58,9 +58,10 @@ def test_file_size_limit_during_a_checkpoint_save_keeps_the_previous_one(tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
 
 
-@pytest.mark.parametrize("wording", ["basic_ios::clear: iostream error",
-                                     "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598",
-                                     "PytorchStreamWriter failed writing file data/0: file write failed"])
+@pytest.mark.parametrize("wording", [
+    "basic_ios::clear: iostream error",
+    "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598",
+    "PytorchStreamWriter failed writing file data/0: file write failed"])
 def test_torch_wordings_of_a_full_disk_are_one_error(tmp_path, monkeypatch, wording):
     path = tmp_path / "averaged.pt"
     save_checkpoint(path, {"step": 1})
@@ -122,7 +123,8 @@ def run(workspace, tokenizer, tmp_path):
     folder = tmp_path / "run" / "checkpoints"
     ckpts = [folder / f"checkpoint_{s}.pt" for s in (150, 300)]
     for seed, path in enumerate(ckpts):
-        write_checkpoint(path, new_model(cfg, tokenizer.vocab_size, seed=seed), cfg, 150 * (seed + 1))
+        write_checkpoint(path, new_model(cfg, tokenizer.vocab_size, seed=seed), cfg,
+                         150 * (seed + 1))
     overrides = [f"data.root={root / 'data'}", f"run_dir={tmp_path / 'run'}", "name=tiny",
                  "data.vocab_size=60", "decode.beam_size=2", "decode.max_len_b=6",
                  *DECODE_MODEL, f"average.checkpoints=[{ckpts[0]}]"]
@@ -159,7 +161,8 @@ def test_nmt_translate_on_a_full_device_is_one_line(run, tmp_path):
     out = tmp_path / "out.de"
     out.write_text("earlier\n" * 40)
     proc = _cli("translate", *args, f"translate.output={out}", limit=20_000)
-    _one_error_line(proc, f"file too large for the file-size limit of 20,000 bytes (ulimit -f): {out}")
+    _one_error_line(proc, "file too large for the file-size limit of 20,000 bytes "
+                          f"(ulimit -f): {out}")
     assert out.read_text() == "earlier\n" * 40
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en", "out.de", "run"]
 

@@ -161,5 +161,7 @@ def test_only_a_runs_checkpoints_folder_is_refused(tmp_path):
     plain.parent.mkdir(parents=True)
     assert check_output(plain, "translate.output") == plain
     (tmp_path / ".hydra").mkdir()  # now it is a run's
-    with pytest.raises(UserError, match=f"is inside a run's checkpoints/ folder \\({tmp_path / 'checkpoints'}\\)"):
+    with pytest.raises(
+            UserError,
+            match=f"is inside a run's checkpoints/ folder \\({tmp_path / 'checkpoints'}\\)"):
         check_output(plain, "translate.output")

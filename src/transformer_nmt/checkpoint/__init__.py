@@ -27,8 +27,8 @@ A model file (``averaged.pt``, written by :func:`average_run`) holds only ``"mod
 (the input file names). :func:`checkpoint_step` reads the step of either kind.
 
 Files live in ``runs/<experiment>/checkpoints/``: ``checkpoint_<step>.pt`` (kept: the last
-``trainer.keep_last`` periodic ones and the newest, :func:`prune_checkpoints`), ``checkpoint_best.pt`` and ``averaged.pt``. Every write goes
-through a temporary file and a rename.
+``trainer.keep_last`` periodic ones and the newest, :func:`prune_checkpoints`),
+``checkpoint_best.pt`` and ``averaged.pt``. Every write goes through a temporary file and a rename.
 """
 
 from transformer_nmt.checkpoint.average import (

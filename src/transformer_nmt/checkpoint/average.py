@@ -49,7 +49,8 @@ def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> No
                     + "; ".join(diff[:4]) + (f"; {len(diff) - 4} more" if len(diff) > 4 else "")
                     + "): average checkpoints of one run only"
                 )
-        if vref is not None and meta.get("vocab") is not None and meta["vocab"] != metas[vref]["vocab"]:
+        if (vref is not None and meta.get("vocab") is not None
+                and meta["vocab"] != metas[vref]["vocab"]):
             raise UserError(
                 f"{paths[i]} and {paths[vref]} were trained with different vocabularies "
                 f"({meta['vocab']} != {metas[vref]['vocab']}): average checkpoints of one run only"
@@ -121,7 +122,8 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
         extra = sorted(set(model) - set(total))
         if missing or extra:
             raise UserError(
-                f"cannot average {path} with {first}: keys missing from {path.name}: {missing[:5]}, "
+                f"cannot average {path} with {first}: keys missing from {path.name}: "
+                f"{missing[:5]}, "
                 f"keys only in {path.name}: {extra[:5]}"
             )
         for k, v in model.items():

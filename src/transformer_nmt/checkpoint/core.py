@@ -141,7 +141,8 @@ def check_training_checkpoint(ckpt: dict[str, Any], path: str | Path) -> None:
     if missing:
         raise ValueError(
             f"{path} is not a training checkpoint of this version: parts {missing} are missing "
-            f"(expected {list(TRAINING_PARTS)}); move it out of the run directory or start a new run"
+            f"(expected {list(TRAINING_PARTS)}); move it out of the run directory "
+            "or start a new run"
         )
 
 
@@ -344,7 +345,8 @@ def config_differences(saved: dict | None, new: dict | None,
     for the GPUs of each segment are not compared either.
 
     Args:
-        saved, new: plain configs (:func:`transformer_nmt.config.to_plain`), e.g. a checkpoint's ``"config"``.
+        saved, new: plain configs (:func:`transformer_nmt.config.to_plain`), e.g. a checkpoint's
+            ``"config"``.
     """
     if not isinstance(saved, dict) or not isinstance(new, dict):
         return []

@@ -53,7 +53,9 @@ def one_line(error: BaseException) -> str:
     text = text.split("\nConfig search path:")[0]
     # Hydra suggests ``+key=value`` for a misspelt key, which only adds an unknown key
     text = re.sub(r"\s*To append to your config use \+\S+", "", text)
-    text = "; ".join(part.strip() for part in text.splitlines() if part.strip()).replace(":; ", ": ")
+    text = "; ".join(
+        part.strip() for part in text.splitlines() if part.strip()
+    ).replace(":; ", ": ")
     return text + _did_you_mean(text)
 
 

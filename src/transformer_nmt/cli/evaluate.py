@@ -1,4 +1,5 @@
-"""``nmt-evaluate``: translate a run's test sets and score them (sacreBLEU against the official reference, the paper's BLEU, chrF).
+"""``nmt-evaluate``: translate a run's test sets and score them (sacreBLEU against the official
+reference, the paper's BLEU, chrF).
 
 Example: ``nmt-evaluate experiment=wmt14_en_de_base`` writes ``runs/<name>/translations/`` and
 ``runs/<name>/results.json`` and prints every score with its label and signature. With a

@@ -62,9 +62,9 @@ __all__ = [
     "AverageConfig", "Choice", "Config", "ConfigError", "Corpus", "DataConfig", "DecodeConfig",
     "DecodePrecision", "EncodingErrors", "Engine", "ExportConfig", "ExportFormat",
     "GradCompression", "Init", "LenpenForm", "ModelConfig", "Norm", "PlotConfig", "PlotFormat",
-    "PlotKind", "Positions", "Pretokenize", "Quantization", "ReportTable", "ShareEmbeddings", "SpmModelType",
-    "Stopping", "Table3Config", "TableConfig", "TooLong", "TrainPrecision", "TrainerConfig",
-    "TranslateConfig",
+    "PlotKind", "Positions", "Pretokenize", "Quantization", "ReportTable", "ShareEmbeddings",
+    "SpmModelType", "Stopping", "Table3Config", "TableConfig", "TooLong", "TrainPrecision",
+    "TrainerConfig", "TranslateConfig",
     "UnicodeForm", "apply_row", "check_known_keys", "compose", "register_configs", "to_plain",
     "typed_config", "validate", "validate_model_config",
 ]

@@ -28,7 +28,8 @@ def _config_dir() -> str:
     for folder in (package / "configs", package.parents[1] / "configs"):
         if (folder / "config.yaml").is_file():
             return str(folder)
-    raise ImportError(f"transformer_nmt: no configs/config.yaml in {package} or {package.parents[1]}")
+    raise ImportError(
+        f"transformer_nmt: no configs/config.yaml in {package} or {package.parents[1]}")
 
 
 CONFIG_DIR = _config_dir()
@@ -104,7 +105,8 @@ def compose(overrides: Sequence[str] = ()) -> Config:
     """Compose the primary config with overrides, as an entry point would (for tests, scripts).
 
     Args:
-        overrides: Hydra override strings, e.g. ``["experiment=multi30k_en_de", "trainer.max_steps=5"]``.
+        overrides: Hydra override strings, e.g.
+            ``["experiment=multi30k_en_de", "trainer.max_steps=5"]``.
 
     Returns:
         The composed, validated, typed config (:func:`typed_config`).

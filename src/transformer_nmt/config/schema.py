@@ -90,7 +90,8 @@ class DataConfig:
     hf_config: str | None = None
     """Its configuration (``de-en`` or ``fr-en``)."""
     custom_files: dict = field(default_factory=dict)
-    """data=custom: split -> path prefix; files are ``<prefix>.<src_lang>`` and ``<prefix>.<tgt_lang>``."""
+    """data=custom: split -> path prefix; files are ``<prefix>.<src_lang>`` and
+    ``<prefix>.<tgt_lang>``."""
     max_train_pairs: int | None = None
     """Keep only the first N training pairs (dry runs, slices). None = all."""
 
@@ -316,7 +317,8 @@ class DecodeConfig:
     precision: DecodePrecision = DecodePrecision.fp32
     """fp32, bf16 or fp16."""
     engine: Engine = Engine.native
-    """``native`` (our beam search), ``ctranslate2`` or ``ctranslate2_int8`` (transformer_nmt.interop)."""
+    """``native`` (our beam search), ``ctranslate2`` or ``ctranslate2_int8``
+    (transformer_nmt.interop)."""
     device: str = "auto"
     checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
@@ -448,7 +450,8 @@ class Config:
     name: str = "no_experiment"
     """Experiment name (each experiment config sets its own); the run directory is runs/<name>."""
     run_dir: str = "runs/${name}"
-    """``runs/<name>``; a Table 3 row's run (set by its config): ``runs/<name>/table3/<variant>_seed<seed>``."""
+    """``runs/<name>``; a Table 3 row's run (set by its config):
+    ``runs/<name>/table3/<variant>_seed<seed>``."""
     table3: Table3Config = field(default_factory=Table3Config)
     export: ExportConfig = field(default_factory=ExportConfig)
     plot: PlotConfig = field(default_factory=PlotConfig)

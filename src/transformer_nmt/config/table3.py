@@ -35,9 +35,9 @@ def apply_row(cfg: Config) -> Config:
 
     A config without a row (``table3.variant`` None), or one whose row was applied already
     (:func:`transformer_nmt.config.typed_config` applies it), is returned unchanged.
-    Multipliers act on the composed experiment's values; ``d_k`` scales the effective size (d_model / heads when
-    unset), and a row that changes heads or d_model leaves d_k / d_v to follow d_model / heads
-    unless the experiment set them.
+    Multipliers act on the composed experiment's values; ``d_k`` scales the effective size
+    (d_model / heads when unset), and a row that changes heads or d_model leaves d_k / d_v to
+    follow d_model / heads unless the experiment set them.
 
     Raises:
         Table3Error: an unknown key, or a product that is not a positive whole number (names

@@ -69,8 +69,6 @@ def validate_model_config(cfg: ModelConfig, vocab_size: int | None = None,
         raise ValueError("invalid model configuration:\n  " + "\n  ".join(errors))
 
 
-
-
 DECODE_RANGES = (("lenpen", 0.0, 10.0), ("max_len_b", -1_000_000, 1_000_000))
 """Ranges of decode numbers (:func:`validate`): the length penalty's exponent alpha (the paper:
 0.6; beyond 10 the penalty overflows), the output-length limit ``max_len_a * source length +

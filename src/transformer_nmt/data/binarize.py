@@ -252,7 +252,8 @@ def _rewrite_kept(ds: TokenDataset, keep: np.ndarray, block: int) -> None:
     """Rewrite ``ds``'s ``.bin`` / ``.idx`` with only the sentences where ``keep`` is True."""
     sizes = ds.sizes
     offsets = np.asarray(ds._idx)
-    with atomic_write(f"{ds.prefix}.bin", "wb") as fbin, atomic_write(f"{ds.prefix}.idx", "wb") as fidx:
+    with (atomic_write(f"{ds.prefix}.bin", "wb") as fbin,
+          atomic_write(f"{ds.prefix}.idx", "wb") as fidx):
         np.zeros(1, dtype=np.int64).tofile(fidx)
         total = 0
         for lo in range(0, len(sizes), block):

@@ -54,7 +54,8 @@ def check_vocab(checkpoint_path: str | os.PathLike, tokenizer: SentencePieceToke
     Raises:
         DataError: the identities differ (names both files and the values).
         MissingFileError, UnreadableCheckpointError: the checkpoint is missing, empty,
-            truncated or holds refused Python objects (:func:`transformer_nmt.fileio.read_checkpoint`).
+            truncated or holds refused Python objects
+            (:func:`transformer_nmt.fileio.read_checkpoint`).
     """
     checkpoint = read_checkpoint(checkpoint_path, mmap=True)
     saved = checkpoint.get("vocab")

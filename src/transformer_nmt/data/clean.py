@@ -2,7 +2,8 @@
 
 Every line of every split is normalised (:func:`normalize`), then lowercased and
 Moses-tokenized when ``data.lowercase`` / ``data.pretokenize=moses`` say so
-(:func:`preprocess_pair`). Only the training split is filtered (on the text as written), by these rules in this order (a pair is counted under the first rule it breaks):
+(:func:`preprocess_pair`). Only the training split is filtered (on the text as written), by these
+rules in this order (a pair is counted under the first rule it breaks):
 
 ``empty``      either side is empty after normalisation;
 ``too_long``   either side has more than ``data.max_len`` whitespace-separated words;

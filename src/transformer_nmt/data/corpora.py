@@ -113,7 +113,8 @@ def keep_references(data_cfg: DataConfig, sources: list[SplitSource]) -> list[Pa
         if source.split not in tests:
             continue
         dest = reference_path(data_cfg, source.split, data_cfg.tgt_lang)
-        if not dest.is_file() or file_digest(dest, decompressed=True) != file_digest(source.tgt, decompressed=True):
+        if not dest.is_file() or (
+                file_digest(dest, decompressed=True) != file_digest(source.tgt, decompressed=True)):
             with open_binary(source.tgt) as inp, atomic_write(dest, "wb") as f:
                 shutil.copyfileobj(inp, f, length=1 << 20)
             log.info("official reference %s -> %s", source.tgt, dest)

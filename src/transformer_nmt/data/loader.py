@@ -1,4 +1,5 @@
-"""The training and validation ``DataLoader``: :class:`~transformer_nmt.data.batching.LengthBucketSampler`
+"""The training and validation ``DataLoader``:
+:class:`~transformer_nmt.data.batching.LengthBucketSampler`
 batches collated by :func:`~transformer_nmt.data.batching.collate`, optionally in worker
 processes that prefetch and leave the stop signals to the training process."""
 

@@ -7,8 +7,8 @@
 * :func:`detokenize`: sacremoses' ``MosesDetokenizer`` (``detokenizer.perl``), unescaping.
 
 tests/data/paper_bleu holds what the Perl scripts print on hand-made and Multi30k lines;
-tests/unit/evaluate/test_bleu.py and tests/unit/evaluate/test_mmt_bleu.py check that these functions give the
-same lines. The data stage uses them for ``data.lowercase`` and ``data.pretokenize=moses``
+tests/unit/evaluate/test_bleu.py and tests/unit/evaluate/test_mmt_bleu.py check that these functions
+give the same lines. The data stage uses them for ``data.lowercase`` and ``data.pretokenize=moses``
 (:func:`preprocess`), the BLEU forms of :mod:`transformer_nmt.evaluate.bleu` to score.
 """
 

@@ -395,7 +395,8 @@ def filter_lines(summary: dict) -> list[str]:
         f"data.ratio_min_len; not in the paper): {dropped.get('ratio', 0)} dropped"),
         (f"- duplicate: the same pair again (data.dedup={p['dedup']}): "
         f"{dropped.get('duplicate', 0) if p['dedup'] else 'off'}"),
-        f"- data.max_train_pairs: {'all pairs read' if limit is None else f'reading stops after {limit} pairs'}",
+        ("- data.max_train_pairs: "
+        f"{'all pairs read' if limit is None else f'reading stops after {limit} pairs'}"),
     ]
 
 

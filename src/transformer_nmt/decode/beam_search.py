@@ -19,8 +19,9 @@ Shape legend (used in every shape comment below):
 Search, step by step (all per-hypothesis work is tensor ops; Python only touches the
 hypotheses that finish and beat what their sentence already has):
     1. One decoder call on the last token of every live beam, (A*W, 1) -> log-probabilities
-       (A*W, V) in fp32 (:func:`next_token_log_probs`, shared with greedy search); ``pad`` and ``bos`` are never generated, ``eos`` is barred before
-       ``min_len`` tokens and forced once a sentence reaches its maximum length.
+       (A*W, V) in fp32 (:func:`next_token_log_probs`, shared with greedy search); ``pad`` and
+       ``bos`` are never generated, ``eos`` is barred before ``min_len`` tokens and forced once a
+       sentence reaches its maximum length.
     2. The best C = 2K tokens of every beam (per-row top-k over V), then the best C of the
        W*C cumulative scores of each sentence: the same candidates as a top-k over all
        W*V continuations (a sentence's best C continuations are each among their own
@@ -253,8 +254,8 @@ def beam_search(
 
     Args:
         model: object with ``encode``, ``decode`` and ``new_cache`` as
-            :class:`transformer_nmt.model.transformer.Transformer` (put it in eval mode; autocast, if
-            any, is the caller's).
+            :class:`transformer_nmt.model.transformer.Transformer` (put it in eval mode; autocast,
+            if any, is the caller's).
         src_tokens: (B, S) long, ``source + [eos]`` right-padded with PAD_ID, on the model's
             device.
         beam_size: K, live hypotheses kept per sentence.

@@ -10,8 +10,8 @@ alpha 0.6, max length source + 50) and written back to their input positions.
 Robustness: an empty (or whitespace-only) line translates to an empty line and never
 reaches the model; a line longer than ``decode.max_input_tokens`` pieces (or than a model
 with learned positions has positions for: :func:`input_limit`) is truncated with a warning
-naming the line, and the count of truncated lines is logged; a batch that runs out of GPU memory is split in halves
-and retried.
+naming the line, and the count of truncated lines is logged; a batch that runs out of GPU memory is
+split in halves and retried.
 
 Speed is reported as sentences per second and target tokens per second (generated
 SentencePiece pieces, the final ``eos`` included), wall-clock time over encoding,
@@ -57,6 +57,7 @@ from transformer_nmt.model.transformer import sdpa_backends, sdpa_context
 from transformer_nmt.runtime import autocast_context, resolve_device
 
 log = logging.getLogger(__name__)
+
 
 def resolve_checkpoint(cfg: Config) -> Path:
     """The model file to decode with.
@@ -152,7 +153,8 @@ def _search_splitting_on_oom(model, src_tokens, decode_cfg):
             raise
         torch.cuda.empty_cache()
         half = src_tokens.size(0) // 2
-        log.warning("out of GPU memory on a batch of %d sentences; splitting it", src_tokens.size(0))
+        log.warning("out of GPU memory on a batch of %d sentences; splitting it",
+                    src_tokens.size(0))
         return _search_splitting_on_oom(model, src_tokens[:half], decode_cfg) + (
             _search_splitting_on_oom(model, src_tokens[half:], decode_cfg)
         )
@@ -219,7 +221,8 @@ def input_limit(decode_cfg: DecodeConfig, model_cfg: Any = None,
         decode.max_tokens=4096, model.max_positions=64 with learned positions"``.
     """
     limit = max(1, min(int(decode_cfg.max_input_tokens), int(decode_cfg.max_tokens) - 1))
-    why = f"decode.max_input_tokens={decode_cfg.max_input_tokens}, decode.max_tokens={decode_cfg.max_tokens}"
+    why = (f"decode.max_input_tokens={decode_cfg.max_input_tokens}, "
+           f"decode.max_tokens={decode_cfg.max_tokens}")
     if max_positions is None and model_cfg is not None:
         kind = getattr(model_cfg, "positions", None)
         if str(getattr(kind, "value", kind)) == "learned":
@@ -271,7 +274,8 @@ def translate_lines(
         ``target_tokens_per_second``, ``batches``, ``device``, ``precision``, ``beam_size``.
     """
     detokenize = getattr(tokenizer, "detokenize", None) or list  # data.pretokenize=moses
-    if getattr(model, "is_ctranslate2", False):  # decode.engine=ctranslate2 (interop/ctranslate2.py)
+    # decode.engine=ctranslate2 (interop/ctranslate2.py)
+    if getattr(model, "is_ctranslate2", False):
         outputs, stats = model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
         if return_hypotheses:
             return [list(zip(detokenize([t for t, _ in h]), [s for _, s in h]))
@@ -445,7 +449,8 @@ def translate_file(
         nbest, stats = translate_lines(
             model, tokenizer, lines, decode_cfg, device, return_hypotheses=True
         )
-        out = [f"{i} ||| {text} ||| {score:.4f}" for i, hyps in enumerate(nbest) for text, score in hyps]
+        out = [f"{i} ||| {text} ||| {score:.4f}"
+               for i, hyps in enumerate(nbest) for text, score in hyps]
     else:
         out, stats = translate_lines(model, tokenizer, lines, decode_cfg, device)
     write_lines(out, output_path)

@@ -38,9 +38,9 @@ Two different numbers, never to be mixed up; every result carries its ``label`` 
   ``multi-bleu.perl`` is case-sensitive over whitespace-separated tokens, unsmoothed (an
   n-gram order with zero matches gives BLEU 0), brevity penalty exp(1 - r/c) when c < r;
   ``sacrebleu`` with ``tokenize='none'``, ``smooth_method='none'``, ``force=True`` computes
-  exactly that on pre-tokenized text (tests/unit/evaluate/test_bleu.py checks it against hand counts).
-  The Moses scripts are those of mosesdecoder commit 59bad94 (2017-05-29, the last before the
-  paper), reproduced with ``sacremoses``, its character classes and tables corrected where
+  exactly that on pre-tokenized text (tests/unit/evaluate/test_bleu.py checks it against hand
+  counts). The Moses scripts are those of mosesdecoder commit 59bad94 (2017-05-29, the last before
+  the paper), reproduced with ``sacremoses``, its character classes and tables corrected where
   the Perl scripts differ (:func:`moses_tokenize`, :func:`replace_unicode_punctuation`).
   tests/data/paper_bleu holds what the Perl scripts print for every form on hand-made and
   Multi30k text; ours gives the same tokenized lines and BLEU.

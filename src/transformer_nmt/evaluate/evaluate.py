@@ -228,7 +228,8 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
     params = int(model.num_parameters())
     from transformer_nmt.interop.ctranslate2 import decode_engine
 
-    engine = decode_engine(model, ckpt_path, cfg, device)  # the model unless decode.engine says otherwise
+    # the model unless decode.engine says otherwise
+    engine = decode_engine(model, ckpt_path, cfg, device)
     engine_name = str(cfg.decode.engine)
     log.info("evaluating %s (%s, %d parameters, step %s) on %s",
              ckpt_path, model_cfg.model.name, params, meta["step"], device)

@@ -11,10 +11,10 @@ atomically, with the sections ``cfg.table.tables`` names:
   they followed the paper's whole recipe, setting by setting, as their preset has it
   (:func:`table2_exclusions`, :func:`transformer_nmt.evaluate.gate.recipe_differences`); the
   others are listed under Other runs with each difference.
-* **Table 3** (paper section 6.2): the runs of Table 3 rows (:mod:`transformer_nmt.evaluate.table3`),
-  one table per base experiment, each row beside the paper's line it varies (by
-  ``table3.variant``; a run configured by hand: the line with the same setting), seeds
-  averaged, and each row's BLEU difference to its base row beside the paper's. With
+* **Table 3** (paper section 6.2): the runs of Table 3 rows
+  (:mod:`transformer_nmt.evaluate.table3`), one table per base experiment, each row beside the
+  paper's line it varies (by ``table3.variant``; a run configured by hand: the line with the same
+  setting), seeds averaged, and each row's BLEU difference to its base row beside the paper's. With
   ``table.table3_plot`` the differences are drawn too
   (:func:`transformer_nmt.plot.table3.plot_table3`).
 * **Other runs** (Multi30k, custom corpora, ...): every test set's scores.
@@ -367,7 +367,8 @@ def table3_lines(results: list[dict[str, Any]]) -> dict[str, list[Table3Line]]:
         variant = (r.get("table3") or {}).get("variant") or (
             paper.variant if paper else str(r.get("experiment")))
         group = groups.setdefault(str(r.get("experiment")), {})
-        group.setdefault(variant, Table3Line(str(r.get("experiment")), variant, paper, [])).runs.append(r)
+        group.setdefault(
+            variant, Table3Line(str(r.get("experiment")), variant, paper, [])).runs.append(r)
     return {
         exp: sorted(lines.values(), key=lambda x: (order.get(x.variant, len(order)), x.variant))
         for exp, lines in sorted(groups.items())
@@ -437,7 +438,8 @@ def table3_section(results: list[dict[str, Any]]) -> list[str]:
                 _fmt_ms(ppl, ppl_std, 2), _fmt(p.ppl, 2) if p else "–",
                 _fmt_ms(bleu, std, 2), _fmt_ms(sacre, sacre_std, 2), _fmt(p.bleu) if p else "–",
                 "0 (base)" if x is base else _fmt_delta(delta, 2),
-                "0 (base)" if p is base_paper else (_fmt_delta(p.bleu - base_paper.bleu) if p else "–"),
+                "0 (base)" if p is base_paper
+                else (_fmt_delta(p.bleu - base_paper.bleu) if p else "–"),
             ])
         noise = "" if base_std is None else f"; seed noise of the base row: ± {base_std:.2f} BLEU"
         out += [f"### {exp} (dev set: {', '.join(splits)}{noise})", "", *_table(header, rows), ""]
@@ -534,7 +536,8 @@ def signatures_section(results: list[dict[str, Any]]) -> list[str]:
     seen: dict[tuple[str, str], None] = {}
     for r in results:
         rec = record(r)
-        for test in [*rec.test_sets.values(), *(t for e in rec.engines.values() for t in e.values())]:
+        for test in [*rec.test_sets.values(),
+                     *(t for e in rec.engines.values() for t in e.values())]:
             for entry in [*test.bleu.values(), test.chrf]:
                 seen[(entry.label, entry.signature)] = None
     if not seen:
@@ -562,7 +565,8 @@ def build_report(results: list[dict[str, Any]],
         "# Results",
         "",
         "Built by `nmt-table` from "
-        + (", ".join(sorted(r["_path"] for r in results if "_path" in r)) or "no results.json files")
+        + (", ".join(sorted(r["_path"] for r in results if "_path" in r))
+           or "no results.json files")
         + ".",
         "",
         *(table2_section(results) if "table2" in tables else []),

@@ -1,11 +1,12 @@
-"""The paper's Table 3 (section 6.2): its rows, applied to any base experiment, and their evaluation.
+"""The paper's Table 3 (section 6.2): its rows, applied to any base experiment, and their
+evaluation.
 
 A row is a config of the ``table3`` group (``configs/table3/<variant>.yaml``,
 :class:`transformer_nmt.config.Table3Config`): multipliers of the experiment's own values
 (``scale``) and absolute values (``fixed``). :func:`transformer_nmt.config.apply_row` turns it
-into model and trainer settings, so the same row file gives the paper's values on ``wmt14_en_de_base``
-(tested against :data:`PAPER_TABLE3`) and the same relative change on the CPU proxy
-(``experiment=table3_proxy``, the ``tiny`` model). The scaling rule:
+into model and trainer settings, so the same row file gives the paper's values on
+``wmt14_en_de_base`` (tested against :data:`PAPER_TABLE3`) and the same relative change on the CPU
+proxy (``experiment=table3_proxy``, the ``tiny`` model). The scaling rule:
 
 * A: ``h`` x 1/2, x 2, x 4 with d_k = d_v = d_model / h; the single-head row sets h = 1;
 * B: d_k x 1/4, x 1/2 of d_model / h, d_v unchanged;
@@ -46,7 +47,8 @@ def setting(model_cfg: ModelConfig | dict[str, Any],
     Returns:
         The setting, or None when the encoder and decoder depths differ.
     """
-    get = model_cfg.get if isinstance(model_cfg, dict) else lambda k, d=None: getattr(model_cfg, k, d)
+    get = (model_cfg.get if isinstance(model_cfg, dict)
+           else lambda k, d=None: getattr(model_cfg, k, d))
     if get("encoder_layers") != get("decoder_layers"):
         return None
     heads, d_model = get("heads"), get("d_model")
@@ -70,7 +72,8 @@ def evaluation_config(cfg: Config) -> Config:
     latest = latest_checkpoint(cfg.run_dir)
     if latest is None:
         raise FileNotFoundError(
-            f"table3={cfg.table3.variant}: no checkpoint_<step>.pt in {checkpoint_dir(cfg.run_dir)} "
+            f"table3={cfg.table3.variant}: no checkpoint_<step>.pt in "
+            f"{checkpoint_dir(cfg.run_dir)} "
             "(train the row first)")
     out = copy.deepcopy(cfg)
     out.data.test_splits = [out.data.valid_split]

@@ -89,7 +89,8 @@ def check_exportable(model_cfg: ModelConfig, target: str) -> None:
         )
     if target == "hf":
         if _get(model_cfg, "norm") != "post":
-            raise ExportError(f"model.norm={_get(model_cfg, 'norm')}: MarianMTModel is post-norm only")
+            raise ExportError(
+                f"model.norm={_get(model_cfg, 'norm')}: MarianMTModel is post-norm only")
         if _get(model_cfg, "positions") != "sinusoidal":
             raise ExportError(
                 f"model.positions={_get(model_cfg, 'positions')}: MarianMTModel rebuilds "
@@ -292,7 +293,8 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
             tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
         except OSError as e:
             if isinstance(e, PermissionError) or e.errno == errno.EROFS:
-                raise NotWritableError(f"cannot write {out_dir}: {e.strerror} ({e.filename})") from e
+                raise NotWritableError(
+                    f"cannot write {out_dir}: {e.strerror} ({e.filename})") from e
             error = write_error(e, out_dir)
             if error is None:
                 raise

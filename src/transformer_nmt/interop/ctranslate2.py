@@ -52,7 +52,6 @@ from transformer_nmt.interop.common import (
 log = logging.getLogger(__name__)
 
 
-
 # --------------------------------------------------------------------------------------
 # CTranslate2
 # --------------------------------------------------------------------------------------
@@ -103,6 +102,7 @@ def ctranslate2_spec(model: Any, pieces: Sequence[str]):
     if pre:
         norm(enc.layer_norm, "encoder_norm")
         norm(dec.layer_norm, "decoder_norm")
+
     def self_attention_and_ffn(layer: Any, o: str) -> None:  # shared by encoder and decoder layers
         linear(layer.self_attention.linear[0], f"{o}.self_attn.in_proj")
         linear(layer.self_attention.linear[1], f"{o}.self_attn.out_proj")
@@ -302,7 +302,8 @@ class CTranslate2Engine:
         if self._warned:
             return
         self._warned = True
-        if decode_cfg.beam_size > 1 and decode_cfg.lenpen != 0 and decode_cfg.lenpen_form != "fairseq":
+        if (decode_cfg.beam_size > 1 and decode_cfg.lenpen != 0
+                and decode_cfg.lenpen_form != "fairseq"):
             log.warning("decode.engine=ctranslate2 divides scores by |Y|^%s (lenpen_form=fairseq), "
                         "not by the %s form", decode_cfg.lenpen, decode_cfg.lenpen_form)
         if decode_cfg.beam_size > 1 and decode_cfg.stopping != "beam":
@@ -311,7 +312,8 @@ class CTranslate2Engine:
 
     def translate_lines(self, tokenizer: Any, lines: Sequence[str], decode_cfg: DecodeConfig,
                         return_hypotheses: bool = False) -> tuple[list[Any], dict[str, Any]]:
-        """Same inputs, outputs and stats as :func:`transformer_nmt.decode.translate.translate_lines`."""
+        """Same inputs, outputs and stats as
+        :func:`transformer_nmt.decode.translate.translate_lines`."""
         self._warn(decode_cfg)
         start = time.perf_counter()
         from transformer_nmt.decode.translate import input_limit, warn_truncated

@@ -41,7 +41,6 @@ from transformer_nmt.interop.marian import port_to_marian
 log = logging.getLogger(__name__)
 
 
-
 def write_tokenizer_files(spm_path: Path, folder: Path, run_cfg: Config,
                           max_length: int) -> None:
     """source.spm, target.spm, vocab.json, tokenizer_config.json for ``MarianTokenizer``."""

@@ -62,7 +62,10 @@ def _permute_marian(sd: dict[str, torch.Tensor], order: torch.Tensor) -> dict[st
     out: dict[str, torch.Tensor] = {}
     for key, value in sd.items():
         name = key.rsplit(".", 1)[0]
-        if key.endswith("embed_tokens.weight") or key in ("model.shared.weight", "lm_head.weight") or name.endswith(("q_proj", "k_proj", "v_proj", "fc1")) and key.endswith(".weight"):
+        if (key.endswith("embed_tokens.weight")
+                or key in ("model.shared.weight", "lm_head.weight")
+                or (name.endswith(("q_proj", "k_proj", "v_proj", "fc1"))
+                    and key.endswith(".weight"))):
             value = value[:, order]
         elif name.endswith(("out_proj", "fc2", "layer_norm")):
             value = value[order]

@@ -41,7 +41,6 @@ from transformer_nmt.interop.marian import from_marian_state_dict, model_config_
 log = logging.getLogger(__name__)
 
 
-
 # --------------------------------------------------------------------------------------
 # Import: Marian folder -> our checkpoint
 # --------------------------------------------------------------------------------------
@@ -113,7 +112,8 @@ def _load_exactly(transformers: Any, folder: Path) -> Any:
         mm, info = transformers.MarianMTModel.from_pretrained(folder, output_loading_info=True)
     except Exception as e:  # safetensors, pickle, torch and OS errors of a damaged folder
         detail = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ExportError(f"{folder}: cannot read the weights ({', '.join(files) or 'none found'}): "
+        raise ExportError(f"{folder}: cannot read the weights "
+                          f"({', '.join(files) or 'none found'}): "
                           f"{type(e).__name__}: {detail}") from e
     problems = []
     for key, what in (("missing_keys", "missing"), ("unexpected_keys", "not in the config's model"),

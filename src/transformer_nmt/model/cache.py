@@ -58,7 +58,8 @@ class DecoderCache:
     def _buffer_pair(
         self, layer: int, slot: int, rows: int, capacity: int, k: Tensor, v: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """Buffer pair ``slot`` of ``layer`` with at least ``rows`` rows and ``capacity`` positions."""
+        """Buffer pair ``slot`` of ``layer`` with at least ``rows`` rows and ``capacity``
+        positions."""
         pair = self._buffers[layer][slot]
         if pair is None or pair[0].size(0) < rows or pair[0].size(2) < capacity:
             if pair is not None:

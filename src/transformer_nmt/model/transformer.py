@@ -247,7 +247,8 @@ def _matmul_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None)
 
 
 class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
     Section 3.2.2. Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (section 3.2.1) runs in
     ``F.scaled_dot_product_attention`` (or, for cached CPU steps, two matmuls);
@@ -310,7 +311,8 @@ class MultiHeadAttention(nn.Module):
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         b, _, n, _ = out.shape
-        return out.transpose(1, 2).reshape(b, n, self.heads * self.d_v)  # (B, H, n, Dv) -> (B, n, H*Dv)
+        # (B, H, n, Dv) -> (B, n, H*Dv)
+        return out.transpose(1, 2).reshape(b, n, self.heads * self.d_v)
 
     def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, t, D) -> Q (B, H, t, Dk), K (B, H, t, Dk), V (B, H, t, Dv)."""
@@ -350,8 +352,10 @@ class MultiHeadAttention(nn.Module):
     def _cpu_step(self, x: Tensor) -> bool:
         return not self.training and x.device.type == "cpu"
 
-    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        """SDPA with attention dropout in training: (B, H, t, Dk), (B, H, S, Dk|Dv) -> (B, H, t, Dv)."""
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
+              is_causal: bool) -> Tensor:
+        """SDPA with attention dropout in training:
+        (B, H, t, Dk), (B, H, S, Dk|Dv) -> (B, H, t, Dv)."""
         with sdpa_context(self.sdpa_backends):
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,
@@ -389,7 +393,8 @@ class MultiHeadAttention(nn.Module):
             out = _matmul_attention(q, k, v, attn_mask)  # (N, H, g*t, Dv)
         else:
             with sdpa_context(self.sdpa_backends):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (N, H, g*t, Dv)
+                # (N, H, g*t, Dv)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         out = out.view(n_src, self.heads, g, t, self.d_v).permute(0, 2, 3, 1, 4)  # (N, g, t, H, Dv)
         return out.reshape(b, t, self.heads * self.d_v)  # (B, t, H*Dv)
 
@@ -426,7 +431,8 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._query_key_value(x, memory, cache, layer)
         if q is None:  # cross-attention
             if k.size(0) != b:
-                return self.out_proj(self._grouped_cross_attention(x, k, v, attn_mask, cache is not None))
+                return self.out_proj(
+                    self._grouped_cross_attention(x, k, v, attn_mask, cache is not None))
             q = self._heads(self.q_proj(x), self.d_k)  # (B, H, t, Dk)
         if t == 1 and self._cpu_step(x):
             out = _matmul_attention(q, k, v, attn_mask)  # (B, H, 1, Dv): cached step
@@ -458,7 +464,8 @@ class MultiHeadAttention(nn.Module):
 
 
 class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3), with optional dropout after the ReLU."""
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3), with optional dropout after the
+    ReLU."""
 
     def __init__(self, d_model: int, d_ff: int, activation_dropout: float) -> None:
         super().__init__()
@@ -697,8 +704,10 @@ class Transformer(nn.Module):
 
     # ---- embedding -------------------------------------------------------------------
 
-    def _embed(self, tokens: Tensor, embed: nn.Embedding, positions: nn.Module, offset: int) -> Tensor:
-        """Dropout(Embedding(tokens) * sqrt(D) + PE), (B, n) -> (B, n, D) (sections 3.4, 3.5, 5.4)."""
+    def _embed(self, tokens: Tensor, embed: nn.Embedding, positions: nn.Module,
+               offset: int) -> Tensor:
+        """Dropout(Embedding(tokens) * sqrt(D) + PE), (B, n) -> (B, n, D)
+        (sections 3.4, 3.5, 5.4)."""
         x = embed(tokens) * self.embed_scale  # (B, n, D)
         x = x + positions(tokens.size(1), offset)  # (n, D) broadcast over B
         return self.embed_dropout(x)
@@ -720,7 +729,8 @@ class Transformer(nn.Module):
 
     def _encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         src_mask = src_tokens.ne(self.pad_id)  # (B, S)
-        # training: no host read of the mask (no sync, no graph break); decoding: drop it if unpadded
+        # training: no host read of the mask (no sync, no graph break); decoding: drop it if
+        # unpadded
         attn_mask = key_padding_attn_mask(src_mask, not self.training)  # (B, 1, 1, S) or None
         x = self._embed(src_tokens, self.embed_tokens, self.src_positions, 0)
         for layer in self.encoder_layers:

@@ -123,7 +123,8 @@ class AttentionCapture:
         for call in reversed(self.calls):
             if call.name == name:
                 return call
-        raise KeyError(f"no call of {name!r} captured; captured: {sorted({c.name for c in self.calls})}")
+        raise KeyError(f"no call of {name!r} captured; "
+                       f"captured: {sorted({c.name for c in self.calls})}")
 
 
 def _projections(call: AttentionCall) -> tuple[Tensor, Tensor, Tensor]:

@@ -27,8 +27,8 @@ def plot_table3(experiment: str, lines: Sequence[Any], path: str | Path,
 
     Args:
         experiment: the base experiment's name (the title).
-        lines: :class:`transformer_nmt.evaluate.report.Table3Line` objects of one experiment; the one
-            whose ``variant`` is ``base`` defines zero and, with two or more seeds, the
+        lines: :class:`transformer_nmt.evaluate.report.Table3Line` objects of one experiment; the
+            one whose ``variant`` is ``base`` defines zero and, with two or more seeds, the
             seed-noise band (± one and two standard deviations of its BLEU).
         path: the figure (.png or .svg), written atomically.
         kind: the BLEU of results.json to draw (``paper_bleu`` or ``sacrebleu``).
@@ -41,7 +41,8 @@ def plot_table3(experiment: str, lines: Sequence[Any], path: str | Path,
     """
     base = next((x for x in lines if x.variant == "base"), None)
     if base is None or not base.values(kind):
-        raise ValueError(f"{experiment}: no evaluated base row; Table 3 differences need table3=base")
+        raise ValueError(
+            f"{experiment}: no evaluated base row; Table 3 differences need table3=base")
     base_scores = base.values(kind)
     base_mean = float(np.mean(base_scores))
     base_std = float(np.std(base_scores, ddof=1)) if len(base_scores) > 1 else None

@@ -8,10 +8,10 @@ the training loop is the same code for one process and for many.
 Back-end: NCCL when the process owns a GPU, gloo on CPU.
 
 Under ``torchrun`` (c10d rendezvous, torch >= 2.5) the workers' ``MASTER_PORT`` is a TCPStore
-that the agent hosts for its whole life: a group restarted after a failed worker (``--max-restarts``)
-finds in it every key the previous group wrote, and gloo (like NCCL's unique id) would read the
-dead group's addresses. :func:`init_distributed` therefore sets the group up under a key prefix
-that only the processes of this group know (:func:`group_namespace`).
+that the agent hosts for its whole life: a group restarted after a failed worker
+(``--max-restarts``) finds in it every key the previous group wrote, and gloo (like NCCL's unique
+id) would read the dead group's addresses. :func:`init_distributed` therefore sets the group up
+under a key prefix that only the processes of this group know (:func:`group_namespace`).
 """
 
 from __future__ import annotations

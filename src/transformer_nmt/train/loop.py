@@ -1,4 +1,5 @@
-"""``train(cfg)``: the paper's training recipe (section 5) as setup, a :class:`TrainState` and one loop.
+"""``train(cfg)``: the paper's training recipe (section 5) as setup, a :class:`TrainState` and one
+loop.
 
 The same loop runs for every world size (one CPU process, one GPU, ``torchrun`` on many
 GPUs or nodes); with world size 1 every collective of :mod:`transformer_nmt.train.distributed` is
@@ -11,8 +12,8 @@ non-finite steps), :mod:`~transformer_nmt.train.state` holds the counters and li
 
 Checkpoints (rank 0 writes; parts in :mod:`transformer_nmt.checkpoint`) restore a run
 bit-for-bit on the same world size; an unreadable newest checkpoint is skipped for the one
-before it. SIGTERM / SIGUSR1 / SIGUSR2 / SIGINT (Ctrl-C) stop the run at the next step boundary with a
-checkpoint; a run resumed after it finished does nothing. The prepared data is read, never
+before it. SIGTERM / SIGUSR1 / SIGUSR2 / SIGINT (Ctrl-C) stop the run at the next step boundary with
+a checkpoint; a run resumed after it finished does nothing. The prepared data is read, never
 made (``nmt-prepare``).
 See docs/training.md.
 """
@@ -48,7 +49,8 @@ log = logging.getLogger(__name__)
 
 def train(cfg: Config, *, model_vocab_size: int | None = None,
           valid_max_batches: int | None = None) -> dict[str, Any]:
-    """Train ``cfg.model`` on ``cfg.data`` with ``cfg.trainer``; resume when the run has checkpoints.
+    """Train ``cfg.model`` on ``cfg.data`` with ``cfg.trainer``; resume when the run has
+    checkpoints.
 
     A resumed run that has already finished (:func:`finished_by`) takes no step, validates
     and saves nothing, and rewrites ``train_summary.json`` with ``"already_finished": true``.
@@ -76,7 +78,8 @@ def train(cfg: Config, *, model_vocab_size: int | None = None,
             holds another model or was started with other settings, or none of its
             checkpoints can be read
             (:func:`transformer_nmt.train.resume.resume_training`); another ``nmt-train``
-            holds the run directory, or it is a file (:func:`transformer_nmt.train.resume.run_lock`).
+            holds the run directory, or it is a file
+            (:func:`transformer_nmt.train.resume.run_lock`).
     """
     if cfg.trainer.dry_run:
         raise ValueError("trainer.dry_run=true: run it with nmt-train or "
@@ -105,7 +108,8 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
     if not info.is_main:
         log.setLevel(logging.WARNING)
     run = setup(cfg, info, model_vocab_size)
-    seed, update_freq, epsilon = int(t_cfg.seed), int(t_cfg.update_freq), float(t_cfg.label_smoothing)
+    seed, update_freq, epsilon = (int(t_cfg.seed), int(t_cfg.update_freq),
+                                  float(t_cfg.label_smoothing))
     state = TrainState(world_size=info.world_size)
     resumed_from = resume.resume_training(run_dir, run, state, seed, info, config=cfg)
     done = finished_by(t_cfg, state) if resumed_from is not None else None
@@ -202,7 +206,7 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
             if stopped_by is None and signal_num:
                 stopped_by = f"signal {signal.Signals(signal_num).name}"
 
-            # -- validation, checkpoints ------------------------------------------------------------
+            # -- validation, checkpoints -----------------------------------------------------------
             best = False
             if should_validate(t_cfg, state, epoch_ended=epoch_ended, stopped_by=stopped_by,
                                last_valid_step=last_valid_step):

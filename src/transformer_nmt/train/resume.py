@@ -2,9 +2,9 @@
 
 The parts are :class:`transformer_nmt.train.setup.Setup`'s (model, optimizer, scheduler,
 grad scaler), the loop's :class:`transformer_nmt.train.state.TrainState` (counters and the
-sampler position) and the RNG states, stored by :func:`transformer_nmt.checkpoint.training_checkpoint`
-(format described there). Resume restores them exactly: an interrupted run continues as an
-uninterrupted one would.
+sampler position) and the RNG states, stored by
+:func:`transformer_nmt.checkpoint.training_checkpoint` (format described there). Resume restores
+them exactly: an interrupted run continues as an uninterrupted one would.
 """
 
 from __future__ import annotations

@@ -57,7 +57,8 @@ class Setup:
     tokenizer: SentencePieceTokenizer
     vocab_size: int
     vocab: dict[str, Any]
-    """The vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`), saved in checkpoints."""
+    """The vocabulary's identity (:func:`transformer_nmt.data.bpe.vocab_identity`), saved in
+    checkpoints."""
     steps_per_epoch: int
     params: list[torch.nn.Parameter] = field(default_factory=list)
     data: dict[str, Any] | None = None
@@ -192,6 +193,8 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
 def _activation_dtype(precision: str) -> torch.dtype:
     """The dtype of attention inputs under the run's autocast precision."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(precision), torch.float32)
+
+
 INIT_FROM_FREE_KEYS = ("name", "dropout", "attention_dropout", "activation_dropout", "init")
 """``model`` keys that may differ between a ``trainer.init_from`` model file and the run: the
 preset's label, the dropout rates (training only) and the initialisation the file replaces."""
@@ -249,7 +252,8 @@ def _device_cap(cfg: Config, info: distributed.DistInfo,
     log.info("trainer.auto_max_tokens: %s", line)
     smallest = -int(distributed.all_reduce_max(
         torch.tensor([-cap], dtype=torch.int64, device=info.device)).item())
-    longest = max(int(train_set.src_sizes.max(initial=0)), int(train_set.tgt_sizes.max(initial=0))) + 1
+    longest = max(int(train_set.src_sizes.max(initial=0)),
+                  int(train_set.tgt_sizes.max(initial=0))) + 1
     if smallest < longest:
         raise UserError(f"trainer.auto_max_tokens: the smallest GPU of the run holds an "
                         f"estimated {smallest} tokens per micro-batch, less than the longest "
@@ -279,7 +283,8 @@ def loader_workers(requested: int, cpus: int | None = None) -> int:
     """``trainer.num_workers``, capped at the CPUs this process may use minus one (the
     training thread's): more workers than cores only contend with it."""
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                else os.cpu_count() or 1)
     workers = min(requested, max(cpus - 1, 0))
     if workers < requested:
         log.info("DataLoader workers: %d (trainer.num_workers=%d, %d CPUs available)",

@@ -69,7 +69,8 @@ class TrainState:
         return self.epoch + done / num_batches
 
     def token_counts(self) -> TokenCounts:
-        """The processed tokens in the form :func:`transformer_nmt.model.flops.training_flops` reads."""
+        """The processed tokens in the form :func:`transformer_nmt.model.flops.training_flops`
+        reads."""
         return TokenCounts(self.src_tokens_seen, self.tokens_seen, self.src_sq_seen,
                            self.tgt_sq_seen, self.src_tgt_seen)
 

@@ -1,6 +1,7 @@
 """Validation during training: label-smoothed loss / perplexity and greedy BLEU on the valid split.
 
-BLEU decodes with the same core as ``nmt-translate`` (:func:`transformer_nmt.decode.translate.decode_ids`).
+BLEU decodes with the same core as ``nmt-translate``
+(:func:`transformer_nmt.decode.translate.decode_ids`).
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def valid_references(cfg: Config, dataset: ParallelDataset, tokenizer: Any, n: i
 
 
 def run_validation(cfg: Config, model: torch.nn.Module, loader: DataLoader,
-                   dataset: ParallelDataset, tokenizer: Any, state: TrainState, *, device: torch.device, autocast: Any,
+                   dataset: ParallelDataset, tokenizer: Any, state: TrainState, *,
+                   device: torch.device, autocast: Any,
                    is_main: bool, references: list[str],
                    max_batches: int | None = None) -> tuple[dict[str, float], bool]:
     """One validation of the training loop: loss on every rank, BLEU on rank 0 (broadcast)

@@ -46,7 +46,8 @@ def test_dev_null_is_no_lines_and_other_kinds_are_named(tmp_path):
         sock.bind(str(sock_path))
         with pytest.raises(UserError, match=f"^translate.input={sock_path} is a socket"):
             read_lines(sock_path)
-    with pytest.raises(FileNotFoundError, match=f"^translate.input={tmp_path / 'no.en'}: no such file$"):
+    with pytest.raises(FileNotFoundError,
+                       match=f"^translate.input={tmp_path / 'no.en'}: no such file$"):
         read_lines(tmp_path / "no.en")
 
 

@@ -48,7 +48,8 @@ def test_evaluate_end_to_end(workspace, tokenizer, tmp_path, capsys):
     assert saved["training_cost"] == {"gpu_hours": 0.5, "flops": 1.5e15, "train_seconds": 1800.0,
                                       "world_size": 1}
     test = saved["test_sets"]["test_2016_flickr"]
-    assert list(test["bleu"]) == ["sacrebleu", "paper_bleu", "paper_bleu:t2t-2018", "paper_bleu:mmt"]
+    assert list(test["bleu"]) == ["sacrebleu", "paper_bleu", "paper_bleu:t2t-2018",
+                                  "paper_bleu:mmt"]
     assert test["bleu"]["paper_bleu"]["form"] == "t2t-2017"
     for entry in (*test["bleu"].values(), test["chrf"]):
         assert entry["label"] and entry["signature"] and 0 <= entry["score"] <= 100

@@ -22,7 +22,8 @@ def _candidate(preset_name: str, per_step: float = 25_000.0) -> tuple[dict, dict
     preset = preset_config(preset_name)
     t = preset["trainer"]
     steps = int(t["max_steps"])
-    averaged = last_periodic_steps(steps, int(t["save_every_steps"]), int(preset["average"]["last"]))
+    averaged = last_periodic_steps(steps, int(t["save_every_steps"]),
+                                   int(preset["average"]["last"]))
     result = {
         "experiment": preset_name,
         "run_config": copy.deepcopy(preset),

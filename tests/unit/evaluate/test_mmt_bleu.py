@@ -33,7 +33,8 @@ def test_lowercase_equals_lowercase_perl():
     ours = [moses.lowercase(line) for line in steps["lines"]]
     diff = [(i, o, p) for i, (o, p) in enumerate(zip(ours, steps["lowercase"])) if o != p]
     assert len(ours) == len(steps["lowercase"]) and not diff
-    assert "\u03c3\u03bf\u03c3" in ours[steps["lines"].index("\u039f\u0394\u039f\u03a3 \u03a3\u039f\u03a3")]
+    assert "\u03c3\u03bf\u03c3" in ours[
+        steps["lines"].index("\u039f\u0394\u039f\u03a3 \u03a3\u039f\u03a3")]
 
 
 @pytest.mark.parametrize("lang", ["de", "fr", "en", "cs"])
@@ -118,7 +119,8 @@ def test_mmt_golden_lines_match_on_handmade_text():
         golden, inputs = forms["mmt"], data["inputs"][lang]
         hyp_tok, ref_tok = paper_tokenize(inputs["hyp"], inputs["ref"], lang, "mmt")
         assert hyp_tok == golden["hyp_tok"] and ref_tok == golden["ref_tok"]
-        assert multi_bleu_line(paper_bleu(inputs["hyp"], inputs["ref"], lang, "mmt")) == golden["bleu"]
+        assert multi_bleu_line(
+            paper_bleu(inputs["hyp"], inputs["ref"], lang, "mmt")) == golden["bleu"]
 
 
 def test_nmt_table_shows_the_mmt_form_in_its_own_column(tmp_path):

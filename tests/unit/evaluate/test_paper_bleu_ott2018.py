@@ -32,8 +32,8 @@ def _golden() -> dict:
 
 
 def _synthetic_hypothesis():
-    spec = importlib.util.spec_from_file_location("paper_bleu_goldens",
-                                                  REPO / "scripts" / "golden" / "paper_bleu_goldens.py")
+    spec = importlib.util.spec_from_file_location(
+        "paper_bleu_goldens", REPO / "scripts" / "golden" / "paper_bleu_goldens.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.synthetic_hypothesis
@@ -79,8 +79,11 @@ def test_ott2018_equals_the_script_on_multi30k(multi30k_mirror):
         hyps = [synthetic_hypothesis(r, i, "de") for i, r in enumerate(refs)]
         golden = entry["forms"]["ott2018"]
         hyp_tok, ref_tok = paper_tokenize(hyps, refs, "de", "ott2018")
-        digest = lambda lines: hashlib.sha256(
-            "".join(f"{x}\n" for x in lines).encode("utf-8")).hexdigest()
+
+        def digest(lines):
+            return hashlib.sha256(
+                "".join(f"{x}\n" for x in lines).encode("utf-8")).hexdigest()
+
         assert digest(hyp_tok) == golden["hyp_sha256"], name
         assert digest(ref_tok) == golden["ref_sha256"], name
         assert hyp_tok[:keep] == golden["hyp_tok_head"] and ref_tok[:keep] == golden["ref_tok_head"]

@@ -91,7 +91,7 @@ def test_the_table_leaves_out_the_damaged_files_and_builds_from_the_good(tmp_pat
         path = tmp_path / "runs" / how.replace(" ", "_") / "results.json"
         assert any(m.startswith(f"skipping {path}: {_damaged(how)[1]};") for m in skipped)
     report = build_report(results)
-    assert "| good | d (en-de) | tiny | 0.0M | 10 | none | test | 30.00 | – | 31.50 | 30.00 |" in report
+    assert "| good | d (en-de) | tiny | 0.0M | 10 | none | test | 30.00 | – | 31.50 | 30.00 |" in report  # noqa: E501
 
 
 def test_the_record_is_typed():

@@ -63,7 +63,8 @@ def test_every_attention_runs_under_the_configured_backends(monkeypatch):
     model.set_sdpa_backends(["efficient", "math"])
     model(src, tgt)
     attention_calls = TINY.encoder_layers + 2 * TINY.decoder_layers
-    assert recorder.calls == [([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], True)] * attention_calls
+    assert recorder.calls == (
+        [([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], True)] * attention_calls)
 
 
 def test_configured_backends_keep_the_training_forward_one_graph():

@@ -24,7 +24,8 @@ def test_each_part_gets_its_own_peak(name, part, bf16_tflops):
     assert device_part(name) == part
     assert peak_flops(name, "bf16") == bf16_tflops * 1e12
     assert peak_flops(name, "fp32") == PEAK_FLOPS[part]["fp32"] < peak_flops(name, "bf16")
-    assert part in peak_flops_source(name, "bf16") and f"{bf16_tflops:g}" in peak_flops_source(name, "bf16")
+    assert (part in peak_flops_source(name, "bf16")
+            and f"{bf16_tflops:g}" in peak_flops_source(name, "bf16"))
 
 
 @pytest.mark.parametrize("name", ["NVIDIA L40S", "NVIDIA H100 PCIe-like", "Tesla V100-SXM2-16GB",

@@ -29,7 +29,8 @@ def test_dry_run_derives_update_freq_and_its_bill_counts_every_micro_batch(
     assert summary["steps"] == 4 and summary["micro_steps"] == 4 * update_freq
     assert projection["warmup_steps"] == 1 and projection["measured_steps"] == 3
 
-    rows = [json.loads(line) for line in (run / "dry_run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line)
+            for line in (run / "dry_run" / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r["split"] == "train"]
     tokens = [r["tokens_per_s"] * r["seconds_per_step"] for r in rows]
     assert sum(tokens) == pytest.approx(summary["tokens_seen"], rel=1e-6)  # every micro-batch

@@ -117,7 +117,8 @@ def test_inductor_fuses_the_loss_into_one_kernel_each_way_with_no_float32_logits
     for code in codes:
         kernels = set(re.findall(r"\b(cpp_fused_\w+) = ", code))
         assert len(kernels) == 1, kernels
-        buffers = re.findall(r"empty_strided_cpu\(\((\w+), (\w+)\), \([^)]*\), torch\.(\w+)\)", code)
+        buffers = re.findall(
+            r"empty_strided_cpu\(\((\w+), (\w+)\), \([^)]*\), torch\.(\w+)\)", code)
         assert all(dtype != "float32" for rows, cols, dtype in buffers if cols != "1"), buffers
     exact = F.cross_entropy(logits.detach().double(), target, label_smoothing=0.1, reduction="sum")
     assert loss.item() == pytest.approx(exact.item(), rel=1e-5)
