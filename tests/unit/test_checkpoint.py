@@ -257,3 +257,15 @@ def test_24_03_average_refuses_nan_parameters_and_the_stop_names_the_last_finite
     (folder / "checkpoint_10.pt").unlink()
     assert str(_bad_steps_error(state, cfg.trainer, 0.0, 0.0, 1e-3, Path(cfg.run_dir))).endswith(
         "no checkpoint of the run has all-finite parameters")
+
+
+def test_the_dry_runs_sizes_do_not_stop_a_resume_but_a_recipe_change_does():
+    """A run started before ``trainer.dry_run_steps`` changed its default (3 -> 10) resumes;
+    the learning rate, which changes what is computed, is still named."""
+    from transformer_nmt.config import compose, to_plain
+
+    saved = to_plain(compose(["trainer.dry_run_steps=3", "trainer.dry_run_warmup_steps=0"]))
+    new = to_plain(compose([]))
+    assert ck.config_differences(saved, new) == []
+    changed = to_plain(compose(["trainer.lr_multiplier=2.0"]))
+    assert ck.config_differences(saved, changed) == ["trainer.lr_multiplier: 1.0 != 2.0"]

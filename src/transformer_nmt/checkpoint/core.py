@@ -318,6 +318,8 @@ RESUME_HARMLESS_KEYS: tuple[str, ...] = (
     # data loading and gradient communication (not what is computed)
     "trainer.prefetch_factor", "trainer.grad_compression", "trainer.bucket_cap_mb",
     "trainer.sdpa_backends",
+    # the dry run's own sizes (it never trains the run it bills)
+    "trainer.dry_run_steps", "trainer.dry_run_warmup_steps",
     # paths and sources of files whose content is checked otherwise (the vocabulary's
     # SHA-256 is compared on resume); init_from is ignored once a run has checkpoints
     "data.root", "data.mirror", "data.url", "trainer.init_from",
