@@ -66,11 +66,15 @@ smoke: $(STAMP)
 	$(BIN)/nmt-average experiment=smoke $(ARGS)
 	$(BIN)/nmt-evaluate experiment=smoke $(ARGS)
 
+# Tests run in TEST_WORKERS processes (pytest-xdist; each test uses one thread): 2 keeps a
+# 2-core machine busy; TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 data: $(STAMP)
 	$(BIN)/nmt-prepare experiment=$(EXP) $(ARGS)
