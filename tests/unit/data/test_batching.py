@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -329,6 +330,23 @@ def test_pinned_batches_move_to_gpu():
         assert on_gpu.tgt_in.is_cuda and torch.equal(on_gpu.tgt_in.cpu(), batch.tgt_in)
 
 
+def _wait_until_ignored(pid: int, signals, timeout: float = 30.0) -> None:
+    """Wait until process ``pid`` ignores every signal of ``signals`` (Linux: SigIgn in
+    /proc/<pid>/status); a worker just forked may not have run its worker_init_fn yet."""
+    import time
+
+    want = sum(1 << (int(s) - 1) for s in signals)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        ignored = int(next(line.split()[1] for line in status.splitlines()
+                           if line.startswith("SigIgn:")), 16)
+        if ignored & want == want:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"worker {pid} did not ignore the stop signals within {timeout} s")
+
+
 def test_loader_workers_survive_stop_signals():
     """SLURM signals every process of the job: the workers must leave the stop signals to
     the training process, which checkpoints, instead of dying and failing the loader."""
@@ -340,8 +358,10 @@ def test_loader_workers_survive_stop_signals():
     loader = build_dataloader(ds, sampler, num_workers=2)
     it = iter(loader)
     first = next(it)
-    for worker in it._workers:
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
+    stops = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+    for worker in it._workers:  # each worker past its worker_init_fn (SigIgn set), then signalled
+        _wait_until_ignored(worker.pid, stops)
+        for sig in stops:
             os.kill(worker.pid, sig)
     rest = list(it)
     assert all(w.exitcode in (None, 0) for w in it._workers)
