@@ -168,7 +168,9 @@ def checkpoint_bleu(
         model = model.to(device).eval()
         log.info("decoding %d validation sentences with %s", len(sources), m["label"])
         hyps, _ = translate_lines(model, tokenizer, sources, decode_cfg, device)
-        score = sacrebleu_score(hyps, references)
+        # the validation file is the prepared text: Moses-tokenized under data.pretokenize=moses,
+        # where the hypotheses come out detokenized
+        score = sacrebleu_score(hyps, tokenizer.detokenize(references))
         result = {"label": m["label"], "step": step,
                   "averaged_from": names if m["averaged"] else None,
                   "bleu": score["score"], "sentences": len(sources),

@@ -332,6 +332,28 @@ def test_checkpoint_bleu_scores_each_checkpoint_and_caches(run, tmp_path, monkey
         pbleu.checkpoint_bleu(run_dir, DecodeConfig(beam_size=1), "cpu", cache_dir=tmp_path)
 
 
+def test_checkpoint_bleu_scores_against_references_detokenized_as_the_hypotheses(
+        run, tmp_path, monkeypatch):
+    """Data prepared with data.pretokenize=moses: the hypotheses come out detokenized, so the
+    tokenized validation references are detokenized the same way before scoring. A stand-in
+    detokenizer that maps every line to one sentence makes both sides equal (BLEU 100) only
+    when the references go through it too."""
+    cfg, tok = run
+    sentence = "Ein kleiner Hund rennt am Strand entlang ."
+
+    class Detokenizing:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def detokenize(self, lines):
+            return [sentence for _ in lines]
+
+    monkeypatch.setattr("transformer_nmt.decode.translate.load_tokenizer",
+                        lambda data: Detokenizing())
+    rows = pbleu.checkpoint_bleu(Path(cfg.run_dir), cfg.decode, "cpu", cache_dir=tmp_path)
+    assert [r["bleu"] for r in rows] == pytest.approx([100.0] * len(rows))
+
+
 def plot_cfg(overrides: list[str]):
     """The composed nmt-plot config (the pipeline's, with its ``plot`` group)."""
     return compose(overrides)
