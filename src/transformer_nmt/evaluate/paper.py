@@ -16,12 +16,6 @@ PAPER_TABLE2 = {
     "big": {"de": 28.4, "fr": 41.8, "cost_de": 2.3e19, "cost_fr": 2.3e19},
 }
 TABLE2_TEST_SET = "newstest2014"
-PAPER_RECIPE = {
-    "base": {"steps": 100_000, "averaged": 5},
-    "big": {"steps": 300_000, "averaged": 20},
-}
-"""The paper's training recipe behind Table 2 (sections 5.2, 6.1): optimizer steps and the
-number of checkpoints averaged."""
 PAPER_TOKENS_PER_STEP = 25_000
 """Section 5.1: "approximately 25000 source tokens and 25000 target tokens" per batch."""
 
