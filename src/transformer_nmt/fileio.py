@@ -29,6 +29,7 @@ import fcntl
 import gzip
 import hashlib
 import json
+import logging
 import math
 import os
 import resource
@@ -43,6 +44,8 @@ from omegaconf import DictConfig
 
 from transformer_nmt.config import DataConfig
 from transformer_nmt.errors import DataError, UserError  # noqa: F401  (DataError: re-exported)
+
+log = logging.getLogger(__name__)
 
 
 def umask() -> int:
@@ -458,12 +461,15 @@ def iter_lines(
 
     The ending ``\\n`` or ``\\r\\n`` is removed; a lone ``\\r`` (or U+2028, U+0085) inside
     a line stays in it (cleaning removes it), so parallel files stay aligned and a
-    translation has exactly one output line per input line.
+    translation has exactly one output line per input line. Each line is decoded on its own,
+    so a message about invalid UTF-8 names the 1-based line that holds it
+    (:func:`invalid_utf8`).
 
     Args:
         f: binary file object (plain, gzip, ``sys.stdin.buffer``).
         name: the file's name for messages.
-        encoding_errors: ``strict`` (raise) or ``replace`` (U+FFFD for each bad byte).
+        encoding_errors: ``strict`` (raise) or ``replace`` (U+FFFD for each bad byte; the
+            first line replaced in the file is logged as a warning, naming line and bytes).
         stats: if given, ``stats["invalid_utf8_lines"]`` counts lines that needed replacement.
         hint: appended to the invalid-UTF-8 message (how to get past it), or None.
 
@@ -473,6 +479,7 @@ def iter_lines(
             file and the last line read).
     """
     lineno = 0
+    warned = False
     try:
         for lineno, raw in enumerate(f, 1):
             if lineno == 1 and raw[:2] in _UTF16_BOMS:
@@ -488,10 +495,13 @@ def iter_lines(
             except UnicodeDecodeError as e:
                 if encoding_errors != "replace":
                     raise DataError(
-                        f"{name}, line {lineno}: invalid UTF-8 at byte {e.start} "
-                        f"({raw[max(0, e.start - 10):e.end + 10]!r}): {e.reason}"
-                        + (f"; {hint}" if hint else "")
+                        invalid_utf8(name, lineno, raw, e) + (f"; {hint}" if hint else "")
                     ) from None
+                if not warned:
+                    log.warning("%s; replaced by U+FFFD (data.encoding_errors=replace), as is "
+                                "every invalid byte after it in this file",
+                                invalid_utf8(name, lineno, raw, e))
+                    warned = True
                 if stats is not None:
                     stats["invalid_utf8_lines"] = stats.get("invalid_utf8_lines", 0) + 1
                 line = raw.decode("utf-8", errors="replace")
@@ -501,6 +511,14 @@ def iter_lines(
             f"{name}: damaged gzip file after line {lineno} ({type(e).__name__}: {e}); "
             "download or compress it again"
         ) from None
+
+
+def invalid_utf8(name: str, lineno: int, raw: bytes, error: UnicodeDecodeError) -> str:
+    """``"<name>, line <lineno>: invalid UTF-8 at byte <i> (<bytes around it>): <reason>"``
+    for the line ``raw`` (without its ending) that failed to decode with ``error``;
+    ``lineno`` counts from 1, ``<i>`` from 0 within the line."""
+    return (f"{name}, line {lineno}: invalid UTF-8 at byte {error.start} "
+            f"({raw[max(0, error.start - 10):error.end + 10]!r}): {error.reason}")
 
 
 _UTF16_BOMS = {b"\xff\xfe": "little-endian", b"\xfe\xff": "big-endian"}

@@ -60,6 +60,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from transformer_nmt.data import moses
 from transformer_nmt.data.moses import MOSES_COMMIT
+from transformer_nmt.fileio import iter_lines
 
 SACREBLEU_LABEL = "sacreBLEU (detokenized, 13a, mixed case)"
 CHRF_LABEL = "chrF (detokenized, sacreBLEU)"
@@ -146,22 +147,22 @@ def normalize_german_quotes(line: str) -> str:
     return line.translate(_GERMAN_QUOTES_TABLE)
 
 
-def read_text_lines(path) -> list[str]:
+def read_text_lines(path, encoding_errors: str = "strict", hint: str | None = None) -> list[str]:
     """Lines of a UTF-8 file as the ``sacrebleu`` command line reads ``REF`` and ``-i HYP``:
     split on ``\\n`` only, trailing whitespace stripped (``str.rstrip``), nothing else changed.
 
+    Each line is decoded on its own (:func:`transformer_nmt.fileio.iter_lines`), so invalid
+    UTF-8 is named by the line that holds it. ``encoding_errors="replace"`` substitutes U+FFFD
+    for each bad byte instead (the first such line is logged as a warning); ``hint`` ends the
+    error message (how to get past it).
+
     Raises:
         FileNotFoundError: naming the file.
-        ValueError: naming the file and line of invalid UTF-8.
+        DataError (a ValueError): naming the file, the 1-based line and the bytes of invalid
+            UTF-8 (under ``strict``), or a UTF-16 file.
     """
-    lines = []
-    with open(path, encoding="utf-8", newline="\n") as f:
-        try:
-            for line in f:
-                lines.append(line.rstrip())
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}, line {len(lines) + 1}: invalid UTF-8 ({e.reason})") from e
-    return lines
+    with open(path, "rb") as f:
+        return [line.rstrip() for line in iter_lines(f, str(path), encoding_errors, hint=hint)]
 
 
 def _check_lengths(hypotheses: Sequence[str], references: Sequence[str]) -> None:

@@ -87,7 +87,7 @@ from transformer_nmt.evaluate.results import (
     merge_results,
     read_previous_results,
 )
-from transformer_nmt.fileio import raw_path, write_json
+from transformer_nmt.fileio import REPLACE_HINT, raw_path, write_json
 from transformer_nmt.runtime import folder_lock, resolve_device
 from transformer_nmt.train.summary import TrainSummary
 
@@ -198,7 +198,8 @@ def evaluate(cfg: Config) -> dict[str, Any]:
             test file (named).
         UserError: ``data.test_splits`` empty; a damaged ``train_summary.json`` (found
             before decoding); a test source and reference with different line counts;
-            another command holds the run folder.
+            another command holds the run folder; invalid UTF-8 in a reference under
+            ``data.encoding_errors=strict`` (a DataError naming file, line and bytes).
     """
     run_dir = Path(cfg.run_dir)
     if not cfg.data.test_splits:
@@ -250,7 +251,9 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
                     raise FileNotFoundError(
                         f"test file {f} not found (data.test_splits names {split!r}; run "
                         "nmt-prepare first: it keeps the official references as downloaded)")
-            sources, references = read_lines(src_file), read_text_lines(ref_file)
+            sources = read_lines(src_file)
+            # the reference as distributed: not cleaned, so it may still hold invalid UTF-8
+            references = read_text_lines(ref_file, str(data.encoding_errors), REPLACE_HINT)
             expected = official_lines(data, split)
             if expected is not None and len(references) != expected:
                 raise UserError(
