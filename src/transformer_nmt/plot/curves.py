@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from transformer_nmt.errors import DataError
+from transformer_nmt.fileio import invalid_utf8
 from transformer_nmt.plot.common import save_figure
 
 log = logging.getLogger(__name__)
@@ -56,16 +57,24 @@ def read_metrics(path: str | Path) -> dict[str, list[dict[str, Any]]]:
 
     Raises:
         FileNotFoundError: naming the file.
-        DataError (a UserError): naming the file and line of a line that is not a JSON
-            object with an integer ``step`` and a ``split``.
+        DataError (a UserError): naming the file and line of a line that is not UTF-8 or
+            not a JSON object with an integer ``step`` and a ``split``.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (the training loop writes it; train first)")
     records: list[dict[str, Any]] = []
     last_step: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # decoded line by line: a bad byte is named by its own line
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if not raw.endswith(b"\n"):  # a write cut short by a kill
+                    log.warning("%s, line %d: incomplete last line ignored", path, n)
+                    break
+                raise DataError(f"{invalid_utf8(str(path), n, raw[:-1], e)}; the file is "
+                                "damaged: delete that line to plot the rest") from None
             if not line.strip():
                 continue
             try:
