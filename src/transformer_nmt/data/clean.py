@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 RULES = ("empty", "too_long", "ratio", "duplicate")
 """Filter rules, in the order they are checked."""
 
+IDENTICAL_PAIRS_WARN = 0.5
+"""``nmt-prepare`` warns when more than this fraction of the kept training pairs have a
+source identical to their target (after cleaning), as when the target file is a copy of the
+source file: a model trained on them learns to copy its input (:func:`copy_warning`)."""
+
 # Invisible characters removed outright: C0/C1 controls that are not whitespace, soft hyphen,
 # zero-width space, left-to-right / right-to-left marks and embeddings, word joiner, BOM.
 # Whitespace controls (tab, CR, U+001C-U+001F, U+0085 ...) become a single space via split().
@@ -140,7 +145,8 @@ def clean_split(source: SplitSource, data_cfg: DataConfig, pair_filter: PairFilt
 
     Returns:
         ``{"read": pairs read, "kept": pairs written, "dropped": {rule: count},
-        "invalid_utf8_lines": lines with U+FFFD substitutions}``.
+        "invalid_utf8_lines": lines with U+FFFD substitutions, "identical": pairs written
+        whose source equals their target}``.
 
     Raises:
         DataError: the two files have different line counts (names both files and counts),
@@ -152,7 +158,7 @@ def clean_split(source: SplitSource, data_cfg: DataConfig, pair_filter: PairFilt
     src_lines = read_lines(source.src, data_cfg.encoding_errors, stats)
     tgt_lines = read_lines(source.tgt, data_cfg.encoding_errors, stats)
     before = dict(pair_filter.counts) if pair_filter else {}
-    read = kept = 0
+    read = kept = identical = 0
     out_src = raw_path(data_cfg, source.split, data_cfg.src_lang)
     out_tgt = raw_path(data_cfg, source.split, data_cfg.tgt_lang)
     with atomic_write(out_src) as fs, atomic_write(out_tgt) as ft:
@@ -167,6 +173,7 @@ def clean_split(source: SplitSource, data_cfg: DataConfig, pair_filter: PairFilt
                 fs.write(s + "\n")
                 ft.write(t + "\n")
                 kept += 1
+                identical += s == t
             if source.max_pairs is not None and read >= source.max_pairs:
                 break
         else:
@@ -184,7 +191,38 @@ def clean_split(source: SplitSource, data_cfg: DataConfig, pair_filter: PairFilt
     dropped = {k: pair_filter.counts[k] - before[k] for k in RULES
                if k != "duplicate" or pair_filter.dedup} if pair_filter else {}
     return {"read": read, "kept": kept, "dropped": dropped,
-            "invalid_utf8_lines": stats.get("invalid_utf8_lines", 0)}
+            "invalid_utf8_lines": stats.get("invalid_utf8_lines", 0), "identical": identical}
+
+
+def copy_warning(source: SplitSource, counts: dict) -> str | None:
+    """The warning for a split whose pairs would teach a model to copy its input, or None.
+
+    Args:
+        source: the split's original files.
+        counts: the split's entry of the cleaning report (:func:`clean_split`: ``read``,
+            ``kept``, ``identical``; a report written before ``identical`` was counted has
+            none, which counts as 0).
+
+    Returns:
+        One line naming both files: when they are one file (the same path, a symlink or a
+        hard link to it), for any split; when more than :data:`IDENTICAL_PAIRS_WARN` of the
+        kept pairs of the training split have a source equal to their target, with the count
+        and the percentage.
+    """
+    src, tgt = Path(source.src), Path(source.tgt)
+    if src.is_file() and tgt.is_file() and src.samefile(tgt):
+        consequence = ("a model trained on it would learn to copy its input" if source.is_train
+                       else "a score on it would reward copying the input")
+        return (f"split {source.split!r}: the source and target are one file ({src} and {tgt}): "
+                f"each of its {counts.get('read', 0)} pairs has its source as its target, so "
+                f"{consequence}; name the file of the target language")
+    kept, same = int(counts.get("kept") or 0), int(counts.get("identical") or 0)
+    if source.is_train and kept and same / kept > IDENTICAL_PAIRS_WARN:
+        return (f"split {source.split!r}: {same} of {kept} kept pairs ({100 * same / kept:.1f} %) "
+                f"have a source identical to their target ({src}, {tgt}), so a model trained "
+                "on them would learn to copy its input; check that the target file holds the "
+                "translations")
+    return None
 
 
 def _mismatch(source: SplitSource, n_src: int, n_tgt: int) -> None:

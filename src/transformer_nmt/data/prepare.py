@@ -161,6 +161,10 @@ def training_data_identity(d: DataConfig) -> dict:
 def prepare(cfg: Config) -> dict:
     """Run the data stage for ``cfg.data``.
 
+    A split whose source and target are one file, or a training split whose kept pairs are
+    mostly copies (:data:`transformer_nmt.data.clean.IDENTICAL_PAIRS_WARN`), gets one warning
+    (:func:`transformer_nmt.data.clean.copy_warning`) on every run, stages skipped or not.
+
     Args:
         cfg: the composed :class:`transformer_nmt.config.Config`: ``cfg.data``, and
             ``cfg.model.max_positions`` / ``cfg.trainer.max_tokens`` for the token limit of
@@ -198,6 +202,11 @@ def prepare(cfg: Config) -> dict:
         outputs=[*text.values(), report_file],
         build=lambda: clean.clean_corpus(d, sources))
     report = _load_json(report_file)
+    for source in sources:  # also when cleaning was skipped: the report keeps the counts
+        warning = clean.copy_warning(source, (report or {}).get("splits", {}).get(source.split)
+                                     or {})
+        if warning:
+            log.warning(warning)
 
     model = spm_model_path(d)
     train_text = [text[(d.train_split, lang)] for lang in langs]
