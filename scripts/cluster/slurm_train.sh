@@ -5,9 +5,12 @@
 #   sbatch --nodes=2 scripts/cluster/slurm_train.sh experiment=wmt14_en_de_big
 #   sbatch --nodes=1 scripts/cluster/slurm_train.sh experiment=wmt14_en_de_base trainer.max_steps=100000
 #
-# Every argument is passed to nmt-prepare and nmt-train as a Hydra override. The run directory
-# is the config's run_dir (runs/<experiment>), on a file system all nodes share; a job started
-# again on the same run directory resumes from its latest checkpoint.
+# Every argument is passed to nmt-prepare and nmt-train as a Hydra override. They are checked
+# first, as nmt-train checks them: a misspelt key or a bad value stops the job with the one
+# line nmt-train prints (`error: ...`, the closest valid key named) and exit status 2, before
+# anything runs. The run directory is the config's run_dir (runs/<experiment>), on a file
+# system all nodes share; a job started again on the same run directory resumes from its
+# latest checkpoint.
 #
 # Time limits and pre-emption: --signal=TERM@300 makes SLURM send SIGTERM to every process of
 # the job step 300 s before the end. The workers checkpoint at the next step boundary and exit 0;
@@ -37,15 +40,19 @@ set -euo pipefail
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 MASTER_PORT=${MASTER_PORT:-29500}
 VENV=${VENV:-.venv}
-# awk reads all of its input: with pipefail, head's early exit would fail the script (SIGPIPE).
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR == 1')
+
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-240}
 export NMT_MULTI30K_MIRROR=${NMT_MULTI30K_MIRROR:-}
 
-# The run directory, as nmt-train resolves it from the same overrides.
-RUN_DIR=$("$VENV/bin/python" -m transformer_nmt.cli.train "$@" --cfg job -p run_dir --resolve | tail -n 1)
+# The overrides checked as nmt-train checks them (one `error:` line, exit 2, for a bad key or
+# value; Hydra's own report would advise adding the key with `+`), and the run directory they
+# resolve to.
+RUN_DIR=$("$VENV/bin/python" -m transformer_nmt.cli.check_overrides "$@" | tail -n 1) || exit $?
 SUMMARY="$RUN_DIR/train_summary.json"
+
+# awk reads all of its input: with pipefail, head's early exit would fail the script (SIGPIPE).
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR == 1')
 
 echo "nodes: $SLURM_JOB_NUM_NODES x $GPUS_PER_NODE GPUs, rendezvous at $MASTER_ADDR:$MASTER_PORT"
 echo "run directory: $RUN_DIR; overrides: $*"

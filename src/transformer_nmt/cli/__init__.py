@@ -10,7 +10,9 @@ User errors (:data:`USER_ERRORS`: a bad value, file or combination) print one li
 composed and validated before Hydra creates the run directory, so a bad override leaves
 nothing behind; a user error raised later removes the ``.hydra`` folder and log that this
 command created (or restores the ``.hydra`` files of an existing run). Other exceptions keep
-Hydra's report with their traceback.
+Hydra's report with their traceback. ``cli/check_overrides.py`` runs the same check alone
+(:func:`preflight_config`), for job scripts that must stop on a bad override before they
+start anything.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -102,6 +105,20 @@ def _preflight(overrides: list[str]) -> tuple[Path | None, str | None]:
         ``(run_dir, error)``: Hydra's ``hydra.run.dir`` and ``None``, or ``(None, message)``
         for a bad override or value.
     """
+    _, run_dir, error = preflight_config(overrides)
+    return run_dir, error
+
+
+def preflight_config(overrides: Sequence[str]) -> tuple[Any, Path | None, str | None]:
+    """The pre-flight check of every console script (:func:`run_app`): compose the config
+    from ``overrides`` as Hydra will and validate it, without creating anything.
+
+    Returns:
+        ``(config, run_dir, None)``: the typed :class:`transformer_nmt.config.Config` and
+        Hydra's ``hydra.run.dir``; or ``(None, None, message)`` for a bad override or value,
+        the one line a console script prints after ``error:`` (Hydra's advice to add the key
+        with ``+`` dropped, the closest valid key named), or for a ``run_dir`` that is a file.
+    """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -109,18 +126,19 @@ def _preflight(overrides: list[str]) -> tuple[Path | None, str | None]:
 
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=overrides,
+            cfg = hydra_compose(config_name="config", overrides=list(overrides),
                                 return_hydra_config=True)
         run_dir = Path(str(OmegaConf.select(cfg, "hydra.run.dir")))
         OmegaConf.set_struct(cfg, False)
         cfg.pop("hydra")
-        typed_config(cfg)
+        typed = typed_config(cfg)
     except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
         # composition (unknown key or group, bad type, bad override) or validation
-        return None, one_line(e)
+        return None, None, one_line(e)
     if run_dir.exists() and not run_dir.is_dir():
-        return None, f"run_dir={run_dir} is a file, not a folder; give the run another run_dir="
-    return run_dir, None
+        return None, None, (f"run_dir={run_dir} is a file, not a folder; give the run another "
+                            "run_dir=")
+    return typed, run_dir, None
 
 
 def _snapshot(run_dir: Path, job: str) -> dict[Path, bytes] | None:
