@@ -18,17 +18,19 @@ start anything.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from omegaconf import OmegaConf
 
 from transformer_nmt import config as _config  # registers the schema
 from transformer_nmt.config import CONFIG_DIR, typed_config
+from transformer_nmt.config.help import help_requested
 from transformer_nmt.errors import UserError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError, PermissionError)
@@ -174,6 +176,29 @@ def _undo_hydra_files(run_dir: Path, job: str, before: dict[Path, bytes] | None)
                 p.write_bytes(data)
 
 
+def _print_help(job: str, args: list[str]) -> NoReturn:
+    """Print the ``--help`` page of ``job`` on standard output and exit 0 (2 with one line
+    when the other arguments do not compose); writes no file."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from transformer_nmt.config.help import help_overrides, help_text
+
+    try:
+        text = help_text(job, help_overrides(args))
+    except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(USER_EXIT)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # | head: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    sys.exit(0)
+
+
 def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None) -> None:
     """Run a ``@hydra.main`` app as a console script with one-line user errors.
 
@@ -185,10 +210,15 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
         argv: the command-line arguments (default ``sys.argv[1:]``).
 
     Exits with status 2 after printing ``error: <message>`` on a user error, with 130 after
-    one line on Ctrl-C (a KeyboardInterrupt that reaches it); Hydra flags (``--help``,
-    ``--cfg``, ``-m`` ...) skip the checks made before Hydra starts.
+    one line on Ctrl-C (a KeyboardInterrupt that reaches it). ``--help`` / ``-h`` prints the
+    command's settings as the other arguments compose them, with their descriptions
+    (:func:`transformer_nmt.config.help.help_text`), and exits before Hydra starts; Hydra's
+    other flags (``--cfg``, ``--hydra-help``, ``-m`` ...) skip the checks made before Hydra
+    starts.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    if help_requested(args):
+        _print_help(job, args)
     run_dir, before = None, None
     if not any(a.startswith("-") for a in args):
         run_dir, error = _preflight(args)

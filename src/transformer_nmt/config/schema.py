@@ -75,7 +75,9 @@ class DataConfig:
     corpus: Corpus = MISSING
     """Source kind: ``multi30k``, ``wmt14`` or ``custom``."""
     src_lang: str = "en"
+    """Source language code (the file suffix: ``train.en``)."""
     tgt_lang: str = "de"
+    """Target language code."""
     root: str = "data"
     """Folder that holds raw/, spm/ and bin/ (relative to the working directory)."""
 
@@ -97,7 +99,9 @@ class DataConfig:
 
     # --- splits --------------------------------------------------------------------
     train_split: str = "train"
+    """Name of the training split."""
     valid_split: str = "valid"
+    """Name of the validation (development) split."""
     test_splits: list[str] = field(default_factory=list)
     """Test sets evaluated by nmt-evaluate, e.g. newstest2014 and newstest2014_filtered."""
 
@@ -128,10 +132,13 @@ class DataConfig:
     vocab_size: int = 8000
     """Shared BPE vocabulary size (37000 WMT14 EN-DE, 32000 EN-FR)."""
     spm_model_type: SpmModelType = SpmModelType.bpe
+    """SentencePiece model type: ``bpe`` or ``unigram``."""
     spm_character_coverage: float = 1.0
+    """Share of characters SentencePiece covers (1.0: all of them)."""
     spm_sample_sentences: int = 2_000_000
     """Sentences (source and target counted separately) sampled to train SentencePiece."""
     spm_seed: int = 1
+    """Seed of the sentence sample SentencePiece is trained on."""
 
     # --- binarization -------------------------------------------------------------------
     num_workers: int = 2
@@ -143,11 +150,15 @@ class ModelConfig:
     """Transformer sizes and options (paper sections 3.1-3.5, Table 3)."""
 
     name: str = "base"
+    """Model preset name (``base``, ``big``, ``tiny``), recorded in results."""
     encoder_layers: int = 6
     """N in the paper."""
     decoder_layers: int = 6
+    """Decoder layers (N in the paper)."""
     d_model: int = 512
+    """Model (embedding) width."""
     d_ff: int = 2048
+    """Inner width of the feed-forward sub-layers."""
     heads: int = 8
     """h in the paper."""
     d_k: int | None = None
@@ -198,15 +209,20 @@ class TrainerConfig:
     max_steps: int | None = 100_000
     """Stop after this many optimizer steps (None = no limit)."""
     max_epochs: int | None = None
+    """Stop after this many epochs (None = no limit)."""
     max_time_minutes: float | None = None
     """Stop after this much wall-clock training time."""
 
     lr_multiplier: float = 1.0
     """Scales lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)."""
     warmup_steps: int = 4000
+    """Optimizer steps of linear learning-rate warm-up."""
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    """Adam's beta1 and beta2 (section 5.3)."""
     adam_eps: float = 1e-9
+    """Adam's epsilon."""
     weight_decay: float = 0.0
+    """Adam's (L2) weight decay; 0 = none, as the paper."""
     label_smoothing: float = 0.1
     """epsilon_ls (section 5.4)."""
     clip_norm: float = 0.0
@@ -229,6 +245,7 @@ class TrainerConfig:
     """``auto`` (bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU), ``fp32``,
     ``bf16`` or ``fp16`` (dynamic loss scaling)."""
     tf32: bool = True
+    """Allow TF32 matrix products in fp32 on GPUs that have them."""
     compile: bool | None = None
     """torch.compile the model; None (default): on when training on CUDA, off elsewhere
     (on a CPU compilation costs more than it saves, docs/benchmarks.md)."""
@@ -245,15 +262,18 @@ class TrainerConfig:
     """A training pair longer than ``max_tokens`` on either side: ``error`` or ``skip``."""
 
     seed: int = 1
+    """Seed of the model's initialisation and of the batch order."""
     num_workers: int = 0
     """DataLoader worker processes (collation and pinning off the training thread)."""
     prefetch_factor: int = 4
     """Batches each DataLoader worker prepares ahead (with ``num_workers > 0``)."""
 
     save_every_steps: int | None = None
+    """Save a checkpoint every n optimizer steps (None = not by steps)."""
     save_every_epochs: int | None = None
     """Also save at the end of every n-th epoch (fairseq's ``--save-interval``)."""
     save_every_minutes: float | None = 10.0
+    """Save a checkpoint every this many wall-clock minutes (None = not by time)."""
     keep_last: int = 20
     """Periodic checkpoints kept (the paper averages the last 5 base / 20 big); the newest
     one, written when training stopped, is kept besides them
@@ -265,13 +285,16 @@ class TrainerConfig:
     start a new run (fine-tuning); optimizer, schedule and counters start fresh. Ignored when
     the run directory already holds checkpoints (the run resumes from them)."""
     validate_every_steps: int | None = 1000
+    """Validate every n optimizer steps (None = only when training ends)."""
     validate_every_epochs: int | None = None
     """Also validate at the end of every n-th epoch (fairseq's ``--validate-interval``)."""
     log_every_steps: int = 100
+    """Log (and write to metrics.jsonl) every n optimizer steps."""
 
     valid_bleu: bool = False
     """Also decode (a subset of) the valid set and track its BLEU."""
     valid_bleu_sentences: int = 500
+    """Valid sentences decoded for ``valid_bleu``."""
     patience: int | None = None
     """Stop after this many validations without improvement (None = never)."""
 
@@ -297,14 +320,17 @@ class DecodeConfig:
     """Beam search and evaluation settings (paper section 6.1)."""
 
     beam_size: int = 4
+    """Beam width; 1 = greedy decoding."""
     lenpen: float = 0.6
     """Length penalty alpha."""
     lenpen_form: LenpenForm = LenpenForm.gnmt
     """``gnmt``: ((5 + |Y|) / 6)^alpha (Wu et al. 2016, the paper); ``fairseq``: |Y|^alpha."""
     max_len_a: float = 1.0
+    """Maximum output length slope (see ``max_len_b``)."""
     max_len_b: int = 50
     """Maximum output length = max_len_a * source length + max_len_b."""
     nbest: int = 1
+    """Hypotheses written per sentence (nmt-translate, at most ``beam_size``)."""
     stopping: Stopping = Stopping.bound
     """When a sentence's search ends: ``bound`` once no live hypothesis can beat its best
     finished one (exact; tensor2tensor's rule, with the length penalty at the maximum
@@ -320,6 +346,7 @@ class DecodeConfig:
     """``native`` (our beam search), ``ctranslate2`` or ``ctranslate2_int8``
     (transformer_nmt.interop)."""
     device: str = "auto"
+    """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda`` or ``cuda:<n>``."""
     checkpoint: str | None = None
     """Model file to decode with; None = the run's averaged model, else its latest checkpoint."""
     sdpa_backends: list[str] = field(default_factory=lambda: ["flash", "efficient", "math"])
@@ -407,6 +434,7 @@ class PlotConfig:
     format: PlotFormat = PlotFormat.png
     """``png`` or ``svg``."""
     dpi: int = 100
+    """Resolution of PNG figures (dots per inch)."""
     dir: str | None = None
     """Output folder; None = ``<first run>/plots``."""
     bleu_sentences: int | None = None

@@ -13,9 +13,10 @@ with learned positions has positions for: :func:`input_limit`) is truncated with
 naming the line, and the count of truncated lines is logged; a batch that runs out of GPU memory is
 split in halves and retried.
 
-Speed is reported as sentences per second and target tokens per second (generated
-SentencePiece pieces, the final ``eos`` included), wall-clock time over encoding,
-batching, search and decoding back to text.
+Progress: a bar over the sentences on a terminal's standard error, else a log line every 30 s
+(:mod:`transformer_nmt.decode.progress`). Speed is reported as sentences per second and
+target tokens per second (generated SentencePiece pieces, the final ``eos`` included),
+wall-clock time over encoding, batching, search and decoding back to text.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from transformer_nmt.decode.beam_search import (
     beam_search,
     greedy_search,
 )
+from transformer_nmt.decode.progress import decode_progress
 from transformer_nmt.errors import UserError
 from transformer_nmt.fileio import (
     check_output,
@@ -168,6 +170,7 @@ def decode_ids(
     *,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     skip_too_long: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[list[list[Hypothesis]], int]:
     """Decode source id sequences in length-sorted batches; results in input order.
 
@@ -183,6 +186,7 @@ def decode_ids(
         autocast: a callable returning the autocast context the search runs in.
         skip_too_long: leave sentences longer than ``max_tokens`` undecoded (an empty
             n-best list) instead of raising ValueError.
+        progress: called after each batch with its number of sentences (a host-side count).
 
     Returns:
         ``(nbest, batches)``: per input sentence its n-best list (``[]`` when skipped),
@@ -204,6 +208,8 @@ def decode_ids(
             for j, h in zip(batch.ids.tolist(), hyps):
                 best[j] = h
             n_batches += 1
+            if progress is not None:
+                progress(len(batch_indices))
     return best, n_batches
 
 
@@ -304,11 +310,13 @@ def translate_lines(
         ids.append(np.asarray(pieces, dtype=np.int64))
         positions.append(i)
 
-    best, n_batches = decode_ids(
-        ids, lambda src: _search_splitting_on_oom(model, src, decode_cfg),
-        decode_cfg.max_tokens, device,
-        autocast=lambda: autocast_context(decode_cfg.precision, device),
-    )
+    with decode_progress(len(ids)) as progress:
+        best, n_batches = decode_ids(
+            ids, lambda src: _search_splitting_on_oom(model, src, decode_cfg),
+            decode_cfg.max_tokens, device,
+            autocast=lambda: autocast_context(decode_cfg.precision, device),
+            progress=progress.update,
+        )
 
     outputs: list[Any] = [[("", 0.0)] if return_hypotheses else "" for _ in lines]
     target_tokens = 0

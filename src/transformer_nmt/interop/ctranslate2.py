@@ -316,6 +316,7 @@ class CTranslate2Engine:
         :func:`transformer_nmt.decode.translate.translate_lines`."""
         self._warn(decode_cfg)
         start = time.perf_counter()
+        from transformer_nmt.decode.progress import decode_progress
         from transformer_nmt.decode.translate import input_limit, warn_truncated
 
         limit, why = input_limit(decode_cfg, max_positions=self.max_positions)
@@ -338,28 +339,30 @@ class CTranslate2Engine:
         target_tokens = n_batches = 0
         k, nbest = int(decode_cfg.beam_size), int(decode_cfg.nbest)
         per_batch = max(1, int(decode_cfg.max_tokens))
-        for src_len, items in sorted(groups.items()):
-            max_len = math.floor(decode_cfg.max_len_a * src_len + decode_cfg.max_len_b)
-            max_len = min(max(max_len, 1), self.max_positions - 1)
-            step = max(1, per_batch // src_len)
-            for b in range(0, len(items), step):
-                chunk = items[b:b + step]
-                results = self.translator.translate_batch(
-                    [p for _, p in chunk], beam_size=k, patience=1,
-                    num_hypotheses=nbest if return_hypotheses else 1,
-                    length_penalty=float(decode_cfg.lenpen) if k > 1 else 0.0,
-                    max_decoding_length=max_len, min_decoding_length=1,
-                    suppress_sequences=[["<blank>"], [SPECIAL_PIECES[BOS_ID]]],
-                    return_scores=True, max_input_length=0)
-                n_batches += 1
-                for (i, _), r in zip(chunk, results):
-                    hyps = [([sp.piece_to_id(p) for p in h], float(s))
-                            for h, s in zip(r.hypotheses, r.scores)]
-                    target_tokens += len(hyps[0][0]) + 1
-                    if return_hypotheses:
-                        outputs[i] = [(tokenizer.decode(t), s) for t, s in hyps]
-                    else:
-                        outputs[i] = tokenizer.decode(hyps[0][0])
+        with decode_progress(sum(len(items) for items in groups.values())) as progress:
+            for src_len, items in sorted(groups.items()):
+                max_len = math.floor(decode_cfg.max_len_a * src_len + decode_cfg.max_len_b)
+                max_len = min(max(max_len, 1), self.max_positions - 1)
+                step = max(1, per_batch // src_len)
+                for b in range(0, len(items), step):
+                    chunk = items[b:b + step]
+                    results = self.translator.translate_batch(
+                        [p for _, p in chunk], beam_size=k, patience=1,
+                        num_hypotheses=nbest if return_hypotheses else 1,
+                        length_penalty=float(decode_cfg.lenpen) if k > 1 else 0.0,
+                        max_decoding_length=max_len, min_decoding_length=1,
+                        suppress_sequences=[["<blank>"], [SPECIAL_PIECES[BOS_ID]]],
+                        return_scores=True, max_input_length=0)
+                    n_batches += 1
+                    for (i, _), r in zip(chunk, results):
+                        hyps = [([sp.piece_to_id(p) for p in h], float(s))
+                                for h, s in zip(r.hypotheses, r.scores)]
+                        target_tokens += len(hyps[0][0]) + 1
+                        if return_hypotheses:
+                            outputs[i] = [(tokenizer.decode(t), s) for t, s in hyps]
+                        else:
+                            outputs[i] = tokenizer.decode(hyps[0][0])
+                    progress.update(len(chunk))
         warn_truncated(truncated, len(lines), limit, why)
         seconds = time.perf_counter() - start
         stats = {
