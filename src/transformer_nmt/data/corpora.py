@@ -329,6 +329,8 @@ STREAM_CHECKPOINT_ROWS = 200_000
 STREAM_RETRIES = 3
 """Reads of a stream that failed for the network, retried in the same process (each from the
 last saved position); a fault of the data is never retried."""
+STREAM_LOG_ROWS = 500_000
+"""Rows between two log lines of a stream's progress."""
 
 
 def _stream_progress(dest: tuple[Path, Path]) -> tuple[tuple[Path, Path], Path]:
@@ -366,7 +368,9 @@ def _stream_hf(data_cfg: DataConfig, hf_split: str, dest: tuple[Path, Path],
     (:data:`STREAM_RETRIES` times) and a later run resumes an interrupted stream instead of
     starting again from row 0. A fault of the data or of its schema (a null or missing
     field, a value of another type, columns that do not cast) is never retried: it fails
-    at once, naming the row and the field. ``dest`` appears only once the split is complete.
+    at once, naming the row and the field. The rows read are shown as they come
+    (:class:`transformer_nmt.data.hub.StreamProgress`, a log line every
+    :data:`STREAM_LOG_ROWS`). ``dest`` appears only once the split is complete.
 
     Returns:
         Number of pairs written.
@@ -384,16 +388,23 @@ def _stream_hf(data_cfg: DataConfig, hf_split: str, dest: tuple[Path, Path],
     partial, progress = _stream_progress(dest)
     saved = _resume_point(partial, progress, ident)
     failures = 0
+    shown = None
     try:
         while True:
             n = saved["rows"] if saved else 0
             log.info("streaming %s -> %s%s", name, dest[0].parent,
                      f" (resuming at row {n:,})" if n else "")
-            records, _ = hub.open_stream(
+            records, total = hub.open_stream(
                 data_cfg.hf_dataset, data_cfg.hf_config, hf_split,
                 f"; run the same command again to resume at row {n:,}" if n else "")
             if saved:
                 records.load_state_dict(saved["state"])
+            if max_pairs is not None:
+                total = min(total, max_pairs) if total else max_pairs
+            if shown is None:
+                shown = hub.StreamProgress(name, total, n, STREAM_LOG_ROWS)
+            else:
+                shown.restart(n)
             dest[0].parent.mkdir(parents=True, exist_ok=True)
             try:
                 with open(partial[0], "ab") as fs, open(partial[1], "ab") as ft:
@@ -404,6 +415,7 @@ def _stream_hf(data_cfg: DataConfig, hf_split: str, dest: tuple[Path, Path],
                         fs.write((_one_line(s) + "\n").encode("utf-8"))
                         ft.write((_one_line(t) + "\n").encode("utf-8"))
                         n += 1
+                        shown.update(n)
                         if n % STREAM_CHECKPOINT_ROWS == 0:
                             saved = _save_stream_position(fs, ft, progress, ident, n, records)
                 break
@@ -439,6 +451,9 @@ def _stream_hf(data_cfg: DataConfig, hf_split: str, dest: tuple[Path, Path],
             for path in partial:
                 path.unlink(missing_ok=True)
         raise
+    finally:
+        if shown is not None:
+            shown.close(n)
     for part, final in zip(partial, dest):
         os.replace(part, final)
     progress.unlink(missing_ok=True)

@@ -10,6 +10,8 @@
   retried) from a fault of the data or of the settings (never retried), by the exception's
   type and the types of its causes, never by its message.
 * :func:`record_pair` checks one record, ``{"translation": {src: text, tgt: text}}``.
+* :class:`StreamProgress` shows the rows read: a tqdm bar on standard error when it is a
+  terminal (not under ``TQDM_DISABLE=1``), and a log line every so many rows.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import http.client
 import logging
 import os
 import socket
+import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -301,3 +305,68 @@ def _open_saved(folder: Path, split: str) -> tuple[Any, int]:
         raise DataError(f"the saved dataset {folder} has no split {split!r} (has "
                         f"{sorted(saved)}); save the hub's splits train and validation")
     return saved[split].to_iterable_dataset(), len(saved[split])
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+def bar_wanted(stream: Any = None) -> bool:
+    """A progress bar only on a terminal, and not under ``TQDM_DISABLE=1`` (any value but
+    empty, ``0``, ``false``, ``no``)."""
+    stream = sys.stderr if stream is None else stream
+    if os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class StreamProgress:
+    """Rows read from a stream: a tqdm bar on standard error (:func:`bar_wanted`) and an
+    INFO log line every ``log_every`` rows (so that log files show progress too).
+
+    Args:
+        desc: what is read (``wmt/wmt14 (de-en) split train``).
+        total: the rows expected (None: unknown; the bar then counts without an end).
+        start: rows already there (a resumed stream).
+        log_every: rows between two log lines.
+    """
+
+    STEP = 1000
+    """Rows between two updates of the bar (keeps its cost out of the loop)."""
+
+    def __init__(self, desc: str, total: int | None, start: int, log_every: int):
+        from tqdm import tqdm
+
+        self.desc, self.total, self.log_every = desc, total, log_every
+        self.started, self.start = time.monotonic(), start
+        self.shown = bar_wanted()
+        self.bar = tqdm(total=total, initial=start, desc=desc, unit=" rows", unit_scale=True,
+                        file=sys.stderr, disable=not self.shown, dynamic_ncols=True,
+                        mininterval=0.5)
+        self._redirect = contextlib.ExitStack()
+        if self.shown:  # log lines above the bar, not through it
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            self._redirect.enter_context(logging_redirect_tqdm())
+
+    def update(self, rows: int) -> None:
+        """``rows`` read so far (called for every row)."""
+        if rows % self.STEP == 0:
+            self.bar.update(rows - self.bar.n)
+        if rows % self.log_every == 0:
+            seconds = max(time.monotonic() - self.started, 1e-9)
+            of = (f" of {self.total:,} ({100 * rows / self.total:.0f} %)"
+                  if self.total else "")
+            log.info("%s: %s rows%s, %s rows/s", self.desc, f"{rows:,}", of,
+                     f"{(rows - self.start) / seconds:,.0f}")
+
+    def restart(self, rows: int) -> None:
+        """Go back to ``rows`` (a retry from the saved position)."""
+        self.bar.n = rows
+        self.bar.refresh()
+
+    def close(self, rows: int) -> None:
+        """Show the final count and remove the bar's redirection of the log."""
+        self.bar.update(rows - self.bar.n)
+        self.bar.close()
+        self._redirect.close()
