@@ -179,7 +179,9 @@ def test_http_5xx_in_the_stream_is_retried(tmp_path, monkeypatch, status):
 def test_http_4xx_in_the_stream_is_not_retried_as_a_network_failure(tmp_path, monkeypatch):
     folder = _hub(tmp_path / "hub", {"de-en": [_rows(20)]})
     _failing_once(monkeypatch, _ServerError(404), after=7)
-    with pytest.raises(_ServerError):  # neither network nor data: the error itself, at once
+    with pytest.raises(DataError, match=r"split train, row 7: the hub refused a read with "
+                                        r"HTTP 404 \(_ServerError: 404 Server Error\), so it "
+                                        r"is not retried"):
         _stream(_cfg(folder, tmp_path), tmp_path)
 
 

@@ -435,6 +435,13 @@ def _stream_hf(data_cfg: DataConfig, hf_split: str, dest: tuple[Path, Path],
                             "the network, so it is not retried: check data.hf_dataset and "
                             "data.hf_config (in a local copy, every file of a split must hold "
                             "one translation column of the same two languages)") from e
+                    status = hub.http_status(e)
+                    if status is not None and 400 <= status < 500:
+                        raise DataError(
+                            f"{name}, row {n:,}: the hub refused a read with HTTP {status} "
+                            f"({hub.one_line(e)}), so it is not retried: check that the "
+                            "dataset exists and that your Hugging Face token may read it "
+                            "(hf auth login)") from e
                     raise
                 failures += 1
                 at = saved["rows"] if saved else 0

@@ -111,7 +111,7 @@ def _network_types() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def _http_status(exc: BaseException) -> int | None:
+def http_status(exc: BaseException) -> int | None:
     """The HTTP status an exception carries (``response.status_code``, ``status``, ``code``)."""
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if status is None and isinstance(exc, urllib.error.HTTPError):
@@ -134,7 +134,7 @@ def is_network_error(exc: BaseException) -> bool:
     status worth a retry (408, 429, 5xx): a read that may succeed when tried again."""
     network = _network_types()
     for e in _chain(exc):
-        status = _http_status(e)
+        status = http_status(e)
         if status is not None:
             if status in RETRY_STATUS or status >= 500:
                 return True
