@@ -1,22 +1,17 @@
 """Shared fixtures: a synthetic parallel corpus prepared once, the tiny model, a decoding
-workspace (SentencePiece model and test text), the real Multi30k mirror (for the few tests
-that need real text), and ``--update-golden``."""
+workspace (SentencePiece model and test text), the real Multi30k text (a local mirror, or a
+cache filled once by the project's downloader: multi30k_source.py) for the tests that need
+it, and ``--update-golden``."""
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import multi30k_source
 import pytest
 from helpers import TINY_MODEL, make_cfg, sentences
-
-REPO = Path(__file__).resolve().parents[1]
-MULTI30K_MIRROR = Path(
-    os.environ.get("NMT_MULTI30K_MIRROR") or REPO.parent / "shared" / "data" / "multi30k"
-)
-
 
 SYNTHETIC_SIZES = {"train": 2000, "valid": 100, "test": 100}
 SYNTHETIC_VOCAB = 200
@@ -47,11 +42,15 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="session")
 def multi30k_mirror() -> Path:
-    """Folder with the real Multi30k files (train.en.gz, ...); tests that need it skip without
-    it."""
-    if not (MULTI30K_MIRROR / "train.en.gz").exists():
-        pytest.skip(f"Multi30k mirror not found at {MULTI30K_MIRROR}")
-    return MULTI30K_MIRROR
+    """Folder with the real Multi30k files (train.en.gz, ...): the local mirror, else the
+    user's cache folder, downloaded into once from the official URL; the tests that need it
+    skip, with the reason, when neither works (:func:`multi30k_source.locate`)."""
+    folder, reason = multi30k_source.locate(multi30k_source.default_mirror(),
+                                            multi30k_source.official_url(),
+                                            multi30k_source.default_cache())
+    if folder is None:
+        pytest.skip(reason)
+    return folder
 
 
 @pytest.fixture(scope="session")

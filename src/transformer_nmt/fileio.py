@@ -306,6 +306,32 @@ def write_output(path: str | os.PathLike, mode: str = "w", what: str = "output",
             os.fsync(f.fileno())
 
 
+@contextlib.contextmanager
+def created_folders_removed_when_empty(path: str | os.PathLike) -> Iterator[Path]:
+    """Remove, when the block ends, the folders of ``path`` and above it that did not exist
+    when it began and are empty then (a command that failed before writing anything leaves
+    no folder behind). A folder that existed before, or that holds anything, is kept.
+
+    Yields:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    path = Path(path)
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    try:
+        yield path
+    finally:
+        for folder in missing:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or already gone: keep what is there
+                if folder.exists():
+                    break
+
+
 def is_up_to_date(outputs: list[Path], inputs: list[Path]) -> bool:
     """True when every output exists and none is older than any input (make's rule)."""
     if not all(p.exists() for p in outputs):

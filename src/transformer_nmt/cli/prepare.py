@@ -13,7 +13,9 @@ from omegaconf import DictConfig
 
 from transformer_nmt.cli import run_app, user_errors
 from transformer_nmt.config import CONFIG_DIR, typed_config
+from transformer_nmt.data.corpora import orig_dir
 from transformer_nmt.data.prepare import format_summary, prepare
+from transformer_nmt.fileio import created_folders_removed_when_empty
 from transformer_nmt.runtime import folder_lock
 
 
@@ -22,7 +24,9 @@ def app(cfg: DictConfig) -> None:
     """Validate the config, run :func:`transformer_nmt.data.prepare.prepare`, print its summary."""
     with user_errors():
         cfg = typed_config(cfg)
-        with folder_lock(Path(cfg.data.root) / "raw" / cfg.data.name, "nmt-prepare"):
+        # a failed first run (no network, a bad record) leaves no empty data folders behind
+        with created_folders_removed_when_empty(orig_dir(cfg.data)), \
+                folder_lock(Path(cfg.data.root) / "raw" / cfg.data.name, "nmt-prepare"):
             print(format_summary(prepare(cfg)))
 
 

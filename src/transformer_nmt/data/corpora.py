@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_nmt.config import Corpus, DataConfig
+from transformer_nmt.data import hub
 from transformer_nmt.errors import DataError
 from transformer_nmt.fileio import (  # noqa: F401  (read_lines: re-exported)
     atomic_write,
@@ -326,7 +327,10 @@ def _one_line(text: str) -> str:
 STREAM_CHECKPOINT_ROWS = 200_000
 """Rows between two saved positions of a ``datasets`` stream (what a resumed stream re-reads)."""
 STREAM_RETRIES = 3
-"""Failed reads of a stream retried in the same process (each from the last saved position)."""
+"""Reads of a stream that failed for the network, retried in the same process (each from the
+last saved position); a fault of the data is never retried."""
+STREAM_LOG_ROWS = 500_000
+"""Rows between two log lines of a stream's progress."""
 
 
 def _stream_progress(dest: tuple[Path, Path]) -> tuple[tuple[Path, Path], Path]:
@@ -359,69 +363,104 @@ def _stream_hf(data_cfg: DataConfig, hf_split: str, dest: tuple[Path, Path],
 
     Memory is bounded: records are written as they arrive (``streaming=True``). Every
     :data:`STREAM_CHECKPOINT_ROWS` rows the files are flushed and the stream's position
-    (``IterableDataset.state_dict()``) saved beside them, so a failed read is retried from
-    there (:data:`STREAM_RETRIES` times) and a later run resumes an interrupted stream
-    instead of starting again from row 0. ``dest`` appears only once the split is complete.
+    (``IterableDataset.state_dict()``) saved beside them, so a read that failed for the
+    network (:func:`transformer_nmt.data.hub.is_network_error`) is retried from there
+    (:data:`STREAM_RETRIES` times) and a later run resumes an interrupted stream instead of
+    starting again from row 0. A fault of the data or of its schema (a null or missing
+    field, a value of another type, columns that do not cast) is never retried: it fails
+    at once, naming the row and the field. The rows read are shown as they come
+    (:class:`transformer_nmt.data.hub.StreamProgress`, a log line every
+    :data:`STREAM_LOG_ROWS`). ``dest`` appears only once the split is complete.
 
     Returns:
         Number of pairs written.
 
     Raises:
-        DataError: the dataset cannot be opened, a record lacks a language, or the stream
-            kept failing (the message says from which row the next run resumes).
+        DataError: the dataset cannot be opened (how to run offline said when the hub is
+            out of reach), a record or the schema is at fault (dataset, split, row and field
+            named), or the stream kept failing for the network (the message says from which
+            row the next run resumes).
     """
-    import datasets
-
     src, tgt = data_cfg.src_lang, data_cfg.tgt_lang
     name = f"{data_cfg.hf_dataset} ({data_cfg.hf_config}) split {hf_split}"
     ident = {"dataset": str(data_cfg.hf_dataset), "config": data_cfg.hf_config,
              "split": hf_split, "langs": [src, tgt]}
     partial, progress = _stream_progress(dest)
-    dest[0].parent.mkdir(parents=True, exist_ok=True)
     saved = _resume_point(partial, progress, ident)
     failures = 0
-    while True:
-        n = saved["rows"] if saved else 0
-        log.info("streaming %s -> %s%s", name, dest[0].parent,
-                 f" (resuming at row {n:,})" if n else "")
-        try:
-            records = datasets.load_dataset(
-                data_cfg.hf_dataset, data_cfg.hf_config, split=hf_split, streaming=True
-            )
-        except Exception as e:  # the hub raises many kinds (ConnectionError, FileNotFoundError ...)
-            raise DataError(f"could not open {name}: {e}") from e
-        if saved:
-            records.load_state_dict(saved["state"])
-        try:
-            with open(partial[0], "ab") as fs, open(partial[1], "ab") as ft:
-                for rec in records:
-                    if max_pairs is not None and n >= max_pairs:
-                        break
-                    pair = rec["translation"]
-                    try:
-                        s, t = pair[src], pair[tgt]
-                    except KeyError as e:
-                        raise DataError(
-                            f"{name} record {n}: no language {e} (has {sorted(pair)})"
-                        ) from e
-                    fs.write((_one_line(s) + "\n").encode("utf-8"))
-                    ft.write((_one_line(t) + "\n").encode("utf-8"))
-                    n += 1
-                    if n % STREAM_CHECKPOINT_ROWS == 0:
-                        saved = _save_stream_position(fs, ft, progress, ident, n, records)
-            break
-        except DataError:
-            raise
-        except Exception as e:  # network and decoding errors of the stream: retry from saved
-            failures += 1
-            at = saved["rows"] if saved else 0
-            if failures > STREAM_RETRIES:
+    shown = None
+    try:
+        while True:
+            n = saved["rows"] if saved else 0
+            log.info("streaming %s -> %s%s", name, dest[0].parent,
+                     f" (resuming at row {n:,})" if n else "")
+            records, total = hub.open_stream(
+                data_cfg.hf_dataset, data_cfg.hf_config, hf_split,
+                f"; run the same command again to resume at row {n:,}" if n else "")
+            if saved:
+                records.load_state_dict(saved["state"])
+            if max_pairs is not None:
+                total = min(total, max_pairs) if total else max_pairs
+            if shown is None:
+                shown = hub.StreamProgress(name, total, n, STREAM_LOG_ROWS)
+            else:
+                shown.restart(n)
+            dest[0].parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(partial[0], "ab") as fs, open(partial[1], "ab") as ft:
+                    for rec in records:
+                        if max_pairs is not None and n >= max_pairs:
+                            break
+                        s, t = hub.record_pair(rec, src, tgt)
+                        fs.write((_one_line(s) + "\n").encode("utf-8"))
+                        ft.write((_one_line(t) + "\n").encode("utf-8"))
+                        n += 1
+                        shown.update(n)
+                        if n % STREAM_CHECKPOINT_ROWS == 0:
+                            saved = _save_stream_position(fs, ft, progress, ident, n, records)
+                break
+            except hub.RecordError as e:
                 raise DataError(
-                    f"reading {name} failed {failures} times, last at row {n:,}: {e}; "
-                    f"run the same command again to resume at row {at:,}"
-                ) from e
-            log.warning("reading %s failed at row %d (%s); retrying from row %d", name, n, e, at)
-            saved = _resume_point(partial, progress, ident)
+                    f"{name}, row {n:,} (counted from 0): {e}; records must be "
+                    f'{{"translation": {{"{src}": <text>, "{tgt}": <text>}}}}. A fault of the '
+                    "data, not of the network, so it is not retried: check data.hf_config, "
+                    "data.src_lang and data.tgt_lang, or fix that record in a local copy "
+                    "(data.hf_dataset=<folder>)") from None
+            except Exception as e:  # told apart by type: network, data, anything else
+                if not hub.is_network_error(e):
+                    if hub.is_data_error(e):
+                        raise DataError(
+                            f"{name}, row {n:,} (counted from 0): cannot read the record: "
+                            f"{hub.one_line(e)}. A fault of the data or of its schema, not of "
+                            "the network, so it is not retried: check data.hf_dataset and "
+                            "data.hf_config (in a local copy, every file of a split must hold "
+                            "one translation column of the same two languages)") from e
+                    status = hub.http_status(e)
+                    if status is not None and 400 <= status < 500:
+                        raise DataError(
+                            f"{name}, row {n:,}: the hub refused a read with HTTP {status} "
+                            f"({hub.one_line(e)}), so it is not retried: check that the "
+                            "dataset exists and that your Hugging Face token may read it "
+                            "(hf auth login)") from e
+                    raise
+                failures += 1
+                at = saved["rows"] if saved else 0
+                if failures > STREAM_RETRIES:
+                    raise DataError(
+                        f"reading {name} failed {failures} times, last at row {n:,}: "
+                        f"{hub.one_line(e)}; run the same command again to resume at row "
+                        f"{at:,}") from e
+                log.warning("reading %s failed at row %d (%s); retrying from row %d", name, n,
+                            hub.one_line(e), at)
+                saved = _resume_point(partial, progress, ident)
+    except BaseException:
+        if not progress.is_file():  # nothing a later run could resume from
+            for path in partial:
+                path.unlink(missing_ok=True)
+        raise
+    finally:
+        if shown is not None:
+            shown.close(n)
     for part, final in zip(partial, dest):
         os.replace(part, final)
     progress.unlink(missing_ok=True)
@@ -456,7 +495,11 @@ def _sacrebleu_test_set(test_set: str, src: str, tgt: str, dest: tuple[Path, Pat
     try:
         paths = sacrebleu.utils.download_test_set(test_set, langpair)
     except Exception as e:
-        raise DataError(f"could not get sacreBLEU test set {test_set} ({langpair}): {e}") from e
+        advice = ("; without network, copy sacreBLEU's folder (~/.sacrebleu, or $SACREBLEU) from "
+                  "a machine that has fetched the test set, or leave the split out of "
+                  "data.test_splits") if hub.is_network_error(e) else ""
+        raise DataError(f"could not get sacreBLEU test set {test_set} ({langpair}): "
+                        f"{hub.one_line(e)}{advice}") from e
     counts = []
     for path, out in zip(paths[:2], dest):
         with open(path, "rb") as inp, atomic_write(out, "wb") as f:
