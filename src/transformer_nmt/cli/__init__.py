@@ -167,7 +167,9 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
         argv: the command-line arguments (default ``sys.argv[1:]``).
 
     Exits with status 2 after printing ``error: <message>`` on a user error, with 130 after
-    one line on Ctrl-C (a KeyboardInterrupt that reaches it); Hydra flags (``--help``,
+    one line on Ctrl-C (a KeyboardInterrupt that reaches it; one with a message, such as
+    :class:`transformer_nmt.cli.sweep.SweepStopped`, prints it and exits with its
+    ``exit_status``); Hydra flags (``--help``,
     ``--cfg``, ``-m`` ...) skip the checks made before Hydra starts.
     """
     args = list(sys.argv[1:] if argv is None else argv)
@@ -185,7 +187,7 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
             _undo_hydra_files(run_dir, job, before)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(USER_EXIT)
-    except KeyboardInterrupt:  # Ctrl-C: outputs are written atomically, so nothing is half-written
-        print("interrupted: stopped before the end (no output file is left half-written)",
-              file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+    except KeyboardInterrupt as e:  # Ctrl-C: outputs are written atomically, none half-written
+        why = str(e) or "stopped before the end (no output file is left half-written)"
+        print(f"interrupted: {why}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_status", INTERRUPTED_EXIT))
