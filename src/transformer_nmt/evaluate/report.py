@@ -36,10 +36,12 @@ single-precision TFLOPS of the GPUs; ours come from the run's train_summary.json
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import glob
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -129,7 +131,29 @@ def is_legacy(result: dict[str, Any]) -> bool:
 
 
 def _name(result: dict[str, Any]) -> str:
-    return str(result["experiment"]) + (LEGACY_MARK if is_legacy(result) else "")
+    label = result.get("_label") or str(result["experiment"])
+    return label + (LEGACY_MARK if is_legacy(result) else "")
+
+
+def run_folder(result: dict[str, Any]) -> str:
+    """The folder of a run's results.json, relative to the working directory when it lies
+    under it (its recorded ``run_dir`` when the file's path is not known)."""
+    if "_path" not in result:
+        return str(result.get("run_dir") or "–")
+    folder = Path(result["_path"]).parent
+    with contextlib.suppress(ValueError, OSError):
+        return str(folder.resolve().relative_to(Path.cwd().resolve()))
+    return str(folder)
+
+
+def label_runs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``results`` with ``_label``, the name a row shows: the experiment's name, followed by
+    the run folder (:func:`run_folder`) when another run outside Table 3 has the same name
+    (two runs of one experiment in other run directories)."""
+    names = Counter(str(r.get("experiment")) for r in results if not is_table3_run(r))
+    return [{**r, "_label": f"{r['experiment']} ({run_folder(r)})"}
+            if not is_table3_run(r) and names[str(r.get("experiment"))] > 1 else r
+            for r in results]
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -497,6 +521,7 @@ def build_report(results: list[dict[str, Any]],
                  tables: Iterable[str] = ("table2", "table3", "other")) -> str:
     """The whole results.md text, with the sections named in ``tables``."""
     tables = set(tables)
+    results = label_runs(results)
     lines = [
         "# Results",
         "",
