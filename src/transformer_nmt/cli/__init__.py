@@ -210,8 +210,10 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
         argv: the command-line arguments (default ``sys.argv[1:]``).
 
     Exits with status 2 after printing ``error: <message>`` on a user error, with 130 after
-    one line on Ctrl-C (a KeyboardInterrupt that reaches it). ``--help`` / ``-h`` prints the
-    command's settings as the other arguments compose them, with their descriptions
+    one line on Ctrl-C (a KeyboardInterrupt that reaches it; one with a message, such as
+    :class:`transformer_nmt.cli.sweep.SweepStopped`, prints it and exits with its
+    ``exit_status``). ``--help`` / ``-h`` prints the command's settings as the other
+    arguments compose them, with their descriptions
     (:func:`transformer_nmt.config.help.help_text`), and exits before Hydra starts; Hydra's
     other flags (``--cfg``, ``--hydra-help``, ``-m`` ...) skip the checks made before Hydra
     starts.
@@ -233,7 +235,7 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
             _undo_hydra_files(run_dir, job, before)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(USER_EXIT)
-    except KeyboardInterrupt:  # Ctrl-C: outputs are written atomically, so nothing is half-written
-        print("interrupted: stopped before the end (no output file is left half-written)",
-              file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+    except KeyboardInterrupt as e:  # Ctrl-C: outputs are written atomically, none half-written
+        why = str(e) or "stopped before the end (no output file is left half-written)"
+        print(f"interrupted: {why}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_status", INTERRUPTED_EXIT))

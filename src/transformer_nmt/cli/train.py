@@ -12,7 +12,8 @@ is resumed from its latest one. ``trainer.dry_run=true`` runs
 :func:`transformer_nmt.train.dryrun.dry_run` instead.
 
 The paper's Table 3 as one sweep (each row its own run folder, trained then evaluated on the
-development set; rows already done are skipped)::
+development set; rows already done are skipped; Ctrl-C stops the row at the next step with a
+checkpoint and ends the sweep, and the next sweep resumes that row)::
 
     nmt-train -m experiment=wmt14_en_de_base 'table3=glob(*)'
     nmt-train -m experiment=wmt14_en_de_base 'table3=glob(*)' hydra/launcher=slurm_torchrun
@@ -28,7 +29,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import run_app, user_errors
+from transformer_nmt.cli import run_app, sweep, user_errors
 from transformer_nmt.config import CONFIG_DIR, typed_config
 
 
@@ -38,8 +39,9 @@ from transformer_nmt.config import CONFIG_DIR, typed_config
 def app(cfg: DictConfig) -> None:
     """Type and validate the config (:func:`typed_config`, which applies a Table 3 row), then
     train (or dry-run: prepare a slice, then train a few steps); a Table 3 row is evaluated
-    after training."""
-    with user_errors():
+    after training. In a local sweep (:mod:`transformer_nmt.cli.sweep`) a user error or a
+    stop signal ends the whole sweep and names the rows not run."""
+    with user_errors(), sweep.name_jobs_not_run():
         from transformer_nmt.train.distributed import export_submitit_environment
 
         cfg = typed_config(cfg)
@@ -54,11 +56,14 @@ def app(cfg: DictConfig) -> None:
         from transformer_nmt.train.step import DIVERGED_EXIT, TrainingDiverged
 
         try:
-            train(cfg)
+            summary = train(cfg)
         except TrainingDiverged as e:  # not a user error: the run and its .hydra files stay
-            print(f"error: {e}", file=sys.stderr)
+            num = sweep.current_job()
+            note = sweep.jobs_not_run(num) if num is not None else ""
+            print(f"error: {e}" + (f"; {note}" if note else ""), file=sys.stderr)
             sys.exit(DIVERGED_EXIT)
-        evaluate_after_training(cfg)
+        evaluated = evaluate_after_training(cfg, summary) is not None
+        sweep.stop_if_signalled(summary, cfg.trainer.max_steps, evaluated)
 
 
 def main() -> None:

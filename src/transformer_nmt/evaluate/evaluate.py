@@ -40,7 +40,9 @@ scored against the official reference exactly as distributed,
       "engines": {"ctranslate2" | "ctranslate2_int8": {"checkpoint", "checkpoint_sha256",
                   "steps", ..., "decode", "device", "date", "test_sets"}}   (when evaluated),
       "training_cost": {"gpu_hours", "flops", "train_seconds", "world_size"} or null,
-      "train_summary": the run's train_summary.json or null
+      "train_summary": the run's train_summary.json or null,
+      "stopped_short": {"steps", "max_steps", "stopped_by"} when training stopped before its
+                       step target (a signal, the time budget, divergence), else null
     }
 
 Every score dict has ``type``, ``label``, ``score`` and ``signature``. ``test_sets`` holds
@@ -80,6 +82,7 @@ from transformer_nmt.decode.translate import (
 from transformer_nmt.errors import UserError
 from transformer_nmt.evaluate.bleu import check_form, format_score, read_text_lines, score_all
 from transformer_nmt.evaluate.gate import averaged_steps
+from transformer_nmt.evaluate.identity import stopped_short
 from transformer_nmt.evaluate.paper import PAPER_TABLE3
 from transformer_nmt.evaluate.results import (
     NATIVE,
@@ -332,6 +335,7 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
             "test_sets": test_sets,
             "training_cost": cost,
             "train_summary": summary,
+            "stopped_short": stopped_short(summary, trainer_cfg.max_steps),
         }
         out = run_dir / "results.json"
         results, messages = merge_results(read_previous_results(out), new, engine_name)

@@ -14,7 +14,9 @@ atomically, with the sections ``cfg.table.tables`` names:
 * **Table 3** (paper section 6.2): the runs of Table 3 rows
   (:mod:`transformer_nmt.evaluate.table3`), one table per base experiment, each row beside the
   paper's line it varies (by ``table3.variant``; a run configured by hand: the line with the same
-  setting), seeds averaged, and each row's BLEU difference to its base row beside the paper's. With
+  setting), the seeds of one whole recipe averaged, and each row's BLEU difference to the base
+  row beside the paper's (rows of other settings and short runs apart, with a note; the
+  configured rows not run listed: :mod:`transformer_nmt.evaluate.table3_groups`). With
   ``table.table3_plot`` the differences are drawn too
   (:func:`transformer_nmt.plot.table3.plot_table3`).
 * **Other runs** (Multi30k, custom corpora, ...): every test set's scores.
@@ -34,25 +36,24 @@ single-precision TFLOPS of the GPUs; ours come from the run's train_summary.json
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import glob
 import logging
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from transformer_nmt.config import Config, to_plain
 from transformer_nmt.evaluate.gate import paper_bleu_of_form, preset_for, recipe_differences
 from transformer_nmt.evaluate.paper import (
-    DEV_SET,
     PAPER_TABLE2,
     PAPER_TABLE3,
     PAPER_TOKENS_PER_STEP,
     SETTING_KEYS,
     TABLE2_TEST_SET,
-    PaperRow,
 )
 from transformer_nmt.evaluate.results import (
     NATIVE,
@@ -61,12 +62,18 @@ from transformer_nmt.evaluate.results import (
     engine_results,
     read_results,
 )
-from transformer_nmt.evaluate.table3 import setting
+from transformer_nmt.evaluate.table3_groups import (
+    Table3Line,
+    base_line,
+    dev_split,
+    is_table3_run,
+    rows_not_run,
+    run_setting,
+    table3_lines,
+)
 from transformer_nmt.fileio import check_output, write_output
 
 log = logging.getLogger(__name__)
-
-TABLE3_TEST_SET = DEV_SET
 
 TOK = "paper BLEU"
 TOK_DE = "paper BLEU (t2t get_ende_bleu.sh, 2017 form)"
@@ -105,38 +112,6 @@ def record(result: dict[str, Any]) -> Results:
         result, result.get("_path", "results.json"))
 
 
-def run_setting(result: dict[str, Any]) -> dict[str, Any] | None:
-    """A run's (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, positions), as in Table 3.
-
-    None when the encoder and decoder depths differ or the config is missing.
-    """
-    m = (result.get("model") or {}).get("config")
-    if not m:
-        return None
-    return setting(m, (result.get("trainer") or {}).get("label_smoothing"))
-
-
-def paper_table3_line(result: dict[str, Any]) -> PaperRow | None:
-    """The paper's Table 3 line of a run: the row its ``table3.variant`` names, else the line
-    with the same setting (a run configured by hand), else None."""
-    variant = (result.get("table3") or {}).get("variant")
-    if variant in PAPER_TABLE3:
-        return PAPER_TABLE3[variant]
-    run = run_setting(result)
-    if run is None:
-        return None
-    for line in PAPER_TABLE3.values():
-        if all(_same(run[k], v) for k, v in line.setting().items()):
-            return line
-    return None
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        return abs(float(a) - float(b)) < 1e-9
-    return a == b
-
-
 def _score(result: dict[str, Any], split: str, kind: str) -> float | None:
     test = record(result).test_sets.get(split)
     return None if test is None else test.score(kind)
@@ -156,7 +131,29 @@ def is_legacy(result: dict[str, Any]) -> bool:
 
 
 def _name(result: dict[str, Any]) -> str:
-    return str(result["experiment"]) + (LEGACY_MARK if is_legacy(result) else "")
+    label = result.get("_label") or str(result["experiment"])
+    return label + (LEGACY_MARK if is_legacy(result) else "")
+
+
+def run_folder(result: dict[str, Any]) -> str:
+    """The folder of a run's results.json, relative to the working directory when it lies
+    under it (its recorded ``run_dir`` when the file's path is not known)."""
+    if "_path" not in result:
+        return str(result.get("run_dir") or "–")
+    folder = Path(result["_path"]).parent
+    with contextlib.suppress(ValueError, OSError):
+        return str(folder.resolve().relative_to(Path.cwd().resolve()))
+    return str(folder)
+
+
+def label_runs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``results`` with ``_label``, the name a row shows: the experiment's name, followed by
+    the run folder (:func:`run_folder`) when another run outside Table 3 has the same name
+    (two runs of one experiment in other run directories)."""
+    names = Counter(str(r.get("experiment")) for r in results if not is_table3_run(r))
+    return [{**r, "_label": f"{r['experiment']} ({run_folder(r)})"}
+            if not is_table3_run(r) and names[str(r.get("experiment"))] > 1 else r
+            for r in results]
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -312,16 +309,6 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def is_table3_run(result: dict[str, Any]) -> bool:
-    """A run of a Table 3 row (``table3`` in results.json, or an older ``table3_row``)."""
-    return bool(result.get("table3") or result.get("table3_row"))
-
-
-def _dev_split(result: dict[str, Any]) -> str | None:
-    splits = list(record(result).test_sets)
-    return TABLE3_TEST_SET if TABLE3_TEST_SET in splits else (splits[0] if splits else None)
-
-
 def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     if not xs:
         return None, None
@@ -329,55 +316,6 @@ def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     if len(xs) < 2:
         return mean, None
     return mean, (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
-
-
-@dataclass
-class Table3Line:
-    """One row of our Table 3: every seed of one variant of one base experiment."""
-
-    experiment: str
-    variant: str
-    paper: PaperRow | None
-    runs: list[dict[str, Any]]
-
-    def values(self, kind: str) -> list[float]:
-        """BLEU (``paper_bleu`` / ``sacrebleu``) or ``ppl`` of every seed that has it."""
-        out = []
-        for r in self.runs:
-            if kind == "ppl":
-                summary = record(r).train_summary
-                x = summary.valid_ppl if summary is not None else None
-            else:
-                split = _dev_split(r)
-                x = _score(r, split, kind) if split else None
-            if x is not None:
-                out.append(float(x))
-        return out
-
-
-def table3_lines(results: list[dict[str, Any]]) -> dict[str, list[Table3Line]]:
-    """Table 3 runs grouped by base experiment, then by variant (the paper's order; the
-    seeds of a variant together)."""
-    groups: dict[str, dict[str, Table3Line]] = {}
-    order = {v: i for i, v in enumerate(PAPER_TABLE3)}
-    for r in results:
-        if not is_table3_run(r):
-            continue
-        paper = paper_table3_line(r)
-        variant = (r.get("table3") or {}).get("variant") or (
-            paper.variant if paper else str(r.get("experiment")))
-        group = groups.setdefault(str(r.get("experiment")), {})
-        group.setdefault(
-            variant, Table3Line(str(r.get("experiment")), variant, paper, [])).runs.append(r)
-    return {
-        exp: sorted(lines.values(), key=lambda x: (order.get(x.variant, len(order)), x.variant))
-        for exp, lines in sorted(groups.items())
-    }
-
-
-def base_line(lines: list[Table3Line]) -> Table3Line | None:
-    """The base row of a group, if it was run."""
-    return next((x for x in lines if x.variant == "base"), None)
 
 
 def _fmt_ms(mean: float | None, std: float | None, digits: int) -> str:
@@ -398,8 +336,33 @@ def _setting_text(r: dict[str, Any]) -> str:
                      for k in SETTING_KEYS)
 
 
+def _table3_row(x: Table3Line, base: Table3Line | None) -> list[str]:
+    p, r0 = x.paper, x.runs[0]
+    bleu, std = _mean_std(x.values(PAPER_KIND))
+    ppl, ppl_std = _mean_std(x.values("ppl"))
+    sacre, sacre_std = _mean_std(x.values("sacrebleu"))
+    base_bleu = _mean_std(base.values(PAPER_KIND))[0] if base else None
+    delta = (bleu - base_bleu if x.compared and bleu is not None and base_bleu is not None
+             else None)
+    base_paper = PAPER_TABLE3["base"]
+    return [
+        p.row if p else str(r0.get("table3_row") or "–"), p.change if p else x.variant,
+        _setting_text(r0), str(len(x.runs)), str(r0.get("steps", "–")), _params(r0),
+        f"{p.params:g}M" if p and p.params else "–",
+        _fmt_ms(ppl, ppl_std, 2), _fmt(p.ppl, 2) if p else "–",
+        _fmt_ms(bleu, std, 2), _fmt_ms(sacre, sacre_std, 2), _fmt(p.bleu) if p else "–",
+        "0 (base)" if x.is_base else _fmt_delta(delta, 2),
+        "0 (base)" if p is base_paper
+        else (_fmt_delta(p.bleu - base_paper.bleu) if p else "–"),
+        x.note(),
+    ]
+
+
 def table3_section(results: list[dict[str, Any]]) -> list[str]:
-    """Markdown lines of the Table 3 section (empty when no run names a Table 3 row)."""
+    """Markdown lines of the Table 3 section (empty when no run names a Table 3 row): per
+    base experiment, its rows (:func:`transformer_nmt.evaluate.table3_groups.table3_lines`),
+    the seed noise of the base row, the configured rows not run, and results left out as
+    repeats of a seed."""
     groups = table3_lines(results)
     if not groups:
         return []
@@ -413,36 +376,33 @@ def table3_section(results: list[dict[str, Any]]) -> list[str]:
         "base row's; with several seeds a cell is mean ± standard deviation over the seeds, and",
         "the base row's deviation is the seed noise each Δ is to be read against. Setting: N,",
         "d_model, d_ff, h, d_k, d_v, P_drop, ε_ls, positions.",
+        "Runs are seeds of one row only when their whole recipe is equal (model, dropout, label",
+        "smoothing, optimizer, schedule, steps, batch, data, vocabulary, decoding; not the seed,",
+        "paths, logging or workers). Δ compares a row with the base row only when its recipe is",
+        "exactly what its change makes of the base recipe; a row of other settings, or one whose",
+        "training stopped before its step target (short), is listed with a note and left out of",
+        "Δ and of the seed noise.",
         "",
     ]
     header = ["row", "change (paper)", "setting (ours)", "seeds", "steps", "params (ours)",
               "params (paper)", "PPL (ours)", "PPL (paper)", f"{TOK} (ours)", f"{SACRE} (ours)",
-              f"{TOK} (paper)", "Δ (ours)", "Δ (paper)"]
-    base_paper = PAPER_TABLE3["base"]
+              f"{TOK} (paper)", "Δ (ours)", "Δ (paper)", "note"]
     for exp, lines in groups.items():
         base = base_line(lines)
-        base_bleu, base_std = _mean_std(base.values(PAPER_KIND)) if base else (None, None)
-        splits = sorted({_dev_split(r) or "–" for x in lines for r in x.runs})
-        rows = []
-        for x in lines:
-            p = x.paper
-            bleu, std = _mean_std(x.values(PAPER_KIND))
-            ppl, ppl_std = _mean_std(x.values("ppl"))
-            sacre, sacre_std = _mean_std(x.values("sacrebleu"))
-            r0 = x.runs[0]
-            delta = None if bleu is None or base_bleu is None else bleu - base_bleu
-            rows.append([
-                p.row if p else str(r0.get("table3_row") or "–"), p.change if p else x.variant,
-                _setting_text(r0), str(len(x.runs)), str(r0.get("steps", "–")), _params(r0),
-                f"{p.params:g}M" if p and p.params else "–",
-                _fmt_ms(ppl, ppl_std, 2), _fmt(p.ppl, 2) if p else "–",
-                _fmt_ms(bleu, std, 2), _fmt_ms(sacre, sacre_std, 2), _fmt(p.bleu) if p else "–",
-                "0 (base)" if x is base else _fmt_delta(delta, 2),
-                "0 (base)" if p is base_paper
-                else (_fmt_delta(p.bleu - base_paper.bleu) if p else "–"),
-            ])
+        base_std = _mean_std(base.values(PAPER_KIND))[1] if base else None
+        splits = sorted({dev_split(r) or "–" for x in lines for r in x.runs})
+        rows = [_table3_row(x, base) for x in lines]
         noise = "" if base_std is None else f"; seed noise of the base row: ± {base_std:.2f} BLEU"
+        missing = rows_not_run(lines)
+        repeats = [p for x in lines for p in x.repeats]
         out += [f"### {exp} (dev set: {', '.join(splits)}{noise})", "", *_table(header, rows), ""]
+        if base is None:
+            out += ["No base row trained to its step target: no Δ.", ""]
+        if missing:
+            out += [f"Not run (no results.json): {', '.join(missing)}.", ""]
+        if repeats:
+            out += ["Left out as older results of a seed already in its row: "
+                    f"{', '.join(repeats)}.", ""]
     return out
 
 
@@ -561,6 +521,7 @@ def build_report(results: list[dict[str, Any]],
                  tables: Iterable[str] = ("table2", "table3", "other")) -> str:
     """The whole results.md text, with the sections named in ``tables``."""
     tables = set(tables)
+    results = label_runs(results)
     lines = [
         "# Results",
         "",
@@ -604,6 +565,9 @@ def write_report(cfg: Config) -> Path:
             plot = Path(t.table3_plot)
             if len(groups) > 1:
                 plot = plot.with_name(f"{plot.stem}_{exp}{plot.suffix}")
-            plot_table3(exp, lines, plot)
+            if base_line(lines) is None:
+                log.warning("%s: no base row trained to its step target; %s not drawn", exp, plot)
+                continue
+            plot_table3(exp, [x for x in lines if x.compared], plot)
             log.info("wrote %s", plot)
     return out

@@ -120,11 +120,21 @@ def evaluate_row(cfg: Config) -> dict[str, Any] | None:
     return evaluate(evaluation_config(cfg))
 
 
-def evaluate_after_training(cfg: Config) -> dict[str, Any] | None:
+def evaluate_after_training(cfg: Config,
+                            summary: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """``nmt-train``'s last act for a Table 3 row (``table3.variant`` set, ``table3.evaluate``
-    true): rank 0 evaluates it (:func:`evaluate_row`); None on other ranks, without a row,
-    or when its results.json is current."""
+    true): rank 0 evaluates it (:func:`evaluate_row`; a row whose training stopped before its
+    step target is evaluated too, and its results.json says so: ``stopped_short``). None on
+    other ranks, without a row, when its results.json is current, or when a stop signal
+    ended the training (``summary``) before the row had any checkpoint."""
     if not (cfg.table3.variant and cfg.table3.evaluate and int(os.environ.get("RANK", "0")) == 0):
+        return None
+    from transformer_nmt.checkpoint import latest_checkpoint
+
+    stopped_by = str((summary or {}).get("stopped_by") or "")
+    if stopped_by.startswith("signal") and latest_checkpoint(cfg.run_dir) is None:
+        log.info("table3=%s: %s before the row's first checkpoint; not evaluated",
+                 cfg.table3.variant, stopped_by)
         return None
     from transformer_nmt.runtime import retain_freed_memory
 

@@ -27,9 +27,11 @@ def plot_table3(experiment: str, lines: Sequence[Any], path: str | Path,
 
     Args:
         experiment: the base experiment's name (the title).
-        lines: :class:`transformer_nmt.evaluate.report.Table3Line` objects of one experiment; the
-            one whose ``variant`` is ``base`` defines zero and, with two or more seeds, the
-            seed-noise band (± one and two standard deviations of its BLEU).
+        lines: :class:`transformer_nmt.evaluate.table3_groups.Table3Line` objects of one
+            experiment, the rows compared with the base row (``nmt-table`` leaves out rows of
+            other settings and short runs); the one whose ``variant`` is ``base`` defines zero
+            and, with two or more seeds, the seed-noise band (± one and two standard
+            deviations of its BLEU).
         path: the figure (.png or .svg), written atomically.
         kind: the BLEU of results.json to draw (``paper_bleu`` or ``sacrebleu``).
 
