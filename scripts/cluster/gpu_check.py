@@ -30,7 +30,8 @@ at torch.compile's recompile limit instead of falling back to eager. Each check
 starts from an empty run directory: a second ``make gpu-check`` measures again instead of
 finding the first one's finished runs.
 
-It writes ``<out>.md`` and ``<out>.json`` (default ``docs/gpu_check``): the device, the
+It writes ``<out>.md`` and ``<out>.json`` (default ``runs/gpu_check/report``, beside the check's
+runs; ``make gpu-check GPU_CHECK_OUT=<path>`` for another place): the device, the
 versions and every figure. Without a CUDA device every GPU part is reported as skipped and the
 script exits 0. ``--smoke`` runs the same steps on the CPU with a tiny model and a few steps, to
 check that every command of the list still runs (the test suite does this); it trains in
@@ -525,7 +526,7 @@ def write_report(report: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(REPO / "docs" / "gpu_check"),
+    p.add_argument("--out", default=str(REPO / "runs" / "gpu_check" / "report"),
                    help="report path without suffix (.md and .json are written)")
     p.add_argument("--work", default=str(REPO / "runs" / "gpu_check"),
                    help="folder for the check's runs and logs")

@@ -14,7 +14,7 @@ Example::
 
     python scripts/micro/bench_loss.py --n 3100 --vocab 37000 --dtype bf16 --repeats 5 --threads 2
 
-Prints one JSON line per variant (and writes them to ``--out`` when given).
+Prints one JSON line per variant and round (and writes them to ``--out`` when given).
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="fresh processes per variant, alternating which runs first")
     p.add_argument("--variant", choices=sorted(VARIANTS), help="measure one variant here")
     p.add_argument("--out", help="also write the JSON lines to this file")
     args = p.parse_args(argv)
@@ -131,7 +133,9 @@ def main(argv: list[str] | None = None) -> None:
                                  args.repeats)))
         return
     lines = []
-    for variant in ("previous", "current"):  # each in a fresh process: its own peak memory
+    order = ("previous", "current")
+    # each call in a fresh process (its own peak memory); rounds alternate which goes first
+    for variant in (v for r in range(args.rounds) for v in (order if r % 2 == 0 else order[::-1])):
         cmd = [sys.executable, __file__, "--variant", variant, "--n", str(args.n),
                "--vocab", str(args.vocab), "--dtype", args.dtype, "--device", args.device,
                "--repeats", str(args.repeats), "--threads", str(args.threads)]

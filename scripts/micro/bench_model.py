@@ -10,7 +10,7 @@ Examples::
     python scripts/micro/bench_model.py --device cpu --iterations 3 --warmup 1
     python scripts/micro/bench_model.py --preset big --device cuda --iterations 20
     python scripts/micro/bench_model.py --decode --device cpu   # incremental decoding steps
-    python scripts/micro/bench_model.py --cache-ops --threads 2  # K/V cache update, layer x step
+    python scripts/micro/bench_model.py --cache-ops --threads 1 --rounds 5  # K/V cache update
     python scripts/micro/bench_model.py --adam --preset tiny --vocab 8000 --threads 2  # Adam step
 
 Prints target tokens per second and peak memory (CUDA: torch.cuda.max_memory_allocated;
@@ -23,6 +23,7 @@ import argparse
 import functools
 import platform
 import resource
+import statistics
 import time
 from pathlib import Path
 
@@ -127,7 +128,9 @@ def bench_cache_ops(args) -> None:
     ``DecoderCache`` (gather the kept rows into its other buffer pair, write the new slot)
     against growing by ``torch.cat`` and re-indexing with ``index_select`` (two copies into
     fresh tensors), for 4 heads of d_k 64, with glibc set to keep freed memory as
-    nmt-translate does.
+    nmt-translate does. The two are timed in ``--rounds`` alternating rounds (the first of a
+    round changes every round, so load that comes and goes falls on both); the table has the
+    median milliseconds per update of each, their ratio and its range over the rounds.
     """
     retain_freed_memory()
     heads, d_k = 4, 64
@@ -140,8 +143,11 @@ def bench_cache_ops(args) -> None:
             fn()
         return (time.perf_counter() - start) / args.iterations * 1e3
 
-    print("| rows x cached positions | torch.cat then index_select | DecoderCache |")
-    print("|---|---:|---:|")
+    print(f"{args.rounds} alternating rounds of {args.iterations} updates each, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    print("| rows x cached positions | torch.cat then index_select | DecoderCache "
+          "| cat / DecoderCache (rounds' range) |")
+    print("|---|---:|---:|---:|")
     for rows, length in [(2400, 10), (2400, 30), (400, 60)]:
         k_old, v_old = (torch.randn(rows, heads, length, d_k, generator=g) for _ in range(2))
         k_new, v_new = (torch.randn(rows, heads, 1, d_k, generator=g) for _ in range(2))
@@ -151,7 +157,15 @@ def bench_cache_ops(args) -> None:
         cache.append_self(0, k_old, v_old)
         cache.length = length  # every call appends position `length` again
         buffered = functools.partial(_cache_update, cache, k_new, v_new, order)
-        print(f"| {rows:,} x {length} | {timed(concat):.2f} ms | {timed(buffered):.2f} ms |")
+        times: dict[str, list[float]] = {"concat": [], "buffered": []}
+        for r in range(args.rounds):
+            pair = [("concat", concat), ("buffered", buffered)]
+            for name, fn in pair if r % 2 == 0 else pair[::-1]:
+                times[name].append(timed(fn))
+        a, b = (statistics.median(times[k]) for k in ("concat", "buffered"))
+        ratios = [c / d for c, d in zip(times["concat"], times["buffered"])]
+        print(f"| {rows:,} x {length} | {a:.2f} ms | {b:.2f} ms | {a / b:.2f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f}) |")
 
 
 def _concat_then_select(k_old, v_old, k_new, v_new, order) -> None:
@@ -184,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache-ops", action="store_true",
                    help="time the decoder cache's K/V update per layer and step against "
                         "torch.cat + index_select")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="--cache-ops: alternating rounds of each variant (medians reported)")
     args = p.parse_args(argv)
     if args.cache_ops:
         if args.threads:
