@@ -116,6 +116,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
             for k, v in model.items():
                 dtypes[k], shapes[k] = v.dtype, tuple(v.shape)
                 total[k] = v.to(torch.float32, copy=True) if v.is_floating_point() else v.clone()
+            v = None  # the loop variable would keep this file's memory map alive
             del model
             continue
         missing = sorted(set(total) - set(model))
@@ -136,6 +137,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
                 total[k] += v  # in place: no float32 copy of the whole checkpoint
             else:
                 total[k] = v.clone()
+        v = None  # the loop variable would keep this file's memory map alive
         del model
     n = len(paths)
     out = {}
