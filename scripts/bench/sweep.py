@@ -19,7 +19,7 @@ split, the training wall time and steps, and marks the variant with the best sac
 ``select_on``: choose on the validation set, report the test sets.
 
     .venv/bin/python scripts/bench/sweep.py scripts/bench/sweeps/multi30k_en_de.yaml
-    .venv/bin/python scripts/bench/sweep.py SWEEP.yaml --only current dropout_0.1 --args trainer.max_steps=100
+    .venv/bin/python scripts/bench/sweep.py SWEEP.yaml --only current --args trainer.max_steps=100
 
 Exits 2 with one ``error:`` line for a bad sweep file, 1 when a stage fails (its command and
 exit status are printed).

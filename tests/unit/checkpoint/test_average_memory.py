@@ -1,4 +1,4 @@
-"""Averaging holds one checkpoint's memory map at a time (docs/reliability.md, "Averaging memory")."""
+"""Averaging holds one checkpoint's memory map at a time (docs/reliability.md)."""
 
 from __future__ import annotations
 
