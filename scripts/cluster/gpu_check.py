@@ -11,6 +11,12 @@ it runs, each as the pipeline's own commands:
    loss scale calibrates);
 3. ``base`` compiled (``trainer.compile=true``) with ``update_freq 2``;
 4. the bf16 run resumed from its GPU checkpoint for more steps;
+4a. eager and compiled training steps on the same batches give the same losses, in fp32 and
+   bf16 (:func:`gpu_step_checks.compiled_matches_eager`, within
+   :data:`gpu_step_checks.COMPILE_RTOL`);
+4b. a run resumed from its checkpoint at step N continues the uninterrupted run's loss curve:
+   exactly in fp32, within :data:`gpu_step_checks.RESUME_RTOL` in bf16
+   (:func:`gpu_step_checks.resume_continues_curve`);
 5. SIGTERM during a run: a stop checkpoint, exit 0, then a resume from it;
 6. 2-process DDP (NCCL) in bf16 and in fp16 when two or more GPUs are visible (reported as
    ``not run`` on one GPU);
@@ -36,7 +42,8 @@ versions and every figure. Without a CUDA device every GPU part is reported as s
 script exits 0. ``--smoke`` runs the same steps on the CPU with a tiny model and a few steps, to
 check that every command of the list still runs (the test suite does this); it trains in
 fp32, so the two fp16 checks, which would repeat the bf16 commands, are skipped there, and so
-is the resume check, whose command the SIGTERM check's resume runs too.
+is the resume check, whose command the SIGTERM check's resume runs too; the two step-level
+checks (4a, 4b) run in fp32 there, 4a with the ``aot_eager`` backend (no C++ build).
 
     python scripts/cluster/gpu_check.py                 # on the GPU machine
     python scripts/cluster/gpu_check.py --smoke --out /tmp/gpu_check   # CPU: every command, tiny
@@ -312,6 +319,51 @@ class GpuCheck:
         if not ok:
             c.note = f"see {self.work / 'resume.log'}"
 
+    def _step_check(self, c: Check, name: str, precisions: tuple[str, ...],
+                    **kwargs) -> None:
+        """Run :mod:`gpu_step_checks`' ``name`` for each precision in a worker process (its
+        own CUDA memory and compiler state) and record its figures."""
+        why = []
+        for precision in precisions:
+            cmd, _ = self._train_cmd(f"gpu_check_{name}", precision, fresh=False)
+            result = self.work / f"{name}_{precision}.json"
+            result.unlink(missing_ok=True)
+            spec = {"precision": precision, **kwargs}
+            if name == "resume_continues_curve":
+                spec["work"] = str(self.work / "runs" / f"gpu_check_resume_curve_{precision}")
+            worker = [sys.executable, str(Path(__file__).resolve()), "--step-check", name,
+                      "--step-check-args", json.dumps(spec), "--step-check-result", str(result),
+                      "--", *cmd[3:]]
+            log = self.work / f"{name}_{precision}.log"
+            proc = _run(worker, log, timeout=3600)
+            if proc.returncode != 0 or not result.is_file():
+                why.append(f"{precision}: exit {proc.returncode}, see {log}")
+                continue
+            got = json.loads(result.read_text())
+            c.figures[precision] = {k: (round(v, 8) if isinstance(v, float) else v)
+                                    for k, v in got.items()
+                                    if k in ("max_rel_diff", "rtol", "first_step_exact",
+                                             "grad_norm_rel_diff", "backend", "n", "m")}
+            if not got["passed"]:
+                why.append(f"{precision}: {got['why']}")
+        c.status = "failed" if why else "passed"
+        c.note = "; ".join(why)
+
+    def compile_equals_eager(self, c: Check) -> None:
+        """4a: eager and compiled steps, same batches, same losses (fp32 and bf16)."""
+        if self.smoke:
+            self._step_check(c, "compiled_matches_eager", ("fp32",), backend="aot_eager")
+            c.note = (c.note + "; " if c.note else "") + "--smoke: aot_eager backend, fp32"
+            return
+        self._step_check(c, "compiled_matches_eager", ("fp32", "bf16"), backend="inductor")
+
+    def resume_curve(self, c: Check) -> None:
+        """4b: a run resumed at step N against an uninterrupted N + M run (fp32, bf16)."""
+        if self.smoke:
+            self._step_check(c, "resume_continues_curve", ("fp32",), n=4, m=3)
+            return
+        self._step_check(c, "resume_continues_curve", ("fp32", "bf16"), n=20, m=10)
+
     def sigterm(self, c: Check) -> None:
         """SIGTERM once the first checkpoint exists: exit 0 with a stop checkpoint, then resume."""
         import signal
@@ -444,6 +496,8 @@ class GpuCheck:
             ("base, fp16 training", lambda c: self.train(c, "fp16")),
             ("base, bf16, compiled, update_freq 2", self.compiled),
             ("resume the bf16 run from its GPU checkpoint", self.resume),
+            ("compiled steps equal eager steps on the same batches", self.compile_equals_eager),
+            ("a resumed run continues the uninterrupted loss curve", self.resume_curve),
             ("SIGTERM: stop checkpoint, then resume", self.sigterm),
             ("2-process DDP (NCCL), bf16", lambda c: self.ddp(c, "bf16")),
             ("2-process DDP (NCCL), fp16", lambda c: self.ddp(c, "fp16")),
@@ -483,6 +537,17 @@ def bench_python(path: Path = BENCH_PYTHON) -> Path | None:
     proc = subprocess.run([str(path), "-c", "import fairseq, transformers"], check=False,
                           capture_output=True, timeout=300)
     return path if proc.returncode == 0 else None
+
+
+def step_check(name: str, spec: dict, overrides: list[str], result: Path) -> None:
+    """Run :mod:`gpu_step_checks`' check ``name`` on this machine's training device with the
+    arguments ``spec`` and write its figures to ``result`` (JSON)."""
+    import gpu_step_checks
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    fn = {"compiled_matches_eager": gpu_step_checks.compiled_matches_eager,
+          "resume_continues_curve": gpu_step_checks.resume_continues_curve}[name]
+    result.write_text(json.dumps(fn(overrides, device=device, **spec), indent=1))
 
 
 def train_with_vocab(vocab: int, overrides: list[str]) -> None:
@@ -535,8 +600,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="run every step on the CPU with a tiny model (checks the commands)")
     p.add_argument("--train-with-vocab", type=int, metavar="V",
                    help="internal: train the overrides after -- with a V-class model")
+    p.add_argument("--step-check", choices=("compiled_matches_eager", "resume_continues_curve"),
+                   help="internal: run one check of gpu_step_checks on the overrides after --")
+    p.add_argument("--step-check-args", default="{}", help=argparse.SUPPRESS)
+    p.add_argument("--step-check-result", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.step_check:
+        step_check(args.step_check, json.loads(args.step_check_args), args.overrides,
+                   Path(args.step_check_result))
+        return 0
     if args.train_with_vocab:
         train_with_vocab(args.train_with_vocab, args.overrides)
         return 0

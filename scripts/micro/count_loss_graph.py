@@ -1,7 +1,8 @@
 """Counts of one label-smoothed loss call (``transformer_nmt.train.loss``) that a CPU can take:
 
 - aten operations of forward and backward at (N, V) bf16 logits on the meta device (no memory
-  used, any size), counted by a ``TorchDispatchMode``;
+  used, any size), counted by a ``TorchDispatchMode``, as the training step calls the loss
+  (``ignore_index=None``) and with an ``ignore_index``;
 - ``torch._dynamo.explain`` of the loss with the token count marked dynamic (as the training
   step marks it): graphs, graph breaks, and whether N stays symbolic in the graph, without
   and with an ``ignore_index``;
@@ -38,12 +39,12 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def aten_ops(n: int, vocab: int) -> dict[str, int]:
+def aten_ops(n: int, vocab: int, ignore_index: int | None = None) -> dict[str, int]:
     """aten operations of the forward and of the backward (autograd's own included)."""
     logits = torch.empty(n, vocab, dtype=torch.bfloat16, device="meta", requires_grad=True)
     target = torch.empty(n, dtype=torch.long, device="meta")
     with _CountOps() as fwd:
-        loss, _ = label_smoothed_nll_loss(logits, target, 0.1, None)
+        loss, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index)
     with _CountOps() as bwd:
         loss.backward()
     return {"forward": fwd.count, "backward": bwd.count, "total": fwd.count + bwd.count}
@@ -100,6 +101,7 @@ def main() -> None:
     p.add_argument("--inductor", action="store_true", help="also compile with Inductor (CPU)")
     args = p.parse_args()
     report = {"n": args.n, "vocab": args.vocab, "aten_ops": aten_ops(args.n, args.vocab),
+              "aten_ops_ignore_index": aten_ops(args.n, args.vocab, 0),
               "traced_n": args.traced_n,
               "explain": explain(None, args.traced_n, args.vocab),
               "explain_ignore_index": explain(0, args.traced_n, args.vocab),

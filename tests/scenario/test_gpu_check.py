@@ -92,7 +92,7 @@ def test_without_cuda_every_gpu_part_is_skipped(tmp_path):
                           check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
-    assert len(report["checks"]) == 11
+    assert len(report["checks"]) == 13
     assert {c["status"] for c in report["checks"]} == {"skipped"}
     assert all(c["note"] == "no CUDA device" for c in report["checks"])
     md = (tmp_path / "report.md").read_text()
@@ -115,6 +115,8 @@ def test_smoke_runs_every_command(tmp_path, multi30k_mirror):
         "base, fp16 training": "skipped",  # fp32 on the CPU: the bf16 command again
         "base, bf16, compiled, update_freq 2": "passed",
         "resume the bf16 run from its GPU checkpoint": "skipped",  # the SIGTERM check resumes
+        "compiled steps equal eager steps on the same batches": "passed",  # aot_eager, fp32
+        "a resumed run continues the uninterrupted loss curve": "passed",  # fp32, exact
         "SIGTERM: stop checkpoint, then resume": "passed",
         "2-process DDP (NCCL), bf16": "passed",
         "2-process DDP (NCCL), fp16": "skipped",

@@ -7,15 +7,21 @@ a no-op. One optimizer ``step`` = ``update_freq`` micro-batches (``micro_step``)
 rank without a batch for a micro-step runs a zero-weight dummy batch so it joins every
 all-reduce. The parts: :mod:`~transformer_nmt.train.setup` builds the run,
 :mod:`~transformer_nmt.train.step` computes each step's gradient and update (skipping
-non-finite steps), :mod:`~transformer_nmt.train.state` holds the counters and limits, and
-:mod:`~transformer_nmt.train.summary` writes ``train_summary.json``.
+non-finite steps on the device), :mod:`~transformer_nmt.train.state` holds the counters and
+limits, and :mod:`~transformer_nmt.train.summary` writes ``train_summary.json``.
+
+Each step's figures (losses, gradient norm, token counts, the ranks' stop and save requests)
+are read one step late, after the next step's forward and backward are queued, so the device
+never waits while the host prepares a step; a step that may be validated, saved or end the
+run is read at once (:func:`~transformer_nmt.train.state.needs_exact_state`). Details:
+docs/training.md.
 
 Checkpoints (rank 0 writes; parts in :mod:`transformer_nmt.checkpoint`) restore a run
 bit-for-bit on the same world size; an unreadable newest checkpoint is skipped for the one
-before it. SIGTERM / SIGUSR1 / SIGUSR2 / SIGINT (Ctrl-C) stop the run at the next step boundary with
-a checkpoint; a run resumed after it finished does nothing. The prepared data is read, never
-made (``nmt-prepare``).
-See docs/training.md.
+before it. SIGTERM / SIGUSR1 / SIGUSR2 / SIGINT (Ctrl-C) stop the run at the next step boundary
+with a checkpoint (with several ranks, the one after: :func:`requests_known_at_once`); a run
+resumed after it finished does nothing. The prepared data is read, never made
+(``nmt-prepare``). See docs/training.md.
 """
 
 from __future__ import annotations
@@ -36,11 +42,18 @@ from transformer_nmt.train.setup import setup
 from transformer_nmt.train.state import (
     TrainState,
     finished_by,
+    needs_exact_state,
     reached_limit,
     should_save,
     should_validate,
 )
-from transformer_nmt.train.step import TrainingDiverged, apply_update, forward_backward
+from transformer_nmt.train.step import (
+    PendingStep,
+    TrainingDiverged,
+    finish_update,
+    forward_backward,
+    queue_update,
+)
 from transformer_nmt.train.summary import write_summary
 from transformer_nmt.train.validation import run_validation, valid_references
 
@@ -150,9 +163,41 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
 
     stopped_by = reached_limit(t_cfg, state) or _signalled_during_start_up(stop_flag, run, state)
     diverged: TrainingDiverged | None = None
+    last_read = time.perf_counter()
+
+    def finish(queued: PendingStep, epoch_at: float) -> list[int]:
+        """Read a queued step's figures and account for it (counters, schedule, progress bar,
+        train line); returns its flags as every rank summed them."""
+        nonlocal window, last_read
+        fig = finish_update(run, state, window, queued, t_cfg, run_dir)
+        if fig.stepped:
+            bar.update(1)
+        window.steps += 1
+        now = time.perf_counter()
+        state.train_seconds = seconds_before + now - loop_start
+        bar.set_postfix(loss=f"{fig.loss_sum / max(fig.ntokens, 1):.3f}", lr=f"{fig.lr:.2e}",
+                        tok_s=f"{fig.ntokens / max(now - last_read, 1e-9):,.0f}", refresh=False)
+        last_read = now
+        if state.step % log_every == 0 and window.steps and state.bad_steps_in_row == 0:
+            record = window.record(lr=fig.lr, skipped_steps=state.skipped_steps,
+                                   tokens_seen=state.tokens_seen, epoch=epoch_at,
+                                   device=run.device)
+            metrics.write("train", state.step, record)
+            if not show_bar:
+                log_train_line(state.step, total_steps, record)
+            window = Window(grad_norm=window.grad_norm)
+        return fig.flags
+
+    # Each step's figures are read one step late, after the next step's forward and backward
+    # are queued and before its update is (so that the learning rate follows the outcome of
+    # every step before it): the device never waits for the host. A step that may be
+    # validated, saved or end the run is read at once (needs_exact_state), so those see its
+    # exact figures, parameters, data position and RNG state.
+    pending: tuple[PendingStep, float] | None = None
     try:
         while stopped_by is None:
             # -- draw this step's micro-batches (the same count on every rank) --------------
+            drawn_from = state.epoch, state.position, state.micro_step
             if loader_iter is None:
                 run.sampler.set_epoch(state.epoch)
                 run.sampler.load_state_dict(state.sampler_state(seed))
@@ -164,9 +209,9 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
             epoch_ended = state.position >= len(run.sampler)
             if epoch_ended:
                 state.epoch, state.position, loader_iter = state.epoch + 1, 0, None
+            epoch_at = state.epoch_progress(run.sampler.num_batches, info.world_size)
 
-            # -- forward / backward over the micro-batches, then the update ----------------
-            t0 = time.perf_counter()
+            # -- forward / backward over the micro-batches -------------------------------------
             out = forward_backward(run.train_model, micro_batches, epsilon=epsilon,
                                    device=run.device, world_size=info.world_size,
                                    autocast=run.autocast, scaler=run.scaler,
@@ -178,27 +223,26 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
                      int(info.is_main and save_every_s is not None
                          and time.monotonic() - last_save_time >= save_every_s),
                      int(info.is_main and max_time_s is not None and elapsed >= max_time_s)]
-            loss_sum, lr, stepped = apply_update(run, state, window, out, t_cfg, run_dir, flags)
-            if stepped:
-                bar.update(1)
-            window.steps += 1
-            step_seconds = time.perf_counter() - t0
-            state.train_seconds = seconds_before + time.perf_counter() - loop_start
-            bar.set_postfix(loss=f"{loss_sum / max(out['ntokens'], 1):.3f}", lr=f"{lr:.2e}",
-                            tok_s=f"{out['ntokens'] / max(step_seconds, 1e-9):,.0f}",
-                            refresh=False)
-            if state.step % log_every == 0 and window.steps and state.bad_steps_in_row == 0:
-                record = window.record(
-                    lr=lr, skipped_steps=state.skipped_steps, tokens_seen=state.tokens_seen,
-                    epoch=state.epoch_progress(run.sampler.num_batches, info.world_size),
-                    device=run.device)
-                metrics.write("train", state.step, record)
-                if not show_bar:
-                    log_train_line(state.step, total_steps, record)
-                window = Window(grad_norm=window.grad_norm)
+            requested = requests_known_at_once(info.world_size) and any(flags)
+            earlier = [0] * len(flags)
+            if pending is not None:  # the previous step, read now that this one is queued
+                try:
+                    earlier = finish(*pending)
+                except TrainingDiverged:  # this step takes no update: it was never taken
+                    state.epoch, state.position, state.micro_step = drawn_from
+                    raise
+                pending = None
+                requested = requested or any(earlier)
 
-            # -- the decisions, as every rank read them in apply_update -------------------------
-            *signalled, save_for_time, out_of_time = out["flags"]
+            # -- the update, queued; its figures read now or with the next step ---------------
+            queued = queue_update(run, out, t_cfg, flags)
+            if not needs_exact_state(t_cfg, state, epoch_ended=epoch_ended, requested=requested):
+                pending = queued, epoch_at
+                continue
+            decided = [max(a, b) for a, b in zip(finish(queued, epoch_at), earlier)]
+
+            # -- the decisions, as every rank read them -----------------------------------------
+            *signalled, save_for_time, out_of_time = decided
             signal_num = next((sig for sig, n in zip(stop_signals, signalled) if n), 0)
             stopped_by = reached_limit(t_cfg, state)
             if stopped_by is None and out_of_time:
@@ -241,6 +285,15 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
     # submitit's SIGUSR2 handler (requeue the job, exit) runs once the stop checkpoint is written
     stop_flag.hand_over()
     return summary
+
+
+def requests_known_at_once(world_size: int) -> bool:
+    """Whether this process's own stop and save requests (signals, ``max_time_minutes``,
+    ``save_every_minutes``) decide the step they arrive in: with one process they do, and
+    the run stops or saves after that step, as it always did; with several ranks they are
+    agreed through the step's figures, which are read one step late, so the run stops or
+    saves after the next step (every rank at the same one)."""
+    return world_size == 1
 
 
 def _signalled_during_start_up(stop_flag: StopFlag, run: Any, state: Any) -> str | None:

@@ -14,23 +14,28 @@ Positions whose reference is ``ignore_index`` (padding) contribute nothing to ei
 Both returned values are **sums** over the non-padding positions: the training loop divides
 them once by the global count of non-padding target tokens of the optimizer step.
 
-The forward needs three numbers per row, each a reduction over the row's logits ``x``:
-the log-sum-exp ``lse = log sum_v exp(x_v)``, the sum ``sum_v x_v`` and the reference logit
-``x_y``; then ``nll = lse - x_y`` and ``sum_v -log p(v) = V * lse - sum_v x_v``. The gradient
-is analytic (:class:`_LabelSmoothedCrossEntropy`): for weights ``g_loss`` and ``g_nll`` of
-the two sums,
+The forward needs three numbers per row, each a reduction over the row's logits ``x`` (taken
+in float32): the log-sum-exp ``lse = log sum_v exp(x_v)`` (``logsumexp``, shifted by the row
+maximum), the sum ``sum_v x_v`` and the reference logit ``x_y``; then ``nll = lse - x_y`` and
+the row's loss is ``nll + eps * (x_y - mean_v x_v)`` (the same as ``(1 - eps) * nll + eps *
+mean_v(-log p(v))``), summed over the rows. Padding rows are masked by a multiply (their
+logits must be finite). The gradient is analytic (:class:`_LabelSmoothedCrossEntropy`): for
+weights ``g_loss`` and ``g_nll`` of the two sums,
 
     d/d logits = (g_loss + g_nll) * exp(x - lse) - g_loss * eps / V
                  - (g_loss * (1 - eps) + g_nll) * onehot(y)
 
-on real positions and zero on padding. Both passes are a few whole-tensor operations with no
-Python loop and no host synchronisation, and only the logits and (N,) vectors are saved for
-the backward. Under ``torch.compile`` (the training step compiles the loss with the model's
-backend, :func:`transformer_nmt.train.step.loss_function`) Inductor fuses the float32
-conversion into the row reductions and the backward into one elementwise kernel: the bf16
-logits are read once forward, once backward, their gradient written once, and no (N, V)
-float32 buffer exists. Run eagerly, each pass makes one transient (N, V) float32 buffer,
-freed before it returns.
+on real positions and zero on padding; in training only the loss has a gradient (``g_nll``
+is not materialised), so it is ``g_loss * (exp(x - lse) - eps / V - (1 - eps) * onehot(y))``.
+Both passes are a few whole-tensor operations (18 aten operations per training call,
+forward and backward, autograd's own included) with no Python loop and no host
+synchronisation, and only the logits and (N, 1) vectors are saved for the backward. Under
+``torch.compile`` (the training step compiles the loss with the model's backend,
+:func:`transformer_nmt.train.step.loss_function`) Inductor fuses the float32 conversion into
+the row reductions and the backward into one elementwise kernel: the bf16 logits are read
+once forward, once backward, their gradient written once, and no (N, V) float32 buffer
+exists. Run eagerly, the forward makes two transient (N, V) float32 buffers (the float32
+logits, the log-sum-exp's exponentials) and the backward one, each freed before it returns.
 """
 
 from __future__ import annotations
@@ -50,52 +55,68 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
 
     forward(logits (N, V) any float dtype, target (N,) long, epsilon, ignore_index)
     -> (loss_sum, nll_sum), both 0-dim float32 (float64 for float64 logits). Saves the
-    logits, the target and the (N,) log-sum-exp; the backward recomputes ``exp(x - lse)``
-    from the logits and returns their gradient in their dtype.
+    logits, the (N, 1) target index, the (N, 1) log-sum-exp (and the (N, 1) padding mask);
+    the backward recomputes ``exp(x - lse)`` from the logits and returns their gradient in
+    their dtype. Gradients are not materialised: an output nothing depends on (the NLL in
+    training) costs no zero tensor and no arithmetic.
     """
 
     @staticmethod
     def forward(ctx, logits, target, epsilon, ignore_index):  # type: ignore[override]
-        vocab, dtype = logits.size(-1), _compute_dtype(logits.dtype)
-        keep = None if ignore_index is None else target.ne(ignore_index).unsqueeze(-1)  # (N, 1)
-        if keep is not None:
-            target = target.masked_fill(~keep.squeeze(-1), 0)  # a valid index on padding
-        # float32 results from the logits' dtype by type promotion: no float32 copy of them
-        lse = logits.amax(-1, keepdim=True).to(dtype)  # (N, 1) the row maximum, exact
-        lse = (logits - lse).exp_().sum(-1, keepdim=True).log_().add_(lse)  # (N, 1) log-sum-exp
-        x_y = logits.gather(-1, target.unsqueeze(-1))  # (N, 1) the reference logit
+        ctx.set_materialize_grads(False)
+        vocab = logits.size(-1)
+        # the float32 values of the logits (no copy for float32 / float64 logits), which
+        # Inductor fuses into the three row reductions below
+        x = logits.to(_compute_dtype(logits.dtype))  # (N, V)
+        lse = x.logsumexp(-1, keepdim=True)  # (N, 1) log-sum-exp (shifted by the row maximum)
+        index = target.unsqueeze(-1)  # (N, 1)
+        keep = None
+        if ignore_index is not None:
+            keep = index.ne(ignore_index)  # (N, 1)
+            index = index * keep  # a valid index (0) on padding rows
+        x_y = x.gather(-1, index)  # (N, 1) the reference logit
+        # per row, (1 - eps) * nll + eps * (lse - mean_v x_v) = nll + eps * (x_y - mean_v x_v)
         nll = lse - x_y  # (N, 1) -log p(y)
-        # per row: (1 - eps) * nll + eps / V * (V * lse - sum_v x_v)
-        #        = nll + eps * x_y - eps / V * sum_v x_v
-        if keep is None:
-            nll_sum = nll.sum()
-            loss_sum = nll.add(x_y, alpha=epsilon).sum().sub(logits.sum(dtype=dtype),
-                                                              alpha=epsilon / vocab)
-            ctx.save_for_backward(logits, target, lse)
-        else:  # padding rows count nothing, whatever their logits hold
-            row = nll.add(x_y, alpha=epsilon).sub_(logits.sum(-1, keepdim=True, dtype=dtype),
-                                                  alpha=epsilon / vocab)  # (N, 1)
-            nll_sum = torch.where(keep, nll, 0.0).sum()
-            loss_sum = torch.where(keep, row, 0.0).sum()
-            ctx.save_for_backward(logits, target, lse, keep)
+        smooth = x_y.sub_(x.sum(-1, keepdim=True), alpha=1.0 / vocab)  # (N, 1) x_y - mean_v x_v
+        if keep is not None:  # padding rows count nothing (their logits must be finite)
+            nll = nll.mul_(keep)
+            smooth = smooth.mul_(keep)
+            ctx.save_for_backward(logits, index, lse, keep)
+        else:
+            ctx.save_for_backward(logits, index, lse)
+        nll_sum = nll.sum()
         ctx.epsilon = epsilon
-        return loss_sum, nll_sum
+        return torch.add(nll_sum, smooth.sum(), alpha=epsilon), nll_sum
 
     @staticmethod
     def backward(ctx, g_loss, g_nll):  # type: ignore[override]
-        logits, target, lse, *keep = ctx.saved_tensors
+        logits, index, lse, *keep = ctx.saved_tensors
+        if g_loss is None and g_nll is None:
+            return None, None, None, None
         eps, vocab = ctx.epsilon, logits.size(-1)
-        g_sum = g_loss + g_nll  # 0-dim
-        at_target = g_loss.mul(eps).sub_(g_sum)  # 0-dim: -(g_loss * (1 - eps) + g_nll)
-        grad = (logits - lse).exp_().mul_(g_sum).sub_(g_loss, alpha=eps / vocab)  # (N, V)
-        if torch.compiler.is_compiling():  # a comparison Inductor fuses into the same kernel
-            onehot = torch.arange(vocab, device=target.device) == target.unsqueeze(-1)  # (N, V)
-            grad = grad + onehot * at_target
-        else:  # eager: in place, no second (N, V) buffer
-            grad.scatter_add_(-1, target.unsqueeze(-1), at_target.expand(target.size(0), 1))
+        p = (logits - lse).exp_()  # (N, V) softmax, float32 (float64 for float64 logits)
+        if g_nll is None:  # training: the loss alone, g * (p - eps / V - (1 - eps) onehot(y))
+            grad = _minus_onehot(p.sub_(eps / vocab), index, 1.0 - eps).mul_(g_loss)
+        else:  # both: the same loss term (bit for bit where g_nll is 0), plus the NLL's
+            if g_loss is None:
+                g_loss = torch.zeros_like(g_nll)
+            compiling = torch.compiler.is_compiling()
+            nll_dir = _minus_onehot(p if compiling else p.clone(), index, 1.0)  # p - onehot(y)
+            grad = _minus_onehot(p.sub(eps / vocab), index, 1.0 - eps).mul_(g_loss)
+            grad = grad.add_(nll_dir.mul_(g_nll))
         if keep:
             grad.mul_(keep[0])
         return grad.to(logits.dtype), None, None, None
+
+
+def _minus_onehot(grad: torch.Tensor, index: torch.Tensor, value: float) -> torch.Tensor:
+    """``grad - value * onehot(index)`` for (N, V) ``grad`` and (N, 1) ``index``: eager, in
+    place (one scatter, no second (N, V) buffer); compiled, a comparison that Inductor fuses
+    into the backward's one elementwise kernel."""
+    if torch.compiler.is_compiling():
+        onehot = torch.arange(grad.size(-1), device=index.device) == index  # (N, V)
+        return grad - onehot * value
+    return grad.scatter_(-1, index, -value, reduce="add")
 
 
 def label_smoothed_nll_loss(

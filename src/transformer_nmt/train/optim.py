@@ -70,7 +70,8 @@ def build_scheduler(
     ``LambdaLR`` evaluates its function at 0 on construction and after each ``step()`` at
     1, 2, ...; the function adds 1 so that the first optimizer update runs at ``lrate(1)``.
     Call ``scheduler.step()`` once after every successful optimizer update (not after a
-    skipped one).
+    skipped one), before the next update is queued (the training step does it when it reads
+    the step's figures: :func:`transformer_nmt.train.step.finish_update`).
 
     Args:
         optimizer: built by :func:`build_optimizer` (base lr 1.0).

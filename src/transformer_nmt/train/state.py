@@ -84,6 +84,22 @@ def reached_limit(t_cfg: TrainerConfig, state: TrainState) -> str | None:
     return None
 
 
+def needs_exact_state(t_cfg: TrainerConfig, state: TrainState, *, epoch_ended: bool,
+                      requested: bool) -> bool:
+    """Whether the loop reads a step's figures before the next step starts instead of one
+    step late: when the step, if taken, may be validated, saved or end the run
+    (``state.step + 1``, the step it would be, is a multiple of ``validate_every_steps`` or
+    ``save_every_steps`` or reaches ``max_steps``; it ends an epoch, so ``save_every_epochs``,
+    ``validate_every_epochs`` or ``max_epochs`` may act), or a stop signal, ``max_time_minutes``
+    or ``save_every_minutes`` asks for a decision (``requested``). ``state`` holds every
+    earlier step, so every rank decides the same."""
+    after = state.step + 1
+    every = (t_cfg.save_every_steps, t_cfg.validate_every_steps)
+    return bool(requested or epoch_ended
+                or (t_cfg.max_steps is not None and after >= int(t_cfg.max_steps))
+                or any(n and after % int(n) == 0 for n in every))
+
+
 def should_validate(t_cfg: TrainerConfig, state: TrainState, *, epoch_ended: bool,
                     stopped_by: str | None, last_valid_step: int) -> bool:
     """Whether to validate after this step: the step was taken (not skipped), is not the

@@ -1,13 +1,17 @@
 """One optimizer step's arithmetic: the gradient over its micro-batches and ranks
 (:func:`forward_backward`, section 5.4's label-smoothed loss normalised by the step's global
-target tokens), then the update (:func:`apply_update`: unscale, clip, the step's one host read,
-the optimizer step or a skipped step, and the counters it adds to the train state).
+target tokens), then the update, queued with no host read (:func:`queue_update`: unscale,
+clip, the optimizer step with the skip of a non-finite step decided on the device), and the
+step's one host read (:func:`finish_update`: its figures, the counters it adds to the train
+state, the schedule, the skip's log line). The training loop reads a step's figures one step
+late, after the next step's forward and backward are queued.
 
 ``update_freq`` micro-batches per rank make a step: their non-pad target tokens are
 all-reduced once (``ntokens_global``), each micro-batch's summed loss is scaled by
 ``world_size / ntokens_global`` (undoing DDP's mean) and back-propagated, so the gradient is
 that of ``sum(token losses) / ntokens_global`` whatever the world size and ``update_freq``.
-A step with a non-finite loss or gradient norm is skipped; ``max_bad_steps`` in a row stop
+A step with a non-finite loss or gradient norm is skipped (parameters, Adam moments and step
+count unchanged, the learning-rate schedule not advanced); ``max_bad_steps`` in a row stop
 training with :class:`TrainingDiverged`, and so does an fp16 loss scale below
 :data:`MIN_LOSS_SCALE`.
 """
@@ -18,6 +22,7 @@ import contextlib
 import logging
 import math
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -193,35 +198,91 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def grad_norm_(params: list[torch.nn.Parameter], clip_norm: float) -> torch.Tensor:
     """Global L2 norm of the gradients (clipped to ``clip_norm`` when > 0; with clipping off
     the gradients are not touched), a float32 0-dim tensor on the parameters' device (not read
-    back: no synchronisation); inf/nan if any is."""
+    back: no synchronisation, ``error_if_nonfinite`` off); inf/nan if any is. The norm and the
+    clip are the ``foreach`` kernels (one launch per group of tensors, not one per tensor)."""
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
         device = params[0].device if params else torch.device("cpu")
         return torch.zeros((), dtype=torch.float32, device=device)
+    foreach = True if with_grad[0].device.type in ("cuda", "cpu") else None
     if clip_norm <= 0:  # the norm only: clip_grad_norm_ would multiply every gradient by 1
-        return torch.nn.utils.get_total_norm([p.grad for p in with_grad]).float()
-    return torch.nn.utils.clip_grad_norm_(with_grad, clip_norm).float()
+        return torch.nn.utils.get_total_norm([p.grad for p in with_grad],
+                                             foreach=foreach).float()
+    return torch.nn.utils.clip_grad_norm_(with_grad, clip_norm, error_if_nonfinite=False,
+                                          foreach=foreach).float()
 
 
-def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any],
-                 t_cfg: TrainerConfig, run_dir: Path,
-                 flags: list[int] | None = None) -> tuple[float, float, bool]:
-    """After one step's backward: unscale and clip, read the step's figures (its one host
-    synchronisation: counts, losses, gradient norm and the ranks' stop flags together), then
-    apply the optimizer update, or skip the step (an fp16 overflow while the loss scale
-    calibrates, or a non-finite loss or gradient, counted towards ``max_bad_steps``).
+def step_optimizer(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
+    """``optimizer.step()`` when the 0-dim bool ``finite`` (on the device) is true, decided on
+    the device: an optimizer that takes a ``found_inf`` tensor (fused Adam, as GradScaler
+    drives it) is stepped unconditionally, and its kernel leaves the parameters, the moments
+    and the step count exactly as they were when ``finite`` is false; no host read. Another
+    optimizer reads ``finite`` first (one host synchronisation)."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf  # type: ignore[attr-defined]
+    elif bool(finite):
+        optimizer.step()
 
-    ``flags``: this rank's small non-negative integers (the loop's stop and save decisions),
-    summed over the ranks in the all-reduce of the losses (the step's second and last
-    collective) and left as ints in ``out["flags"]``.
 
-    Returns:
-        ``(loss_sum, lr, stepped)``: the step's summed label-smoothed loss over all ranks,
-        the learning rate it used, and whether the parameters were updated.
+@dataclass
+class PendingStep:
+    """A step whose update is queued (:func:`queue_update`) and whose figures are not read
+    yet (:func:`finish_update`). ``figures``: (5 + 2 + F + 1 [+ 1],) float64 on the host (on
+    CUDA a page-locked buffer the device copies into; ``ready`` is the event recorded after
+    that copy): the counts of :data:`COUNT_NAMES`, the loss and NLL sums over the ranks, the
+    F flags summed over the ranks, the gradient norm and, with fp16 loss scaling, the loss
+    scale after the step. ``lr``: the learning rate the update used."""
 
-    Raises:
-        TrainingDiverged: ``max_bad_steps`` non-finite steps in a row, or the fp16 loss scale
-            below :data:`MIN_LOSS_SCALE`.
+    figures: torch.Tensor
+    ready: Any
+    nflags: int
+    lr: float
+    scaled: bool
+
+
+@dataclass
+class StepFigures:
+    """One step's figures as :func:`finish_update` read them: summed loss and NLL over the
+    ranks (nats), gradient norm, learning rate, global target tokens, the flags summed over
+    the ranks (ints) and whether the parameters were updated."""
+
+    loss_sum: float
+    nll_sum: float
+    grad_norm: float
+    lr: float
+    ntokens: int
+    flags: list[int]
+    stepped: bool
+
+
+def _to_host(t: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """``t`` on the host without waiting: on CUDA an asynchronous copy into page-locked
+    memory and the event that marks its end; on the CPU ``t`` itself; on another device a
+    copy (a host wait)."""
+    if t.device.type == "cuda":
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready
+    return (t if t.device.type == "cpu" else t.cpu()), None
+
+
+def queue_update(s: Setup, out: dict[str, Any], t_cfg: TrainerConfig,
+                 flags: list[int] | None = None) -> PendingStep:
+    """After one step's backward, queue its update with no host read: unscale (fp16) and
+    clip, all-reduce the losses with ``flags`` (this rank's small non-negative integers: the
+    loop's stop and save requests, summed over the ranks), step the optimizer with the skip
+    of a non-finite loss or gradient norm decided on the device (:func:`step_optimizer`),
+    update the loss scale, zero the gradients, and start copying the figures to the host.
+
+    The learning rate is the scheduler's current one: the scheduler counts the successful
+    updates (:func:`finish_update` steps it once the step is known to be finite), so the
+    previous step must be finished before this one is queued.
     """
     s.scaler.unscale_(s.optimizer)
     grad_norm_t = grad_norm_(s.params, t_cfg.clip_norm)
@@ -229,54 +290,93 @@ def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any
     host_flags = to_device(torch.tensor(flags, dtype=torch.float32), s.device)  # (F,)
     losses = distributed.all_reduce_sum(
         torch.cat([torch.stack([out["loss_sum"], out["nll_sum"]]), host_flags]))
-    # The step's one host-device synchronisation: counts, losses, norm and flags together.
-    read = torch.cat([out["counts"], losses.to(torch.float64),
-                      grad_norm_t.to(torch.float64).reshape(1)]).tolist()
+    finite = torch.isfinite(losses[0]) & torch.isfinite(grad_norm_t)  # 0-dim bool, device
+    lr = s.scheduler.get_last_lr()[0]
+    step_optimizer(s.optimizer, finite)
+    s.scaler.update()  # fp16: lowers the scale after an overflow, on the device
+    s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
+    parts = [out["counts"], losses.to(torch.float64), grad_norm_t.to(torch.float64).reshape(1)]
+    scale = s.scaler._get_scale_async() if s.scaler.is_enabled() else None
+    if scale is not None:
+        parts.append(scale.to(torch.float64).reshape(1))
+    figures, ready = _to_host(torch.cat(parts))
+    return PendingStep(figures, ready, len(flags), lr, scale is not None)
+
+
+def read_figures(pending: PendingStep) -> list[float]:
+    """The step's one host read: wait for the copy of its figures (on CUDA the event
+    recorded after it, not the work queued since) and return them as floats."""
+    if pending.ready is not None:
+        pending.ready.synchronize()
+    return pending.figures.tolist()
+
+
+def finish_update(s: Setup, state: TrainState, window: Window, pending: PendingStep,
+                  t_cfg: TrainerConfig, run_dir: Path) -> StepFigures:
+    """Read a queued step's figures (:func:`read_figures`) and account for it: the token
+    counters, and for a finite step the scheduler step, ``state.step`` and the window's
+    sums; a skipped step (an fp16 overflow while the loss scale calibrates, or a non-finite
+    loss or gradient, counted towards ``max_bad_steps``) is logged. Its parameters were
+    left unchanged on the device by :func:`queue_update`.
+
+    Raises:
+        TrainingDiverged: ``max_bad_steps`` non-finite steps in a row, or the fp16 loss scale
+            below :data:`MIN_LOSS_SCALE`.
+    """
+    read = read_figures(pending)
     counts = dict(zip(COUNT_NAMES, (int(x) for x in read[:5])))
     loss_sum, nll_sum = read[5], read[6]
-    out["flags"] = [round(x) for x in read[7:7 + len(flags)]]
-    grad_norm = read[-1]
-    lr = s.scheduler.get_last_lr()[0]
+    flags = [round(x) for x in read[7:7 + pending.nflags]]
+    grad_norm = read[7 + pending.nflags]
+    lr = pending.lr
     state.tokens_seen += counts["ntokens"]
     state.src_tokens_seen += counts["src_tokens"]
     state.src_sq_seen += counts["src_sq"]
     state.tgt_sq_seen += counts["tgt_sq"]
     state.src_tgt_seen += counts["src_tgt"]
-    out["ntokens"] = counts["ntokens"]
+    fig = StepFigures(loss_sum, nll_sum, grad_norm, lr, counts["ntokens"], flags, False)
     if math.isfinite(loss_sum) and math.isfinite(grad_norm):
-        s.scaler.step(s.optimizer)
-        s.scaler.update()
         s.scheduler.step()
-        s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
         state.step += 1
         state.bad_steps_in_row = 0
         window.loss += loss_sum
         window.nll += nll_sum
-        window.ntokens += out["ntokens"]
+        window.ntokens += fig.ntokens
         window.grad_norm = grad_norm
-        return loss_sum, lr, True
+        fig.stepped = True
+        return fig
+    state.skipped_steps += 1
     if loss_overflow(s.scaler, loss_sum, grad_norm):
-        # fp16: the dynamic loss scaler calibrating (scale halved by update()); not a
+        # fp16: the dynamic loss scaler calibrating (scale halved on the device); not a
         # bad step unless the scale collapses
-        s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
-        s.scaler.update()
-        state.skipped_steps += 1
         state.overflow_steps += 1
-        scale = float(s.scaler.get_scale())
+        scale = read[8 + pending.nflags] if pending.scaled else float(s.scaler.get_scale())
         log.info("step %d skipped: fp16 gradient overflow, loss scale lowered to %g",
                  state.step + 1, scale)
         if scale < MIN_LOSS_SCALE:
             raise _loss_scale_error(state, scale, run_dir)
-        return loss_sum, lr, False
-    s.optimizer.zero_grad(set_to_none=not s.grads_in_buckets)
-    s.scaler.update()
-    state.skipped_steps += 1
+        return fig
     state.bad_steps_in_row += 1
     log.warning("step %d skipped: loss %s, gradient norm %s (%d in a row, %d in total)",
                 state.step + 1, loss_sum, grad_norm, state.bad_steps_in_row, state.skipped_steps)
     if state.bad_steps_in_row >= t_cfg.max_bad_steps:
         raise _bad_steps_error(state, t_cfg, loss_sum, grad_norm, lr, run_dir)
-    return loss_sum, lr, False
+    return fig
+
+
+def apply_update(s: Setup, state: TrainState, window: Window, out: dict[str, Any],
+                 t_cfg: TrainerConfig, run_dir: Path,
+                 flags: list[int] | None = None) -> tuple[float, float, bool]:
+    """:func:`queue_update` and :func:`finish_update` at once (the figures read at once, a
+    host wait for the step's work): ``(loss_sum, lr, stepped)``, with ``out["flags"]`` and
+    ``out["ntokens"]`` set. The training loop reads them one step late instead.
+
+    Raises:
+        TrainingDiverged: as :func:`finish_update`.
+    """
+    fig = finish_update(s, state, window, queue_update(s, out, t_cfg, flags), t_cfg, run_dir)
+    out["flags"], out["ntokens"] = fig.flags, fig.ntokens
+    return fig.loss_sum, fig.lr, fig.stepped
 
 
 DIVERGED_EXIT = 3

@@ -15,9 +15,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_nmt.train.loss import label_smoothed_nll_loss
 
-MAX_OPS_PER_CALL = 32
+MAX_OPS_PER_CALL = 19
 """aten operations of one loss call, forward and backward together, including autograd's own
-(the seed gradient, the materialised zero gradient of the NLL, the gradient accumulation)."""
+(the seed gradient and the gradient accumulation; the NLL's unused gradient is not
+materialised). 29 before the log-sum-exp, the smoothing term and the one-hot were folded."""
 
 
 class _CountOps(TorchDispatchMode):
@@ -47,7 +48,7 @@ def test_ops_per_loss_call_are_few_and_do_not_grow_with_the_batch():
     small = _ops_per_call(100, 37_000)
     assert wmt == small
     assert len(wmt) <= MAX_OPS_PER_CALL, wmt
-    assert "scatter_add_" in wmt and "gather" in wmt  # the analytic backward, not autograd's
+    assert "scatter_" in wmt and "gather" in wmt  # the analytic backward, not autograd's
     assert "_log_softmax" not in wmt and "_softmax" not in wmt
 
 
