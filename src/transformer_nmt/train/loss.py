@@ -34,8 +34,11 @@ synchronisation, and only the logits and (N, 1) vectors are saved for the backwa
 :func:`transformer_nmt.train.step.loss_function`) Inductor fuses the float32 conversion into
 the row reductions and the backward into one elementwise kernel: the bf16 logits are read
 once forward, once backward, their gradient written once, and no (N, V) float32 buffer
-exists. Run eagerly, the forward makes two transient (N, V) float32 buffers (the float32
-logits, the log-sum-exp's exponentials) and the backward one, each freed before it returns.
+exists. Run eagerly on bf16 / fp16 logits, the forward makes two transient (N, V) float32
+buffers (the float32 logits, the log-sum-exp's exponentials) and the backward one, each freed
+before it returns. Run eagerly on float32 / float64 logits (CPU training), the forward is one
+log-softmax kernel whose (N, V) result is saved in place of the logits (the same memory) and
+turned into the gradient in place by the backward: as fast as PyTorch's own log-softmax loss.
 """
 
 from __future__ import annotations
@@ -65,36 +68,57 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, target, epsilon, ignore_index):  # type: ignore[override]
         ctx.set_materialize_grads(False)
         vocab = logits.size(-1)
-        # the float32 values of the logits (no copy for float32 / float64 logits), which
-        # Inductor fuses into the three row reductions below
-        x = logits.to(_compute_dtype(logits.dtype))  # (N, V)
-        lse = x.logsumexp(-1, keepdim=True)  # (N, 1) log-sum-exp (shifted by the row maximum)
         index = target.unsqueeze(-1)  # (N, 1)
         keep = None
         if ignore_index is not None:
             keep = index.ne(ignore_index)  # (N, 1)
             index = index * keep  # a valid index (0) on padding rows
-        x_y = x.gather(-1, index)  # (N, 1) the reference logit
-        # per row, (1 - eps) * nll + eps * (lse - mean_v x_v) = nll + eps * (x_y - mean_v x_v)
-        nll = lse - x_y  # (N, 1) -log p(y)
-        smooth = x_y.sub_(x.sum(-1, keepdim=True), alpha=1.0 / vocab)  # (N, 1) x_y - mean_v x_v
+        # eager with float32 / float64 logits: one log-softmax kernel, whose (N, V) result
+        # replaces the logits as the saved tensor (the same memory, two passes fewer)
+        ctx.log_probs = logits.dtype in (torch.float32, torch.float64) and not (
+            torch.compiler.is_compiling())
+        if ctx.log_probs:
+            lprobs = torch.log_softmax(logits, -1)  # (N, V) log p
+            lp_y = lprobs.gather(-1, index)  # (N, 1) log p(y)
+            # per row, (1 - eps) * nll + eps * mean_v(-log p(v)) = nll + eps * (lp_y - mean lp)
+            nll = lp_y.neg()  # (N, 1) -log p(y)
+            smooth = lp_y.sub_(lprobs.sum(-1, keepdim=True), alpha=1.0 / vocab)  # (N, 1)
+            saved, lse = lprobs, None
+        else:
+            # the float32 values of the logits (no copy for float32 / float64 logits), which
+            # Inductor fuses into the three row reductions below
+            x = logits.to(_compute_dtype(logits.dtype))  # (N, V)
+            lse = x.logsumexp(-1, keepdim=True)  # (N, 1) log-sum-exp (shifted by the row max)
+            x_y = x.gather(-1, index)  # (N, 1) the reference logit
+            # per row, (1 - eps) * nll + eps * (lse - mean_v x_v) = nll + eps * (x_y - mean_v x_v)
+            nll = lse - x_y  # (N, 1) -log p(y)
+            smooth = x_y.sub_(x.sum(-1, keepdim=True), alpha=1.0 / vocab)  # (N, 1)
+            saved = logits
         if keep is not None:  # padding rows count nothing (their logits must be finite)
             nll = nll.mul_(keep)
             smooth = smooth.mul_(keep)
-            ctx.save_for_backward(logits, index, lse, keep)
-        else:
-            ctx.save_for_backward(logits, index, lse)
+        tensors = (saved, index) if lse is None else (saved, index, lse)
+        ctx.save_for_backward(*tensors, *(() if keep is None else (keep,)))
         nll_sum = nll.sum()
         ctx.epsilon = epsilon
         return torch.add(nll_sum, smooth.sum(), alpha=epsilon), nll_sum
 
     @staticmethod
     def backward(ctx, g_loss, g_nll):  # type: ignore[override]
-        logits, index, lse, *keep = ctx.saved_tensors
+        if ctx.log_probs:
+            lprobs, index, *keep = ctx.saved_tensors
+            logits = lprobs  # (N, V) log p, in the logits' dtype
+        else:
+            logits, index, lse, *keep = ctx.saved_tensors
         if g_loss is None and g_nll is None:
             return None, None, None, None
         eps, vocab = ctx.epsilon, logits.size(-1)
-        p = (logits - lse).exp_()  # (N, V) softmax, float32 (float64 for float64 logits)
+        if ctx.log_probs:
+            # (N, V) softmax, in place: the saved log-probabilities become the gradient (a
+            # second backward through this call is refused by autograd's version check)
+            p = lprobs.exp_()
+        else:
+            p = (logits - lse).exp_()  # (N, V) softmax, float32 (float64 for float64 logits)
         if g_nll is None:  # training: the loss alone, g * (p - eps / V - (1 - eps) onehot(y))
             grad = _minus_onehot(p.sub_(eps / vocab), index, 1.0 - eps).mul_(g_loss)
         else:  # both: the same loss term (bit for bit where g_nll is 0), plus the NLL's
