@@ -36,9 +36,10 @@ the row reductions and the backward into one elementwise kernel: the bf16 logits
 once forward, once backward, their gradient written once, and no (N, V) float32 buffer
 exists. Run eagerly on bf16 / fp16 logits, the forward makes two transient (N, V) float32
 buffers (the float32 logits, the log-sum-exp's exponentials) and the backward one, each freed
-before it returns. Run eagerly on float32 / float64 logits (CPU training), the forward is one
-log-softmax kernel whose (N, V) result is saved in place of the logits (the same memory) and
-turned into the gradient in place by the backward: as fast as PyTorch's own log-softmax loss.
+before it returns. On float32 / float64 logits (CPU training; compiled or not, so that both
+compute the same values) the forward is one log-softmax kernel whose (N, V) result is saved in
+place of the logits (the same memory) and turned into the gradient in place by the backward:
+run eagerly, as fast as PyTorch's own log-softmax loss.
 """
 
 from __future__ import annotations
@@ -73,10 +74,9 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         if ignore_index is not None:
             keep = index.ne(ignore_index)  # (N, 1)
             index = index * keep  # a valid index (0) on padding rows
-        # eager with float32 / float64 logits: one log-softmax kernel, whose (N, V) result
-        # replaces the logits as the saved tensor (the same memory, two passes fewer)
-        ctx.log_probs = logits.dtype in (torch.float32, torch.float64) and not (
-            torch.compiler.is_compiling())
+        # float32 / float64 logits: one log-softmax kernel, whose (N, V) result replaces the
+        # logits as the saved tensor (the same memory, two passes fewer when run eagerly)
+        ctx.log_probs = logits.dtype in (torch.float32, torch.float64)
         if ctx.log_probs:
             lprobs = torch.log_softmax(logits, -1)  # (N, V) log p
             lp_y = lprobs.gather(-1, index)  # (N, 1) log p(y)
