@@ -11,6 +11,7 @@ Hydra overrides added to the experiment's own::
       dropout_0.1: [model.dropout=0.1]
 
 Each variant trains in ``<out>/<variant>`` (default ``runs/sweep_<sweep file name>``) with
+``nmt-prepare`` (a variant may change the data, e.g. its vocabulary size and name),
 ``nmt-train``, ``nmt-average`` and ``nmt-evaluate`` run one after the other in child
 processes; a variant whose training reached its step limit and whose scores are recorded is
 skipped, so an interrupted sweep resumes where it stopped (training resumes from its latest
@@ -123,6 +124,7 @@ def run_variant(spec: dict[str, Any], name: str, run_dir: Path, extra: list[str]
             and summary.get("stopped_by") == "max_steps"
             and _scores(run_dir, splits) is not None)
     if not done:
+        _run([str(BIN / "nmt-prepare"), *overrides])  # each stage skipped when up to date
         _run([str(BIN / "nmt-train"), *overrides])
         _run([str(BIN / "nmt-average"), *overrides])
         _run([str(BIN / "nmt-evaluate"), *overrides,
