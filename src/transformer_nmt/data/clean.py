@@ -20,7 +20,6 @@ The counts go to the log and to ``<root>/raw/<name>/clean_report.json``.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import unicodedata
@@ -30,7 +29,7 @@ from transformer_nmt.config import DataConfig
 from transformer_nmt.data import moses
 from transformer_nmt.data.corpora import SplitSource
 from transformer_nmt.errors import DataError
-from transformer_nmt.fileio import atomic_write, raw_path, read_lines
+from transformer_nmt.fileio import atomic_write, raw_path, read_lines, write_json
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +264,5 @@ def clean_corpus(data_cfg: DataConfig, sources: list[SplitSource]) -> dict:
                  "".join(f", {k} -{v}" for k, v in r["dropped"].items()),
                  f", {r['invalid_utf8_lines']} lines with invalid UTF-8 replaced"
                  if r["invalid_utf8_lines"] else "")
-    with atomic_write(report_path(data_cfg)) as f:
-        json.dump(report, f, indent=2)
+    write_json(report_path(data_cfg), report)
     return report

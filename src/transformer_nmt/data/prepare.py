@@ -36,7 +36,7 @@ import numpy as np
 
 from transformer_nmt.config import UNK_ID, Config, DataConfig
 from transformer_nmt.data import binarize, bpe, clean, corpora
-from transformer_nmt.fileio import atomic_write, bin_prefix, raw_path, spm_model_path
+from transformer_nmt.fileio import atomic_write, bin_prefix, raw_path, spm_model_path, write_json
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +231,7 @@ def prepare(cfg: Config) -> dict:
         # nothing was rebuilt: the data root is left untouched (it may be read-only)
         log.info("the prepared data is up to date: %s", summary_path(d))
         return summary
-    with atomic_write(summary_path(d)) as f:
-        json.dump(summary, f, indent=2)
+    write_json(summary_path(d), summary)
     log.info("summary written to %s", summary_path(d))
     return summary
 

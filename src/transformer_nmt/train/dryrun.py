@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_nmt.config import Config
-from transformer_nmt.fileio import atomic_write
+from transformer_nmt.fileio import write_json
 from transformer_nmt.model.flops import peak_flops, peak_flops_source
 from transformer_nmt.train import distributed
 from transformer_nmt.train.data import data_ready
@@ -201,8 +201,7 @@ def write_projection(cfg: Config, summary: dict[str, Any], total_steps: int | No
     out["peak_flops_source"] = peak_flops_source(str(summary["device"]), str(summary["precision"]))
     out["max_tokens"] = int(cfg.trainer.max_tokens)  # as the run derived them
     out["update_freq"] = int(cfg.trainer.update_freq)
-    with atomic_write(run_dir / "projection.json") as f:
-        json.dump(out, f, indent=2)
+    write_json(run_dir / "projection.json", out)
     log.info("dry run on %d x %s (%s), %d steps of %d x %d tokens measured after %d warm-up "
              "steps: %s target tokens/s (%s per device), MFU %s, peak memory %s GiB",
              out["world_size"], out["device"], out["precision"], out["measured_steps"],

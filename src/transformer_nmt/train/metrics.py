@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from transformer_nmt.fileio import finite_json
+
 log = logging.getLogger("transformer_nmt.train.loop")
 
 
@@ -45,7 +47,7 @@ class MetricsLog:
                 self.writer.add_scalar(f"{split}/{key}", value, step)
         line = {"split": split, "step": step, "time": time.time(), **values}
         with open(self.jsonl, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
+            f.write(json.dumps(finite_json(line), allow_nan=False) + "\n")  # NaN -> null
 
     def close(self) -> None:
         if self.writer is not None:
