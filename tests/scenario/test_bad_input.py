@@ -994,9 +994,15 @@ def test_24_15_translate_bad_settings_are_one_error_before_decoding(translate_ru
         translate(cfg)
 
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C as a terminal delivers it, also when the tests run in a shell's
+    background job (which starts its commands with SIGINT ignored, and Python keeps that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _translate_cli(overrides, *extra, **popen):
     return subprocess.Popen([sys.executable, "-m", "transformer_nmt.cli.translate", *overrides,
-                             *extra], text=True, **popen)
+                             *extra], text=True, preexec_fn=_default_sigint, **popen)
 
 
 def test_24_15_translate_into_a_closed_pipe_and_ctrl_c_exit_quietly(translate_run, tmp_path):

@@ -31,8 +31,12 @@ class Holder:
     """Another process holding ``folder``'s lock as ``command`` until stopped."""
 
     def __init__(self, folder: Path, command: str, name: str = LOCK_NAME):
+        # SIGINT as a terminal delivers it, also when the tests run in a shell's background
+        # job (which starts its commands with SIGINT ignored, and Python keeps that)
         self.proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), command, name],
-                                     stdout=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                      signal.SIG_DFL))
         assert self.proc.stdout.readline().strip() == "held"
         self.pid = self.proc.pid
 

@@ -5,6 +5,7 @@ is rebuilt with ``make table3-proxy TABLE3_PROXY_OUT=docs/table3_proxy``)."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -22,8 +23,11 @@ DOCS_PATH = re.compile(r"(?<![\w.-])(docs/[\w./-]*)")
 def _dry_run(target: str, tmp_path: Path, *variables: str) -> str:
     stamp = tmp_path / "installed"  # newer than pyproject.toml: no install step is planned
     stamp.touch()
-    return subprocess.run(["make", "-n", target, f"STAMP={stamp}", *variables], cwd=REPO,
-                          check=True, capture_output=True, text=True, timeout=60).stdout
+    # not a sub-make of `make test`: no "Entering/Leaving directory" lines in the plan
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    return subprocess.run(["make", "-n", "--no-print-directory", target, f"STAMP={stamp}",
+                           *variables], cwd=REPO, check=True, capture_output=True, text=True,
+                          timeout=60, env=env).stdout
 
 
 @pytest.mark.parametrize("target", ["table3-proxy", "gpu-check"])
