@@ -198,17 +198,8 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
         while stopped_by is None:
             # -- draw this step's micro-batches (the same count on every rank) --------------
             drawn_from = state.epoch, state.position, state.micro_step
-            if loader_iter is None:
-                run.sampler.set_epoch(state.epoch)
-                run.sampler.load_state_dict(state.sampler_state(seed))
-                loader_iter = iter(run.train_loader)
-            k = min(update_freq, len(run.sampler) - state.position)
-            micro_batches = [next(loader_iter) for _ in range(k)]
-            state.position += k
-            state.micro_step += k
-            epoch_ended = state.position >= len(run.sampler)
-            if epoch_ended:
-                state.epoch, state.position, loader_iter = state.epoch + 1, 0, None
+            micro_batches, loader_iter, epoch_ended = _draw(run, state, loader_iter,
+                                                            update_freq, seed)
             epoch_at = state.epoch_progress(run.sampler.num_batches, info.world_size)
 
             # -- forward / backward over the micro-batches -------------------------------------
@@ -243,12 +234,7 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
 
             # -- the decisions, as every rank read them -----------------------------------------
             *signalled, save_for_time, out_of_time = decided
-            signal_num = next((sig for sig, n in zip(stop_signals, signalled) if n), 0)
-            stopped_by = reached_limit(t_cfg, state)
-            if stopped_by is None and out_of_time:
-                stopped_by = "max_time"
-            if stopped_by is None and signal_num:
-                stopped_by = f"signal {signal.Signals(signal_num).name}"
+            stopped_by = _stop_reason(t_cfg, state, stop_signals, signalled, out_of_time)
 
             # -- validation, checkpoints -----------------------------------------------------------
             best = False
@@ -285,6 +271,38 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
     # submitit's SIGUSR2 handler (requeue the job, exit) runs once the stop checkpoint is written
     stop_flag.hand_over()
     return summary
+
+
+def _draw(run: Any, state: TrainState, loader_iter: Any, update_freq: int,
+          seed: int) -> tuple[list[Any], Any, bool]:
+    """The next step's micro-batches (``update_freq``, fewer at the end of an epoch), the
+    state's position advanced past them; returns them, the loader iterator to draw from
+    next (None after the epoch's last batch) and whether the epoch ended."""
+    if loader_iter is None:
+        run.sampler.set_epoch(state.epoch)
+        run.sampler.load_state_dict(state.sampler_state(seed))
+        loader_iter = iter(run.train_loader)
+    k = min(update_freq, len(run.sampler) - state.position)
+    micro_batches = [next(loader_iter) for _ in range(k)]
+    state.position += k
+    state.micro_step += k
+    epoch_ended = state.position >= len(run.sampler)
+    if epoch_ended:
+        state.epoch, state.position, loader_iter = state.epoch + 1, 0, None
+    return micro_batches, loader_iter, epoch_ended
+
+
+def _stop_reason(t_cfg: Any, state: TrainState, stop_signals: list[int],
+                 signalled: list[int], out_of_time: int) -> str | None:
+    """Why the run stops after this step, in order of precedence: a step or epoch limit,
+    ``max_time``, then the first stop signal any rank received; None to go on."""
+    stopped_by = reached_limit(t_cfg, state)
+    if stopped_by is None and out_of_time:
+        stopped_by = "max_time"
+    signal_num = next((sig for sig, n in zip(stop_signals, signalled) if n), 0)
+    if stopped_by is None and signal_num:
+        stopped_by = f"signal {signal.Signals(signal_num).name}"
+    return stopped_by
 
 
 def requests_known_at_once(world_size: int) -> bool:
