@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from transformer_nmt.config import Config
 from transformer_nmt.runtime import STOP_SIGNALS, StopFlag, device_name
 from transformer_nmt.train import distributed, resume, startup_signals
@@ -138,12 +140,8 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
                                      int(t_cfg.valid_bleu_sentences))
     last_valid: dict[str, float] = {}
     stop_signals = [int(getattr(signal, name)) for name in STOP_SIGNALS if hasattr(signal, name)]
-    total_steps = (int(t_cfg.max_steps) if t_cfg.max_steps is not None
-                   else int(t_cfg.max_epochs) * run.steps_per_epoch if t_cfg.max_epochs is not None
-                   else None)
+    total_steps = _total_steps(t_cfg, run.steps_per_epoch)
     show_bar = info.is_main and sys.stderr.isatty()
-    from tqdm import tqdm
-
     bar = tqdm(total=total_steps, initial=state.step, disable=not show_bar, unit="step",
                dynamic_ncols=True)
     log_every = max(int(t_cfg.log_every_steps), 1)
@@ -188,11 +186,8 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
             window = Window(grad_norm=window.grad_norm)
         return fig.flags
 
-    # Each step's figures are read one step late, after the next step's forward and backward
-    # are queued and before its update is (so that the learning rate follows the outcome of
-    # every step before it): the device never waits for the host. A step that may be
-    # validated, saved or end the run is read at once (needs_exact_state), so those see its
-    # exact figures, parameters, data position and RNG state.
+    # Figures are read one step late (after the next step is queued, before its update: the
+    # device never waits); a step that may validate, save or stop is read at once (exact state).
     pending: tuple[PendingStep, float] | None = None
     try:
         while stopped_by is None:
@@ -209,11 +204,9 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
                                    pad_to_multiple=run.pad_to_multiple)
             # decisions every rank must agree on (time is read on rank 0), summed over the
             # ranks in the step's own all-reduce: no collective or host read of their own
-            elapsed = seconds_before + time.perf_counter() - loop_start
             flags = [*(int(stop_flag.requested == sig) for sig in stop_signals),
-                     int(info.is_main and save_every_s is not None
-                         and time.monotonic() - last_save_time >= save_every_s),
-                     int(info.is_main and max_time_s is not None and elapsed >= max_time_s)]
+                     *_time_requests(info.is_main, save_every_s, time.monotonic() - last_save_time,
+                                     max_time_s, seconds_before + time.perf_counter() - loop_start)]
             requested = requests_known_at_once(info.world_size) and any(flags)
             earlier = [0] * len(flags)
             if pending is not None:  # the previous step, read now that this one is queued
@@ -271,6 +264,21 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
     # submitit's SIGUSR2 handler (requeue the job, exit) runs once the stop checkpoint is written
     stop_flag.hand_over()
     return summary
+
+
+def _total_steps(t_cfg: Any, steps_per_epoch: int) -> int | None:
+    """The run's optimizer steps: ``max_steps``, else ``max_epochs`` epochs, else None."""
+    if t_cfg.max_steps is not None:
+        return int(t_cfg.max_steps)
+    return int(t_cfg.max_epochs) * steps_per_epoch if t_cfg.max_epochs is not None else None
+
+
+def _time_requests(is_main: bool, save_every_s: float | None, since_save_s: float,
+                   max_time_s: float | None, elapsed_s: float) -> list[int]:
+    """``[save for time, out of time]`` as 0/1 flags (decided on rank 0 only: every rank
+    sums them in the step's all-reduce)."""
+    return [int(is_main and save_every_s is not None and since_save_s >= save_every_s),
+            int(is_main and max_time_s is not None and elapsed_s >= max_time_s)]
 
 
 def _draw(run: Any, state: TrainState, loader_iter: Any, update_freq: int,
