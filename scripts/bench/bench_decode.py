@@ -7,9 +7,9 @@ One trained transformer-nmt checkpoint is decoded by
   on a ``TransformerModel`` holding the same weights (bench_common.port_to_fairseq);
 * ``marian``: Hugging Face ``MarianMTModel.generate(num_beams=K)`` on the same weights
   (``transformer_nmt.interop.marian.port_to_marian``, the exporter of nmt-export);
-* ``ct2_float32`` / ``ct2_int8``: CTranslate2 on the same weights
+* ``ct2_float32`` / ``ct2_int8`` / ``ct2_float16`` (GPU): CTranslate2 on the same weights
   (``transformer_nmt.interop.ctranslate2.export_ctranslate2``, the exporter of nmt-export and of
-  ``decode.engine=ctranslate2``), compute type float32 or int8, through
+  ``decode.engine=ctranslate2``), compute type float32, int8 or float16, through
   ``CTranslate2Engine.translate_lines`` (sentences grouped by source length so that each has
   its own maximum length; CTranslate2 batches of ``--max-tokens`` source tokens).
 
@@ -345,11 +345,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--toolkits", default="ours,fairseq,marian,ct2_float32,ct2_int8",
-                   help="comma-separated: ours, fairseq, marian, ct2_float32, ct2_int8")
+                   help="comma-separated: ours, fairseq, marian, ct2_float32, ct2_int8, "
+                        "ct2_float16 (GPU)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=int, default=0,
                    help="profile ours on this many sentences instead of benchmarking")
-    p.add_argument("--worker", choices=["ours", "fairseq", "marian", "ct2_float32", "ct2_int8"],
+    p.add_argument("--worker", choices=["ours", "fairseq", "marian", "ct2_float32", "ct2_int8",
+                                        "ct2_float16"],
                    help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

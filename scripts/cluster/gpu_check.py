@@ -162,6 +162,11 @@ def speed_figures(run_dir: Path, records: list[dict]) -> dict:
     return out
 
 
+CHECK_KEYS = ("tests", "bf16", "fp16", "compiled", "resume", "compile_eager", "resume_curve",
+              "sigterm", "ddp_bf16", "ddp_fp16", "big", "decode", "peers")
+"""The checks' keys for ``--only``, in the order they run."""
+
+
 class Check:
     """One step of the report: a name, a status (passed / failed / skipped), figures, a note."""
 
@@ -489,28 +494,41 @@ class GpuCheck:
             c.figures["bench_train"] = json.loads(out.read_text())
 
     # -- driver ------------------------------------------------------------------------------------
-    def run(self) -> dict:
-        plan: list[tuple[str, Callable[[Check], None]]] = [
-            ("GPU tests (pytest -m gpu)", self.gpu_tests),
-            ("base, bf16 training", lambda c: self.train(c, "bf16")),
-            ("base, fp16 training", lambda c: self.train(c, "fp16")),
-            ("base, bf16, compiled, update_freq 2", self.compiled),
-            ("resume the bf16 run from its GPU checkpoint", self.resume),
-            ("compiled steps equal eager steps on the same batches", self.compile_equals_eager),
-            ("a resumed run continues the uninterrupted loss curve", self.resume_curve),
-            ("SIGTERM: stop checkpoint, then resume", self.sigterm),
-            ("2-process DDP (NCCL), bf16", lambda c: self.ddp(c, "bf16")),
-            ("2-process DDP (NCCL), fp16", lambda c: self.ddp(c, "fp16")),
-            ("big at the WMT14 preset's max_tokens and vocabulary: peak memory", self.big_memory),
-            ("beam 4 decoding of test_2016_flickr", self.decode),
-            ("training benchmark vs fairseq and Marian", self.peers),
+    def plan(self) -> list[tuple[str, str, Callable[[Check], None]]]:
+        """The checks in order: ``(key for --only, name, function)``; the keys are
+        :data:`CHECK_KEYS`."""
+        plan = [
+            ("tests", "GPU tests (pytest -m gpu)", self.gpu_tests),
+            ("bf16", "base, bf16 training", lambda c: self.train(c, "bf16")),
+            ("fp16", "base, fp16 training", lambda c: self.train(c, "fp16")),
+            ("compiled", "base, bf16, compiled, update_freq 2", self.compiled),
+            ("resume", "resume the bf16 run from its GPU checkpoint", self.resume),
+            ("compile_eager", "compiled steps equal eager steps on the same batches",
+             self.compile_equals_eager),
+            ("resume_curve", "a resumed run continues the uninterrupted loss curve",
+             self.resume_curve),
+            ("sigterm", "SIGTERM: stop checkpoint, then resume", self.sigterm),
+            ("ddp_bf16", "2-process DDP (NCCL), bf16", lambda c: self.ddp(c, "bf16")),
+            ("ddp_fp16", "2-process DDP (NCCL), fp16", lambda c: self.ddp(c, "fp16")),
+            ("big", "big at the WMT14 preset's max_tokens and vocabulary: peak memory",
+             self.big_memory),
+            ("decode", "beam 4 decoding of test_2016_flickr", self.decode),
+            ("peers", "training benchmark vs fairseq and Marian", self.peers),
         ]
+        assert tuple(key for key, _, _ in plan) == CHECK_KEYS
+        return plan
+
+    def run(self) -> dict:
+        plan = self.plan()
         active = self.cuda or self.smoke
         if active:
             self._prepare()
-        for name, fn in plan:
+        for key, name, fn in plan:
             c = Check(name)
-            if active:
+            only = getattr(self.args, "only", None)
+            if only and key not in only:
+                c.note = "not run (--only)"
+            elif active:
                 try:
                     fn(c)
                 except Exception as e:  # noqa: BLE001 -- one failed step must not hide the others
@@ -596,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default=str(REPO / "runs" / "gpu_check"),
                    help="folder for the check's runs and logs")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps of each training run")
+    p.add_argument("--only", type=lambda v: [k for k in v.split(",") if k], default=None,
+                   help="comma-separated keys of the checks to run (GpuCheck.plan: bf16, big, "
+                        "decode, ...); the others are reported as not run")
     p.add_argument("--smoke", action="store_true",
                    help="run every step on the CPU with a tiny model (checks the commands)")
     p.add_argument("--train-with-vocab", type=int, metavar="V",
@@ -613,6 +634,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.train_with_vocab:
         train_with_vocab(args.train_with_vocab, args.overrides)
         return 0
+    unknown = sorted(set(args.only or ()) - set(CHECK_KEYS))
+    if unknown:
+        p.error(f"--only: unknown check(s) {', '.join(unknown)}")
     if args.smoke:
         args.steps = min(args.steps, 10)
     report = GpuCheck(args).run()

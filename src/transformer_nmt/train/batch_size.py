@@ -8,8 +8,8 @@ start-up so that ``world_size x update_freq`` micro-batches hold the target, or 
   ``error:`` line) when the source or the target side misses it by more than
   ``trainer.tokens_per_step_tolerance``.
 * :func:`device_max_tokens` (``trainer.auto_max_tokens``): padded tokens per micro-batch that
-  fit a GPU's memory, from :data:`ESTIMATED_GIB_PER_1K_TOKENS` (an estimate, not measured
-  here; docs/training.md).
+  fit a GPU's memory, from :data:`GIB_PER_1K_TOKENS` and :data:`FIXED_GIB` (measured on an
+  H200, docs/gpu_profile.md).
 * :func:`plan_batch`: both together, as :func:`transformer_nmt.train.setup.setup` uses them;
   with ``trainer.auto_max_tokens`` on a GPU it searches ``max_tokens`` (and ``update_freq``)
   under the device's budget until the measured real tokens per step meet the target.
@@ -33,16 +33,16 @@ from transformer_nmt.train.data import real_tokens_per_step
 
 log = logging.getLogger("transformer_nmt.train.loop")
 
-ESTIMATED_GIB_PER_1K_TOKENS = {"base": 0.64, "big": 1.07}
-"""GPU memory per 1,000 padded tokens (source and target each) of one micro-batch, in GiB,
-training with Adam in mixed precision: an ESTIMATE from a review's figures (a 25,000-token
-batch in about 17 GB for base, 30 GB for big), less the model's fixed states. Not measured
-on a GPU in this project; a measured table per GPU kind should replace it."""
-FIXED_GIB = {"base": 1.0, "big": 3.4}
-"""Parameters, gradients and Adam's two moments in fp32 (16 bytes per parameter: base about
-63M, big about 213M parameters with a 37k vocabulary), in GiB."""
+GIB_PER_1K_TOKENS = {"base": 0.48, "big": 0.84}
+"""GPU memory per 1,000 padded tokens of one micro-batch, in GiB: the slope of the peak memory
+the caching allocator reserved over micro-batches of 3.6k-28.8k padded tokens (bf16 autocast,
+compiled, fused Adam, a 37k vocabulary; scripts/cluster/gpu_profile.py on an H200,
+docs/gpu_profile.md)."""
+FIXED_GIB = {"base": 1.05, "big": 3.1}
+"""The same fit's intercept, in GiB: mostly parameters, gradients and Adam's two moments in
+fp32 (16 bytes per parameter: base 63M, big 214M parameters with a 37k vocabulary)."""
 MEMORY_HEADROOM = 0.85
-"""Fraction of the device's total memory the estimate may fill (the CUDA context, allocator
+"""Fraction of the device's total memory the fit may fill (the CUDA context, allocator
 fragmentation and the longest batches take the rest)."""
 MAX_TOKENS_MULTIPLE = 256
 
@@ -70,11 +70,11 @@ def memory_class(model_cfg: Any) -> str:
 def device_max_tokens(model_cfg: Any, total_memory_bytes: int) -> int:
     """Padded tokens per micro-batch (source and target each) estimated to fit a GPU with
     ``total_memory_bytes`` of memory: ``(MEMORY_HEADROOM x memory - FIXED_GIB) /
-    ESTIMATED_GIB_PER_1K_TOKENS``, rounded down to a multiple of 256; 0 when even the model
-    does not fit the estimate. An estimate (see :data:`ESTIMATED_GIB_PER_1K_TOKENS`)."""
+    GIB_PER_1K_TOKENS``, rounded down to a multiple of 256; 0 when even the model does not
+    fit."""
     kind = memory_class(model_cfg)
     gib = total_memory_bytes / 2**30 * MEMORY_HEADROOM - FIXED_GIB[kind]
-    tokens = gib / ESTIMATED_GIB_PER_1K_TOKENS[kind] * 1000
+    tokens = gib / GIB_PER_1K_TOKENS[kind] * 1000
     return max(0, int(tokens // MAX_TOKENS_MULTIPLE) * MAX_TOKENS_MULTIPLE)
 
 
@@ -86,7 +86,8 @@ def cuda_max_tokens(model_cfg: Any, device: Any) -> tuple[int, str]:
     props = torch.cuda.get_device_properties(device)
     tokens = device_max_tokens(model_cfg, int(props.total_memory))
     return tokens, (f"{props.name}, {props.total_memory / 2**30:.0f} GiB: max_tokens {tokens} "
-                    f"(estimated for the {memory_class(model_cfg)} model, not measured)")
+                    f"(from the {memory_class(model_cfg)} model's memory measured on an H200, "
+                    "docs/gpu_profile.md)")
 
 
 def derive_update_freq(per_batch: tuple[float, float], target: float, world_size: int) -> int:

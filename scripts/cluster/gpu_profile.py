@@ -1,0 +1,428 @@
+"""The training step on a GPU, measured in-process: speed, MFU, memory and where the time goes.
+
+For each model size (``base``, ``big``) at the WMT14 presets' settings (dropout, label
+smoothing, clipping, the presets' 37k vocabulary for the output layer and the loss, bf16
+autocast, ``torch.compile`` with Inductor, fused Adam), on real length-bucketed batches of the
+prepared Multi30k EN-DE training split (``make data``; its sentences are shorter than
+WMT14's), with the training loop's own pieces (``train.step.forward_backward``,
+``grad_norm_``, ``step_optimizer``):
+
+1. **speed**: after ``--warmup`` steps (compilation included), ``--steps`` timed optimizer
+   steps at ``--max-tokens`` padded tokens per batch (the presets' tokens per GPU): target
+   tokens/s, MFU against the device's dense peak at the precision
+   (:func:`transformer_nmt.model.flops.peak_flops`, the project's one peak table), peak memory
+   allocated and reserved, graphs compiled, the attention backend the model chose;
+2. **profile**: ``--profile-steps`` more steps under ``torch.profiler``; the GPU kernel time by
+   kind (attention, matrix products, the label-smoothed loss, the optimizer, the rest) and the
+   share of the steps' wall time the GPU was idle (host gaps);
+3. **loss**: the compiled label-smoothed loss alone, forward and backward, on (N, V) logits with
+   N the mean real target tokens of the timed batches (CUDA events, median of 20);
+4. **memory**: peak memory of steps on the longest batches at each ``--memory-tokens`` budget,
+   fitted as ``fixed + per_1k x padded tokens / 1000`` GiB: the constants of
+   ``trainer.auto_max_tokens`` (:mod:`transformer_nmt.train.batch_size`).
+
+Writes ``<out>/gpu_profile.json`` and prints a table. ``--smoke`` runs every part on the CPU
+with a tiny model and ``aot_eager`` (no C++ build), the test suite's check of the script.
+
+    python scripts/cluster/gpu_profile.py --out runs/gpu_profile            # on the GPU
+    python scripts/cluster/gpu_profile.py --smoke --out /tmp/gpu_profile    # CPU, tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from transformer_nmt.config import PAD_ID, compose
+from transformer_nmt.data.batching import LengthBucketSampler, collate
+from transformer_nmt.model.flops import TokenCounts, peak_flops, training_flops
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.runtime import autocast_context
+from transformer_nmt.train.data import load_split
+from transformer_nmt.train.distributed import DistInfo
+from transformer_nmt.train.loss import label_smoothed_nll_loss
+from transformer_nmt.train.optim import build_optimizer
+from transformer_nmt.train.setup import wrap_model
+from transformer_nmt.train.step import forward_backward, grad_norm_, step_optimizer
+
+PRESETS = {"base": "wmt14_en_de_base", "big": "wmt14_en_de_big"}
+SMOKE_DATA = ("data.max_train_pairs=400", "data.vocab_size=200")
+"""The data of ``--smoke`` (prepare it with ``nmt-prepare experiment=multi30k_en_de`` and these)."""
+KINDS = (  # kernel name fragments, first match wins (lower case)
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "_amp_")),
+    ("loss", ("log_softmax", "logsumexp", "nll", "label_smooth")),
+    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "aten::mm", "aten::addmm",
+                "aten::bmm", "aten::linear", "matmul")),
+)
+
+
+def kind_of(name: str) -> str:
+    """The kind of a kernel (or, on the CPU, an aten op) by its name: one of :data:`KINDS`'
+    names, else ``other``."""
+    low = name.lower()
+    for kind, parts in KINDS:
+        if any(p in low for p in parts):
+            return kind
+    return "other"
+
+
+def busy_fraction(intervals: list[tuple[float, float]], span: tuple[float, float]) -> float:
+    """Share of ``span`` covered by the union of ``intervals`` (same time unit)."""
+    lo, hi = span
+    if hi <= lo:
+        return 0.0
+    covered, end = 0.0, lo
+    for a, b in sorted(intervals):
+        a, b = max(a, end), min(b, hi)
+        if b > a:
+            covered += b - a
+            end = b
+    return covered / (hi - lo)
+
+
+def config_for(size: str, args: argparse.Namespace):
+    """Config of a Multi30k run with the WMT14 preset's model and regularisation (``args``'
+    overrides last), and the model's vocabulary: the preset's (37k) or the data's if larger."""
+    preset = compose([f"experiment={PRESETS[size]}"])
+    overrides = ["experiment=multi30k_en_de", f"data.root={args.data_root}",
+                 f"trainer.precision={args.precision}"]
+    if args.smoke:
+        overrides += ["model=tiny", "model.d_model=32", "model.d_ff=64", "model.heads=2",
+                      "model.encoder_layers=1", "model.decoder_layers=1", *SMOKE_DATA]
+    else:
+        overrides += [f"model={size}", f"model.dropout={preset.model.dropout}",
+                      f"trainer.label_smoothing={preset.trainer.label_smoothing}",
+                      f"trainer.clip_norm={preset.trainer.clip_norm}"]
+    cfg = compose([*overrides, *args.overrides])
+    vocab = max(int(cfg.data.vocab_size), 0 if args.smoke else int(preset.data.vocab_size))
+    return cfg, vocab
+
+
+def batches_for(cfg, max_tokens: int, count: int, pad: int, longest: bool = False) -> list:
+    """``count`` training batches of ``max_tokens`` padded tokens in the loop's order (the
+    first ones of epoch 1), or the ``count`` with the most padded tokens (``longest``)."""
+    data = load_split(cfg, cfg.data.train_split)
+    sampler = LengthBucketSampler(data.src_sizes, data.tgt_sizes, max_tokens, shuffle=True,
+                                  seed=1, pad_to_multiple=pad)
+    index = list(sampler)
+    if longest:
+        index.sort(key=lambda b: -len(b) * max(int(data.tgt_sizes[j]) for j in b))
+    return [collate([data[j] for j in b], pad_to_multiple=pad) for b in index[:count]]
+
+
+class Trainer:
+    """Model, compiled wrapper, optimizer and autocast of one size; :meth:`step` is one
+    optimizer step of the training loop (forward, loss, backward, clip, Adam)."""
+
+    def __init__(self, cfg, vocab: int, device: torch.device, backend: str):
+        from torch._dynamo.utils import counters
+
+        counters.clear()  # graphs_compiled counts this size's graphs
+        torch.manual_seed(1)
+        self.cfg, self.device = cfg, device
+        self.model = Transformer(cfg.model, vocab_size=vocab).to(device).train()
+        self.model.set_sdpa_backends(list(cfg.trainer.sdpa_backends))
+        info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
+        self.wrapped = wrap_model(self.model, info, compile=True, backend=backend)
+        self.optimizer = build_optimizer(self.model, cfg.trainer)
+        for group in self.optimizer.param_groups:
+            group["lr"] = 1e-4
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.pad = 8 if device.type == "cuda" else 1
+
+    def step(self, batch) -> torch.Tensor:
+        out = forward_backward(
+            self.wrapped, [batch], epsilon=float(self.cfg.trainer.label_smoothing),
+            device=self.device, world_size=1,
+            autocast=lambda: autocast_context(self.cfg.trainer.precision, self.device),
+            pad_to_multiple=self.pad)
+        norm = grad_norm_(self.params, float(self.cfg.trainer.clip_norm))
+        step_optimizer(self.optimizer, torch.isfinite(norm) & torch.isfinite(out["loss_sum"]))
+        self.optimizer.zero_grad(set_to_none=True)
+        return out["loss_sum"]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def counts_of(batches: list) -> TokenCounts:
+    src = np.concatenate([b.src_lengths.numpy() for b in batches])
+    tgt = np.concatenate([b.tgt_out.ne(PAD_ID).sum(1).numpy() for b in batches])
+    return TokenCounts.of(src, tgt)
+
+
+def measure_speed(tr: Trainer, warm: list, batches: list, precision: str) -> dict:
+    """Steps on ``warm``, then one untimed pass over ``batches`` (every shape compiled before
+    the clock starts: Inductor's size guards recompile for some new shapes), then the timed
+    pass over the same batches: tokens/s, MFU, memory, graphs compiled before and during."""
+    from torch._dynamo.utils import counters
+
+    for b in warm + batches:
+        tr.step(b)
+    sync(tr.device)
+    graphs_before = int(counters["stats"].get("unique_graphs", 0))
+    timed = batches
+    if tr.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(tr.device)
+    start = time.perf_counter()
+    for b in timed:
+        loss = tr.step(b)
+    sync(tr.device)
+    seconds = time.perf_counter() - start
+    counts = counts_of(timed)
+    flops = training_flops(tr.cfg.model, tr.model.vocab_size, counts)
+    name = torch.cuda.get_device_name(tr.device) if tr.device.type == "cuda" else "cpu"
+    peak = peak_flops(name, precision)
+    out = {
+        "steps": len(timed), "seconds": round(seconds, 4),
+        "target_tokens": counts.tgt, "source_tokens": counts.src,
+        "target_tokens_per_s": round(counts.tgt / seconds),
+        "ms_per_step": round(seconds / len(timed) * 1e3, 3),
+        "sentences_per_batch": round(sum(b.nsentences for b in timed) / len(timed), 1),
+        "model_tflops_per_s": round(flops / seconds / 1e12, 2),
+        "mfu": round(flops / seconds / peak, 4) if peak else None,
+        "last_loss_sum": float(loss),
+        "graphs_compiled": graphs_before,
+        "graphs_compiled_while_timed": int(counters["stats"].get("unique_graphs", 0))
+        - graphs_before,
+        "parameters": tr.model.num_parameters(),
+    }
+    if tr.device.type == "cuda":
+        out["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated(tr.device) / 2**30, 2)
+        out["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(tr.device) / 2**30, 2)
+    return out
+
+
+PROFILER_WARMUP = 2
+"""Steps the profiler runs before it records (its own start-up stays out of the figures)."""
+
+
+def profile_steps(tr: Trainer, batches: list) -> dict:
+    """Kernel time by kind and the GPU's idle share over ``batches`` (one step each; the
+    first :data:`PROFILER_WARMUP` are run under the profiler but not recorded)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    cuda = tr.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    warm, batches = batches[:PROFILER_WARMUP], batches[PROFILER_WARMUP:]
+    plan = schedule(wait=0, warmup=len(warm), active=len(batches), repeat=1)
+    sync(tr.device)
+    with profile(activities=acts, schedule=plan) as prof:
+        for b in warm:
+            tr.step(b)
+            prof.step()
+        sync(tr.device)
+        t0 = time.perf_counter()
+        for b in batches:
+            tr.step(b)
+            prof.step()
+        sync(tr.device)
+        wall_us = (time.perf_counter() - t0) * 1e6
+    events = prof.events()
+    if cuda:
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+        times = [(e.name, e.time_range.end - e.time_range.start) for e in kernels]
+    else:  # the CPU: leaf aten ops by their own time
+        spans = []
+        times = [(e.name, e.self_cpu_time_total) for e in events if e.name.startswith("aten::")]
+    by_kind: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for name, us in times:
+        by_kind[kind_of(name)] = by_kind.get(kind_of(name), 0.0) + us
+        by_name[name] = by_name.get(name, 0.0) + us
+    total = sum(by_kind.values()) or 1.0
+    out = {"steps": len(batches), "wall_ms_per_step": round(wall_us / len(batches) / 1e3, 3),
+           "kernel_ms_per_step": round(total / len(batches) / 1e3, 3),
+           "share_by_kind": {k: round(v / total, 4) for k, v in sorted(by_kind.items())},
+           "top_kernels": [[n[:120], round(us / len(batches) / 1e3, 4)] for n, us in
+                           sorted(by_name.items(), key=lambda x: -x[1])[:15]],
+           "attention_kernels": sorted({n[:120] for n, _ in times
+                                        if kind_of(n) == "attention"})[:8]}
+    if spans:
+        window = (min(a for a, _ in spans), max(b for _, b in spans))
+        out["gpu_busy_share"] = round(busy_fraction(spans, window), 4)
+        out["host_gap_ms_per_step"] = round(
+            (1 - out["gpu_busy_share"]) * (window[1] - window[0]) / len(batches) / 1e3, 3)
+    return out
+
+
+def time_loss(tr: Trainer, n: int, backend: str, repeats: int = 20) -> dict:
+    """The compiled label-smoothed loss, forward + backward, on (n, V) bf16 logits."""
+    v = tr.model.vocab_size
+    dtype = torch.bfloat16 if tr.cfg.trainer.precision == "bf16" else torch.float32
+    fn = torch.compile(label_smoothed_nll_loss, backend=backend, dynamic=False)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    logits = torch.randn(n, v, generator=gen).to(tr.device, dtype).requires_grad_()
+    target = torch.randint(4, v, (n,), generator=gen).to(tr.device)
+    eps = float(tr.cfg.trainer.label_smoothing)
+    times = []
+    for i in range(repeats + 3):
+        sync(tr.device)
+        t0 = time.perf_counter()
+        loss, _ = fn(logits, target, eps, None)
+        loss.backward()
+        sync(tr.device)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+        logits.grad = None
+    return {"n": n, "vocab": v, "dtype": str(dtype).replace("torch.", ""),
+            "ms_fwd_bwd": round(statistics.median(times) * 1e3, 4)}
+
+
+def memory_fit(tr: Trainer, cfg, budgets: list[int], steps: int) -> dict:
+    """Peak memory at each padded-token budget on its longest batches; a least-squares line
+    over the largest batch's padded tokens (source side, what ``max_tokens`` bounds)."""
+    rows = []
+    for max_tokens in budgets:
+        batches = batches_for(cfg, max_tokens, steps, tr.pad, longest=True)
+        if tr.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(tr.device)
+        for b in batches:
+            tr.step(b)
+        sync(tr.device)
+        row = {"max_tokens": max_tokens,
+               "padded_tokens": max(int(b.src_tokens.numel()) for b in batches)}
+        if tr.device.type == "cuda":
+            row["peak_allocated_gib"] = torch.cuda.max_memory_allocated(tr.device) / 2**30
+            row["peak_reserved_gib"] = torch.cuda.max_memory_reserved(tr.device) / 2**30
+        rows.append(row)
+    out: dict = {"rows": rows}
+    if len(rows) >= 2 and "peak_reserved_gib" in rows[0]:
+        x = np.array([r["padded_tokens"] / 1000 for r in rows])
+        for key in ("peak_allocated_gib", "peak_reserved_gib"):
+            slope, fixed = np.polyfit(x, np.array([r[key] for r in rows]), 1)
+            out[key.replace("peak_", "fit_")] = {"gib_per_1k_tokens": round(float(slope), 4),
+                                                 "fixed_gib": round(float(fixed), 3)}
+    return out
+
+
+def run_size(size: str, args: argparse.Namespace, device: torch.device, result: dict,
+             save) -> None:
+    """Fill ``result`` with the four parts for ``size``, calling ``save()`` after each."""
+    cfg, vocab = config_for(size, args)
+    backend = "aot_eager" if args.smoke else "inductor"
+    tr = Trainer(cfg, vocab, device, backend)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    result.update({"size": size, "max_tokens": args.max_tokens, "vocab": vocab,
+              "precision": args.precision, "compile_backend": backend,
+              "sdpa_choice": tr.model.sdpa_kernels(device, dtype)})
+    need = args.warmup + args.steps + PROFILER_WARMUP + args.profile_steps
+    batches = batches_for(cfg, args.max_tokens, need, tr.pad)
+    t0 = time.perf_counter()
+    timed_end = args.warmup + args.steps
+    result["speed"] = measure_speed(tr, batches[: args.warmup], batches[args.warmup:timed_end],
+                                    args.precision)
+    result["speed"]["seconds_incl_warmup"] = round(time.perf_counter() - t0, 1)
+    print(f"{size}: {json.dumps(result['speed'])}", flush=True)
+    save()
+    result["profile"] = profile_steps(tr, batches[timed_end:])
+    print(f"{size}: profile {json.dumps(result['profile']['share_by_kind'])}", flush=True)
+    save()
+    mean_tgt = result["speed"]["target_tokens"] // max(result["speed"]["steps"], 1)
+    result["loss"] = time_loss(tr, max(int(mean_tgt), 8), backend)
+    save()
+    if args.memory_tokens:
+        result["memory"] = memory_fit(tr, cfg, args.memory_tokens, args.memory_steps)
+        print(f"{size}: memory {json.dumps(result['memory'])}", flush=True)
+        save()
+
+
+def environment(device: torch.device) -> dict:
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
+           "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(device=props.name, memory_gib=round(props.total_memory / 2**30, 1),
+                   multiprocessors=props.multi_processor_count,
+                   cudnn=torch.backends.cudnn.version())
+    else:
+        env["device"] = "cpu"
+    return env
+
+
+def table(report: dict) -> str:
+    lines = ["| size | target tok/s | model TFLOP/s | MFU | peak alloc GiB | graphs | "
+             "attention | matmul | loss | optimizer | other | GPU idle | loss ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in report["sizes"]:
+        if "profile" not in r or "loss" not in r:
+            lines.append(f"| {r['size']} | (incomplete) |")
+            continue
+        s, p = r["speed"], r["profile"]
+        share = p["share_by_kind"]
+        mfu = f"{s['mfu']:.1%}" if s.get("mfu") else "-"
+        idle = f"{1 - p['gpu_busy_share']:.1%}" if "gpu_busy_share" in p else "-"
+        lines.append(
+            f"| {r['size']} | {s['target_tokens_per_s']:,} | {s['model_tflops_per_s']} | {mfu} | "
+            f"{s.get('peak_allocated_gib', '-')} | {s['graphs_compiled']} | "
+            + " | ".join(f"{share.get(k, 0):.1%}" for k in
+                         ("attention", "matmul", "loss", "optimizer", "other"))
+            + f" | {idle} | {r['loss']['ms_fwd_bwd']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/gpu_profile", help="folder for gpu_profile.json")
+    p.add_argument("--data-root", default="data", help="the prepared data (make data)")
+    p.add_argument("--sizes", nargs="+", default=["base", "big"], choices=sorted(PRESETS))
+    p.add_argument("--max-tokens", type=int, default=3600,
+                   help="padded tokens per batch (the WMT14 presets' trainer.max_tokens)")
+    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--steps", type=int, default=30, help="timed steps")
+    p.add_argument("--profile-steps", type=int, default=10,
+                   help="profiled steps (after PROFILER_WARMUP more)")
+    p.add_argument("--memory-tokens", type=int, nargs="*", default=[3600, 7200, 14400, 28800])
+    p.add_argument("--memory-steps", type=int, default=3, help="longest batches per budget")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny model, aot_eager")
+    p.add_argument("overrides", nargs="*",
+                   help="Hydra overrides after the script's own (another data= corpus)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.precision = "fp32"
+        args.max_tokens, args.warmup, args.steps, args.profile_steps = 256, 1, 3, 2
+        args.memory_tokens, args.memory_steps = [256, 512], 1
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    if device.type == "cpu" and not args.smoke:
+        print("error: no CUDA device (use --smoke to check the script on the CPU)",
+              file=sys.stderr)
+        return 2
+    report = {"environment": environment(device), "command": " ".join(sys.argv),
+              "sizes": []}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        (out / "gpu_profile.json").write_text(json.dumps(report, indent=1))
+
+    for size in args.sizes:
+        result: dict = {"size": size}
+        report["sizes"].append(result)
+        try:
+            run_size(size, args, device, result, save)
+        except Exception as e:  # noqa: BLE001 -- one size failing must not lose the other
+            report.setdefault("failed", {})[size] = f"{type(e).__name__}: {e}"[:2000]
+            print(f"{size}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        torch._dynamo.reset()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        save()
+    print(table(report))
+    return 1 if report.get("failed") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
