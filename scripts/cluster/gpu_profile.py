@@ -13,8 +13,8 @@ WMT14's), with the training loop's own pieces (``train.step.forward_backward``,
    (:func:`transformer_nmt.model.flops.peak_flops`, the project's one peak table), peak memory
    allocated and reserved, graphs compiled, the attention backend the model chose;
 2. **profile**: ``--profile-steps`` more steps under ``torch.profiler``; the GPU kernel time by
-   kind (attention, matrix products, the label-smoothed loss, the optimizer, the rest) and the
-   share of the steps' wall time the GPU was idle (host gaps);
+   kind (attention, matrix products, the label-smoothed loss, the optimizer, the rest), the
+   share of the steps' wall time the GPU was idle (host gaps) and the host's own time by op;
 3. **loss**: the compiled label-smoothed loss alone, forward and backward, on (N, V) logits with
    N the mean real target tokens of the timed batches (CUDA events, median of 20);
 4. **memory**: peak memory of steps on the longest batches at each ``--memory-tokens`` budget,
@@ -249,6 +249,13 @@ def profile_steps(tr: Trainer, batches: list) -> dict:
                            sorted(by_name.items(), key=lambda x: -x[1])[:15]],
            "attention_kernels": sorted({n[:120] for n, _ in times
                                         if kind_of(n) == "attention"})[:8]}
+    if cuda:  # where the host's time goes: CPU-side ops and ranges by their own time
+        host: dict[str, float] = {}
+        for e in events:
+            if e.device_type == torch.autograd.DeviceType.CPU:
+                host[e.name] = host.get(e.name, 0.0) + e.self_cpu_time_total
+        out["top_host_ops"] = [[n[:120], round(us / len(batches) / 1e3, 4)] for n, us in
+                               sorted(host.items(), key=lambda x: -x[1])[:25]]
     if spans:
         window = (min(a for a, _ in spans), max(b for _, b in spans))
         out["gpu_busy_share"] = round(busy_fraction(spans, window), 4)
