@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,17 +39,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from transformer_nmt.config import PAD_ID, compose
-from transformer_nmt.data.batching import LengthBucketSampler, collate
-from transformer_nmt.model.flops import TokenCounts, peak_flops, training_flops
-from transformer_nmt.model.transformer import Transformer
-from transformer_nmt.runtime import autocast_context
-from transformer_nmt.train.data import load_split
-from transformer_nmt.train.distributed import DistInfo
-from transformer_nmt.train.loss import label_smoothed_nll_loss
-from transformer_nmt.train.optim import build_optimizer
-from transformer_nmt.train.setup import wrap_model
-from transformer_nmt.train.step import forward_backward, grad_norm_, step_optimizer
+SCRIPTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(SCRIPTS / "bench"), str(SCRIPTS / "micro")]
+import bench_common as bc  # noqa: E402  (scripts/bench, on the path above)
+import bench_loss  # noqa: E402  (scripts/micro)
+
+from transformer_nmt.config import PAD_ID, compose  # noqa: E402
+from transformer_nmt.data.batching import LengthBucketSampler, collate  # noqa: E402
+from transformer_nmt.model.flops import TokenCounts, peak_flops, training_flops  # noqa: E402
+from transformer_nmt.model.transformer import Transformer  # noqa: E402
+from transformer_nmt.runtime import autocast_context  # noqa: E402
+from transformer_nmt.train.data import load_split  # noqa: E402
+from transformer_nmt.train.distributed import DistInfo  # noqa: E402
+from transformer_nmt.train.loss import label_smoothed_nll_loss  # noqa: E402
+from transformer_nmt.train.optim import build_optimizer  # noqa: E402
+from transformer_nmt.train.setup import wrap_model  # noqa: E402
+from transformer_nmt.train.step import forward_backward, grad_norm_, step_optimizer  # noqa: E402
 
 PRESETS = {"base": "wmt14_en_de_base", "big": "wmt14_en_de_big"}
 SMOKE_DATA = ("data.max_train_pairs=400", "data.vocab_size=200")
@@ -265,26 +269,16 @@ def profile_steps(tr: Trainer, batches: list) -> dict:
 
 
 def time_loss(tr: Trainer, n: int, backend: str, repeats: int = 20) -> dict:
-    """The compiled label-smoothed loss, forward + backward, on (n, V) bf16 logits."""
+    """The compiled label-smoothed loss, forward + backward, on (n, V) logits of the run's
+    activation dtype (``bench_loss.measure``: its first call compiles and gives the peak)."""
     v = tr.model.vocab_size
-    dtype = torch.bfloat16 if tr.cfg.trainer.precision == "bf16" else torch.float32
-    fn = torch.compile(label_smoothed_nll_loss, backend=backend, dynamic=False)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    logits = torch.randn(n, v, generator=gen).to(tr.device, dtype).requires_grad_()
-    target = torch.randint(4, v, (n,), generator=gen).to(tr.device)
+    dtype = "bf16" if tr.cfg.trainer.precision == "bf16" else "fp32"
     eps = float(tr.cfg.trainer.label_smoothing)
-    times = []
-    for i in range(repeats + 3):
-        sync(tr.device)
-        t0 = time.perf_counter()
-        loss, _ = fn(logits, target, eps, None)
-        loss.backward()
-        sync(tr.device)
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-        logits.grad = None
-    return {"n": n, "vocab": v, "dtype": str(dtype).replace("torch.", ""),
-            "ms_fwd_bwd": round(statistics.median(times) * 1e3, 4)}
+    fn = torch.compile(label_smoothed_nll_loss, backend=backend, dynamic=False)
+    r = bench_loss.measure("compiled", n, v, dtype, tr.device.type, repeats,
+                           fn=lambda logits, target: fn(logits, target, eps, None))
+    return {"n": n, "vocab": v, "dtype": dtype, "peak_bytes": r["peak_bytes"],
+            "ms_fwd_bwd": round(r["seconds_median"] * 1e3, 4)}
 
 
 def memory_fit(tr: Trainer, cfg, budgets: list[int], steps: int) -> dict:
@@ -347,15 +341,13 @@ def run_size(size: str, args: argparse.Namespace, device: torch.device, result: 
 
 
 def environment(device: torch.device) -> dict:
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
-           "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+    """``bench_common.machine_info()`` with the CUDA build and, on a GPU, its properties."""
+    env = {**bc.machine_info(), "cuda": torch.version.cuda, "device": "cpu"}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(device=props.name, memory_gib=round(props.total_memory / 2**30, 1),
+        env.update(device=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
                    multiprocessors=props.multi_processor_count,
                    cudnn=torch.backends.cudnn.version())
-    else:
-        env["device"] = "cpu"
     return env
 
 

@@ -77,8 +77,10 @@ def _call(fn, logits: torch.Tensor, target: torch.Tensor) -> None:
     assert x.grad is not None
 
 
-def measure(variant: str, n: int, vocab: int, dtype: str, device: str, repeats: int) -> dict:
-    """Peak bytes and median seconds of one forward + backward of ``variant`` (this process)."""
+def measure(variant: str, n: int, vocab: int, dtype: str, device: str, repeats: int,
+            fn=None) -> dict:
+    """Peak bytes and median seconds of one forward + backward of ``variant`` (this process);
+    ``fn(logits, target)``: the loss to measure under that name instead of ``VARIANTS``'."""
     dev = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     # made in slices, so that making them does not raise the peak the call is measured by
@@ -87,7 +89,7 @@ def measure(variant: str, n: int, vocab: int, dtype: str, device: str, repeats: 
         rows = logits[a:a + 64]
         rows.copy_(torch.randn(rows.shape, generator=g) * 3)
     target = torch.randint(4, vocab, (n,), generator=g).to(dev)
-    fn = VARIANTS[variant]
+    fn = fn or VARIANTS[variant]
     if dev.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -111,7 +113,7 @@ def measure(variant: str, n: int, vocab: int, dtype: str, device: str, repeats: 
     return {"variant": variant, "n": n, "vocab": vocab, "dtype": dtype, "device": device,
             "threads": torch.get_num_threads(), "peak_bytes": int(peak),
             "peak_bytes_per_element": round(peak / (n * vocab), 2),
-            "seconds_median": round(statistics.median(times), 4), "repeats": repeats}
+            "seconds_median": round(statistics.median(times), 7), "repeats": repeats}
 
 
 def main(argv: list[str] | None = None) -> None:
