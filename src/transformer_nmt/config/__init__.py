@@ -50,6 +50,7 @@ from transformer_nmt.config.schema import (
     TableConfig,
     TrainerConfig,
     TranslateConfig,
+    as_plain,
     register_configs,
     to_plain,
 )
@@ -65,6 +66,6 @@ __all__ = [
     "PlotKind", "Positions", "Pretokenize", "Quantization", "ReportTable", "ShareEmbeddings",
     "SpmModelType", "Stopping", "Table3Config", "TableConfig", "TooLong", "TrainPrecision",
     "TrainerConfig", "TranslateConfig",
-    "UnicodeForm", "apply_row", "check_known_keys", "compose", "register_configs", "to_plain",
-    "typed_config", "validate", "validate_model_config",
+    "UnicodeForm", "apply_row", "as_plain", "check_known_keys", "compose", "register_configs",
+    "to_plain", "typed_config", "validate", "validate_model_config",
 ]

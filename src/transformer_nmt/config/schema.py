@@ -500,6 +500,18 @@ def to_plain(cfg: DictConfig | object) -> dict:
     return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
 
 
+def as_plain(node: Any) -> Any:
+    """A config node (typed dataclass or DictConfig) as :func:`to_plain` gives it; any other
+    value unchanged."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(node) or dataclasses.is_dataclass(node):
+        return to_plain(node)
+    return node
+
+
 def register_configs() -> None:
     """Store the schema in Hydra's ConfigStore (called on import of this module)."""
     cs = ConfigStore.instance()

@@ -56,7 +56,6 @@ strict JSON (no NaN).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -66,10 +65,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from transformer_nmt.checkpoint import checkpoint_step
-from transformer_nmt.config import Config, to_plain
+from transformer_nmt.config import Config, as_plain, to_plain
 from transformer_nmt.data.bpe import file_digest, load_tokenizer
 from transformer_nmt.data.corpora import official_lines, orig_dir, reference_path
 from transformer_nmt.decode.translate import (
@@ -143,13 +140,6 @@ def read_train_summary(run_dir: str | Path) -> dict[str, Any] | None:
     except ValueError as e:
         raise UserError(f"{path}: not a training summary ({e}); train again or delete it") from None
     return summary
-
-
-def _plain(node: Any) -> Any:
-    """A config node (typed or a DictConfig) as plain types; anything else unchanged."""
-    if isinstance(node, DictConfig) or dataclasses.is_dataclass(node):
-        return to_plain(node)
-    return node
 
 
 _BACKUP = ".{}.old.tmp"
@@ -308,7 +298,7 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
             "table3_row": table3_row,
             "table3": ({"variant": cfg.table3.variant, "seed": cfg.trainer.seed}
                        if cfg.table3.variant else None),
-            "extra": _plain(cfg.extra),
+            "extra": as_plain(cfg.extra),
             "data": {
                 "name": data.name,
                 "corpus": data.corpus,
@@ -317,7 +307,7 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
                 "max_train_pairs": model_cfg.data.max_train_pairs,
             },
             "model": {"name": model_cfg.model.name, "params": params,
-                      "config": _plain(model_cfg.model)},
+                      "config": as_plain(model_cfg.model)},
             "trainer": {
                 "label_smoothing": trainer_cfg.label_smoothing,
                 "max_steps": trainer_cfg.max_steps,

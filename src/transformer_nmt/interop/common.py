@@ -8,7 +8,6 @@ d_v other than d_model / heads, untied embeddings for Marian.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -16,8 +15,6 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
-
-from omegaconf import DictConfig
 
 from transformer_nmt.choices import Engine, ExportFormat, Quantization
 from transformer_nmt.config import (
@@ -28,7 +25,6 @@ from transformer_nmt.config import (
     Config,
     DecodeConfig,
     ModelConfig,
-    to_plain,
 )
 from transformer_nmt.errors import ExportError, NotWritableError
 
@@ -66,8 +62,10 @@ def require(module: str):
 # --------------------------------------------------------------------------------------
 
 
-def _get(cfg: ModelConfig | DecodeConfig | dict[str, Any], key: str,
-         default: Any = None) -> Any:
+def setting(cfg: ModelConfig | DecodeConfig | dict[str, Any], key: str,
+            default: Any = None) -> Any:
+    """``cfg.key`` of a typed config, or ``cfg[key]`` of a checkpoint's plain dict; ``default``
+    when absent."""
     return cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
 
 
@@ -78,8 +76,8 @@ def check_exportable(model_cfg: ModelConfig, target: str) -> None:
     Raises:
         ExportError: naming the config field and value.
     """
-    d, h = int(_get(model_cfg, "d_model")), int(_get(model_cfg, "heads"))
-    d_k, d_v = _get(model_cfg, "d_k"), _get(model_cfg, "d_v")
+    d, h = int(setting(model_cfg, "d_model")), int(setting(model_cfg, "heads"))
+    d_k, d_v = setting(model_cfg, "d_k"), setting(model_cfg, "d_v")
     d_k = d // h if d_k is None else int(d_k)
     d_v = d // h if d_v is None else int(d_v)
     if d_k != d_v or d_k * h != d:
@@ -88,22 +86,22 @@ def check_exportable(model_cfg: ModelConfig, target: str) -> None:
             "d_k = d_v = d_model / heads"
         )
     if target == "hf":
-        if _get(model_cfg, "norm") != "post":
+        if setting(model_cfg, "norm") != "post":
             raise ExportError(
-                f"model.norm={_get(model_cfg, 'norm')}: MarianMTModel is post-norm only")
-        if _get(model_cfg, "positions") != "sinusoidal":
+                f"model.norm={setting(model_cfg, 'norm')}: MarianMTModel is post-norm only")
+        if setting(model_cfg, "positions") != "sinusoidal":
             raise ExportError(
-                f"model.positions={_get(model_cfg, 'positions')}: MarianMTModel rebuilds "
+                f"model.positions={setting(model_cfg, 'positions')}: MarianMTModel rebuilds "
                 "sinusoidal positions on load and cannot hold learned ones"
             )
-        if _get(model_cfg, "share_embeddings") != "all":
+        if setting(model_cfg, "share_embeddings") != "all":
             raise ExportError(
-                f"model.share_embeddings={_get(model_cfg, 'share_embeddings')}: the Marian export "
-                "writes one shared embedding (share_embeddings=all)"
+                f"model.share_embeddings={setting(model_cfg, 'share_embeddings')}: the Marian "
+                "export writes one shared embedding (share_embeddings=all)"
             )
 
 
-def _piece_vocab(spm_path: Path) -> list[str]:
+def piece_vocab(spm_path: Path) -> list[str]:
     """Pieces of the shared SentencePiece model in id order; checks our special ids."""
     import sentencepiece as spm
 
@@ -125,13 +123,6 @@ def _unicode_form(spm_path: Path) -> str | None:
     if meta.is_file():
         return json.loads(meta.read_text(encoding="utf-8"))["params"].get("unicode_form")
     return None
-
-
-def _plain(node: Any) -> Any:
-    """A config node (DictConfig or dataclass) as plain types; anything else unchanged."""
-    if isinstance(node, DictConfig) or dataclasses.is_dataclass(node):
-        return to_plain(node)
-    return node
 
 
 def _fmt(value: Any) -> str:

@@ -41,12 +41,12 @@ from transformer_nmt.interop.common import (
     ExportError,
     NotWritableError,
     _atomic_dir,
-    _get,
     _load,
-    _piece_vocab,
     check_exportable,
     check_tokenizer,
+    piece_vocab,
     require,
+    setting,
 )
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def export_ctranslate2(checkpoint: str | Path, spm_path: str | Path, out_dir: st
     spm_path, out_dir = Path(spm_path), Path(out_dir)
     check_tokenizer(checkpoint, spm_path)
     _, _, model = _load(checkpoint)
-    spec = ctranslate2_spec(model, _piece_vocab(spm_path))
+    spec = ctranslate2_spec(model, piece_vocab(spm_path))
 
     class _OurConverter(ctranslate2.converters.Converter):
         def _load(self):
@@ -390,7 +390,7 @@ def decode_engine(model: Any, checkpoint: str | Path, cfg: Config, device: Any) 
         ExportError: an unknown engine, the export extra missing, or ``decode.precision``
             bf16 / fp16 with ``ctranslate2`` on a CPU (it would run float32).
     """
-    engine = str(_get(cfg.decode, "engine", "native") or "native")
+    engine = str(setting(cfg.decode, "engine", "native") or "native")
     if engine == "native":
         return model
     if engine not in ENGINES:

@@ -22,18 +22,18 @@ from transformer_nmt.config import (
     UNK_ID,
     Config,
     LenpenForm,
+    as_plain,
 )
 from transformer_nmt.interop.common import (
     SIDECAR,
     SPECIAL_PIECES,
     _atomic_dir,
     _load,
-    _piece_vocab,
-    _plain,
     _unicode_form,
     check_exportable,
     check_tokenizer,
     model_card,
+    piece_vocab,
     require,
 )
 from transformer_nmt.interop.marian import port_to_marian
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 def write_tokenizer_files(spm_path: Path, folder: Path, run_cfg: Config,
                           max_length: int) -> None:
     """source.spm, target.spm, vocab.json, tokenizer_config.json for ``MarianTokenizer``."""
-    pieces = _piece_vocab(spm_path)
+    pieces = piece_vocab(spm_path)
     shutil.copyfile(spm_path, folder / "source.spm")
     shutil.copyfile(spm_path, folder / "target.spm")
     (folder / "vocab.json").write_text(
@@ -102,7 +102,7 @@ def export_hf(checkpoint: str | Path, spm_path: str | Path, out_dir: str | Path,
             model_card(run_cfg, ckpt, results, model.vocab_size), encoding="utf-8")
         (tmp / SIDECAR).write_text(json.dumps({
             "unicode_form": _unicode_form(spm_path), "step": checkpoint_step(ckpt),
-            "averaged_from": ckpt.get("averaged_from"), "config": _plain(run_cfg),
+            "averaged_from": ckpt.get("averaged_from"), "config": as_plain(run_cfg),
         }, indent=2), encoding="utf-8")
     log.info("wrote %s", out_dir)
     return out_dir

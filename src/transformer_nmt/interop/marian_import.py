@@ -35,7 +35,7 @@ from transformer_nmt.config import (
 
 if TYPE_CHECKING:
     from transformers import MarianConfig
-from transformer_nmt.interop.common import SIDECAR, ExportError, _piece_vocab, require
+from transformer_nmt.interop.common import SIDECAR, ExportError, piece_vocab, require
 from transformer_nmt.interop.marian import from_marian_state_dict, model_config_of_marian
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def _tokenizer_of(folder: Path, vocab_size: int) -> Path:
     if src.read_bytes() != tgt.read_bytes():
         raise ExportError(f"{folder}: source.spm and target.spm differ; our pipeline uses one "
                           "shared SentencePiece model")
-    pieces = _piece_vocab(src)
+    pieces = piece_vocab(src)
     mapping = json.loads(vocab.read_text(encoding="utf-8"))
     expected = {p: i for i, p in enumerate(pieces)}
     if mapping != expected:
