@@ -47,11 +47,11 @@ DEFAULT_TOLERANCE = 0.1
 _CHECKPOINT_STEP = re.compile(r"checkpoint_(\d+)\.pt$")
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_setting(a: Any, b: Any) -> bool:
     """Equal settings: numbers by value (1e-9 relative), lists element-wise, the rest as text
     (enum values are recorded as their names)."""
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same_setting(x, y) for x, y in zip(a, b, strict=True))
     num = (int, float)
     if isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool) \
             and not isinstance(b, bool):
@@ -117,14 +117,14 @@ def recipe_differences(result: dict[str, Any], preset: dict[str, Any]) -> list[s
                 continue
             if key not in mine:
                 why.append(f"{group}.{key} not recorded (the preset's {_fmt(theirs[key])})")
-            elif not _same(mine[key], theirs[key]):
+            elif not same_setting(mine[key], theirs[key]):
                 why.append(f"{group}.{key}={_fmt(mine[key])}, the preset's {_fmt(theirs[key])}")
     decode = result.get("decode") or {}
     for key in RECIPE_KEYS["decode"]:
         want = (preset.get("decode") or {}).get(key)
         if key not in decode:
             why.append(f"decode.{key} not recorded (the preset's {_fmt(want)})")
-        elif not _same(decode[key], want):
+        elif not same_setting(decode[key], want):
             why.append(f"decode.{key}={_fmt(decode[key])}, the preset's {_fmt(want)}")
     if str(decode.get("precision")) not in DECODE_PRECISIONS:
         why.append(f"decode.precision={_fmt(decode.get('precision'))}, not "

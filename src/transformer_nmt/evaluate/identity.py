@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from transformer_nmt.evaluate.gate import _same
+from transformer_nmt.evaluate.gate import same_setting
 
 SEED_KEY = "trainer.seed"
 """The setting that makes runs of one recipe seeds of one row."""
@@ -116,7 +116,7 @@ def differences(mine: dict[str, Any], theirs: dict[str, Any],
     with ``mine``'s values (None where only ``theirs`` has the key)."""
     return {k: mine.get(k) for k in sorted(set(mine) | set(theirs))
             if k not in ignore and (k not in mine or k not in theirs
-                                    or not _same(mine[k], theirs[k]))}
+                                    or not same_setting(mine[k], theirs[k]))}
 
 
 def format_settings(settings: dict[str, Any]) -> str:

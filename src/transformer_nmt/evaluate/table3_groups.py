@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from transformer_nmt.evaluate.gate import same_setting
 from transformer_nmt.evaluate.identity import (
     ROW_KEYS,
     differences,
@@ -63,12 +64,6 @@ def run_setting(result: dict[str, Any]) -> dict[str, Any] | None:
     return setting(m, (result.get("trainer") or {}).get("label_smoothing"))
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        return abs(float(a) - float(b)) < 1e-9
-    return a == b
-
-
 def paper_table3_line(result: dict[str, Any]) -> PaperRow | None:
     """The paper's Table 3 line of a run: the row its ``table3.variant`` names, else the line
     with the same setting (a run configured by hand), else None."""
@@ -79,7 +74,7 @@ def paper_table3_line(result: dict[str, Any]) -> PaperRow | None:
     if run is None:
         return None
     for line in PAPER_TABLE3.values():
-        if all(_same(run[k], v) for k, v in line.setting().items()):
+        if all(same_setting(run[k], v) for k, v in line.setting().items()):
             return line
     return None
 
