@@ -1,13 +1,20 @@
-"""Helpers of the decoding tests (test_translate, test_evaluate, test_checkpoint): a tiny
-SentencePiece workspace on made-up English-like sentences, random tiny models and their
-checkpoint files. The ``workspace`` and ``tokenizer`` fixtures (tests/conftest.py) use them."""
+"""Helpers shared by the tests: a tiny SentencePiece workspace on made-up English-like
+sentences, random tiny models and their checkpoint files (the ``workspace`` and ``tokenizer``
+fixtures of tests/conftest.py use them), ``nmt-train`` as a subprocess, and an aten-op
+counter."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_nmt.checkpoint import save_checkpoint
 from transformer_nmt.config import compose, to_plain
@@ -49,3 +56,43 @@ def write_checkpoint(path: Path, model: Transformer, cfg, step: int) -> None:
         "model": model.state_dict(), "config": to_plain(cfg),
         "vocab_size": model.vocab_size, "step": step,
     })
+
+
+def train_env() -> dict[str, str]:
+    """The environment of an ``nmt-train`` subprocess: one thread, no distributed variables."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def train_command(overrides: list[str]) -> list[str]:
+    """``nmt-train`` with Hydra ``overrides``, run by this interpreter."""
+    return [sys.executable, "-m", "transformer_nmt.cli.train", *overrides]
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Wait until ``path`` exists; fail the test when ``proc`` exits first or after
+    ``timeout`` seconds (then ``proc`` is killed)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"training exited ({proc.returncode}) before {path} appeared:\n"
+                        f"{err[-4000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{path} did not appear within {timeout} s")
+        time.sleep(0.02)
+
+
+class CountOps(TorchDispatchMode):
+    """Records the aten operation (overload packet name) of every dispatched call in ``ops``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from unit.train.test_loop import TRAINER, _cli, _env, _wait_for
+from helpers import train_command, train_env, wait_for
+from unit.train.test_loop import TRAINER
 
 from transformer_nmt.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
 from transformer_nmt.config import compose
@@ -40,13 +41,13 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, data_overrides
               "trainer.validate_every_steps=10"]
     ref_dir = tmp_path / "reference"
     # The uninterrupted reference runs alongside the run that gets killed (one thread each).
-    reference = subprocess.Popen(_cli([*common, f"run_dir={ref_dir}"]), env=_env(),
+    reference = subprocess.Popen(train_command([*common, f"run_dir={ref_dir}"]), env=train_env(),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(_cli([*common, f"run_dir={run_dir}"]), env=_env(),
+    proc = subprocess.Popen(train_command([*common, f"run_dir={run_dir}"]), env=train_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(checkpoint_dir(run_dir) / "checkpoint_5.pt", proc)
+        wait_for(checkpoint_dir(run_dir) / "checkpoint_5.pt", proc)
         time.sleep(random.uniform(0.0, 0.5))
         assert proc.poll() is None, "the run finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
@@ -61,7 +62,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, data_overrides
     killed_at = load_checkpoint(latest_checkpoint(run_dir))["train_state"]["step"]
     assert 5 <= killed_at < 25
 
-    subprocess.run(_cli([*common, f"run_dir={run_dir}"]), env=_env(), check=True,
+    subprocess.run(train_command([*common, f"run_dir={run_dir}"]), env=train_env(), check=True,
                    capture_output=True, timeout=240)
     a = load_checkpoint(latest_checkpoint(ref_dir))
     b = load_checkpoint(latest_checkpoint(run_dir))
@@ -80,11 +81,11 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, data_overrides
 def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, data_overrides, tiny):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        _cli([*data_overrides, *tiny, f"run_dir={run_dir}", "trainer.max_steps=100000",
+        train_command([*data_overrides, *tiny, f"run_dir={run_dir}", "trainer.max_steps=100000",
               "trainer.save_every_steps=5", "trainer.validate_every_steps=null"]),
-        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
-    _wait_for(checkpoint_dir(run_dir) / "checkpoint_5.pt", proc)
+    wait_for(checkpoint_dir(run_dir) / "checkpoint_5.pt", proc)
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -140,7 +141,7 @@ def test_at_most_one_host_sync_per_step_on_two_ranks(tmp_path, data_overrides, t
          str(worker), str(tmp_path), *data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
          "trainer.max_steps=6", "trainer.update_freq=2", "trainer.log_every_steps=1000",
          "trainer.validate_every_steps=null", "trainer.save_every_minutes=null"],
-        env=_env(), capture_output=True, text=True, timeout=300, check=False)
+        env=train_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         got = json.loads((tmp_path / f"reads_{rank}.json").read_text())
@@ -181,9 +182,9 @@ def test_golden_loss_curve_of_the_reversal_task(tmp_path, synthetic_corpus, tiny
     --update-golden``."""
     run = tmp_path / "run"
     overrides = [*synthetic_corpus.overrides, *tiny_model, *GOLDEN_OVERRIDES, f"run_dir={run}"]
-    env = {**_env(), "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(_cli(overrides), env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    env = {**train_env(), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(train_command(overrides), env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r["split"] == "train"]

@@ -8,12 +8,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import train_command, train_env
 
 import transformer_nmt.train.loop as train_mod
 from transformer_nmt.checkpoint import (
@@ -53,30 +51,6 @@ def tiny(tiny_model) -> list[str]:
 def data_overrides(synthetic_corpus) -> list[str]:
     """The default experiment on the prepared synthetic reversal corpus (2,000 pairs)."""
     return ["experiment=multi30k_en_de", *synthetic_corpus.overrides]
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
-
-
-def _cli(overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "transformer_nmt.cli.train", *overrides]
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            _, err = proc.communicate()
-            pytest.fail(f"training exited ({proc.returncode}) before {path} appeared:\n"
-                        f"{err[-4000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"{path} did not appear within {timeout} s")
-        time.sleep(0.02)
 
 
 def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides, tiny, synthetic_corpus):
@@ -210,8 +184,8 @@ def test_missing_data_fails_with_one_line_naming_the_file(tmp_path, data_overrid
                  f"run_dir={tmp_path / 'run'}", "trainer.max_steps=1"]
     with pytest.raises(MissingDataError, match=r"spm\.model.*nmt-prepare experiment="):
         train(compose(overrides))
-    proc = subprocess.run(_cli(overrides), check=False, env=_env(), capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(train_command(overrides), check=False, env=train_env(),
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: prepared data not found: ") and "make data" in last

@@ -7,18 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import CountOps
 
 from transformer_nmt.train.loss import label_smoothed_nll_loss
-from unit.train.test_loss_in_graph import _CountOps as _Ops
 
 
 def _ops(ignore_index: int | None) -> tuple[list[str], list[str]]:
     logits = torch.empty(25_000, 37_000, dtype=torch.bfloat16, device="meta",
                          requires_grad=True)
     target = torch.empty(25_000, dtype=torch.long, device="meta")
-    with _Ops() as fwd:
+    with CountOps() as fwd:
         loss, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index)
-    with _Ops() as bwd:
+    with CountOps() as bwd:
         loss.backward()
     return fwd.ops, bwd.ops
 

@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import CountOps
 
 from transformer_nmt.train.loss import label_smoothed_nll_loss
 
@@ -21,21 +21,11 @@ MAX_OPS_PER_CALL = 19
 materialised). 29 before the log-sum-exp, the smoothing term and the one-hot were folded."""
 
 
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
-
-
 def _ops_per_call(n: int, vocab: int) -> list[str]:
     """aten operations of forward + backward at (n, vocab) bf16 logits on the meta device."""
     logits = torch.empty(n, vocab, dtype=torch.bfloat16, device="meta", requires_grad=True)
     target = torch.empty(n, dtype=torch.long, device="meta")
-    with _CountOps() as count:
+    with CountOps() as count:
         loss, _ = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=None)
         loss.backward()
     return count.ops
