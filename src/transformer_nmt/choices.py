@@ -138,6 +138,14 @@ class LenpenForm(Choice):
     fairseq = "fairseq"
 
 
+class LrScheduler(Choice):
+    """trainer.lr_scheduler: the learning rate after the linear warm-up."""
+
+    inverse_sqrt = "inverse_sqrt"
+    cosine = "cosine"
+    linear = "linear"
+
+
 class Stopping(Choice):
     """decode.stopping: when a sentence's beam search ends."""
 

@@ -269,3 +269,23 @@ def test_the_dry_runs_sizes_do_not_stop_a_resume_but_a_recipe_change_does():
     assert ck.config_differences(saved, new) == []
     changed = to_plain(compose(["trainer.lr_multiplier=2.0"]))
     assert ck.config_differences(saved, changed) == ["trainer.lr_multiplier: 1.0 != 2.0"]
+
+
+def test_max_steps_is_part_of_a_decaying_schedule_on_resume():
+    """Under inverse_sqrt a resumed run may go on for more steps; under cosine or linear
+    max_steps is where the rate reaches 0, so changing it is refused unless allowed."""
+    from transformer_nmt.config import compose, to_plain
+
+    def plain(*overrides):
+        return to_plain(compose(["trainer.max_steps=1000", "trainer.warmup_steps=100",
+                                 *overrides]))
+
+    longer = ["trainer.max_steps=2000"]
+    assert ck.config_differences(plain(), plain(*longer)) == []
+    cosine = ["trainer.lr_scheduler=cosine"]
+    assert ck.config_differences(plain(*cosine), plain(*cosine, *longer)) == [
+        "trainer.max_steps: 1000 != 2000"]
+    assert ck.config_differences(plain(*cosine), plain(*cosine, *longer),
+                                 allowed=["trainer.max_steps"]) == []
+    assert ck.config_differences(plain(), plain(*cosine)) == [
+        "trainer.lr_scheduler: 'inverse_sqrt' != 'cosine'"]

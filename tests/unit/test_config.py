@@ -92,6 +92,7 @@ def test_single_bad_value_is_one_line(override):
         ("decode.precision", "auto", "[fp32, bf16, fp16]"),
         ("decode.lenpen_form", "marian", "[gnmt, fairseq]"),
         ("decode.stopping", "never", "[bound, beam]"),
+        ("trainer.lr_scheduler", "step", "[inverse_sqrt, cosine, linear]"),
     ],
 )
 def test_bad_choice_fails_at_composition_naming_the_key(key, bad, choices):

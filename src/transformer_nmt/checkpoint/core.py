@@ -339,6 +339,8 @@ def config_differences(saved: dict | None, new: dict | None,
     """The settings a run was started with (``saved``) that ``new`` changes, as
     ``key: saved != new``; keys in :data:`RESUME_HARMLESS_KEYS`, in ``allowed`` or in either
     config's ``trainer.resume_changed`` are left out (``"*"`` there leaves all out).
+    ``trainer.max_steps`` is compared when either side's ``trainer.lr_scheduler`` decays to
+    0 there (``cosine``, ``linear``).
 
     Only ``name``, ``model``, ``data`` and ``trainer`` are compared (decoding, averaging and
     table settings are not the run's). A key the saved config lacks (a checkpoint written
@@ -352,7 +354,11 @@ def config_differences(saved: dict | None, new: dict | None,
     """
     if not isinstance(saved, dict) or not isinstance(new, dict):
         return []
-    skip = set(RESUME_HARMLESS_KEYS) | set(allowed)
+    skip = set(RESUME_HARMLESS_KEYS)
+    if any((c.get("trainer") or {}).get("lr_scheduler", "inverse_sqrt") != "inverse_sqrt"
+           for c in (saved, new)):
+        skip.discard("trainer.max_steps")  # a decaying schedule ends at max_steps
+    skip |= set(allowed)
     for c in (saved, new):
         skip |= set(((c.get("trainer") or {}).get("resume_changed")) or [])
     targets = [(c.get("trainer") or {}).get("tokens_per_step") for c in (saved, new)]

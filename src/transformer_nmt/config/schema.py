@@ -40,6 +40,7 @@ from transformer_nmt.choices import (
     GradCompression,
     Init,
     LenpenForm,
+    LrScheduler,
     Norm,
     PlotFormat,
     PlotKind,
@@ -217,6 +218,10 @@ class TrainerConfig:
     """Scales lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)."""
     warmup_steps: int = 4000
     """Optimizer steps of linear learning-rate warm-up."""
+    lr_scheduler: LrScheduler = LrScheduler.inverse_sqrt
+    """After the warm-up: ``inverse_sqrt`` (the paper, equation 3), or from the same peak
+    ``cosine`` / ``linear`` decay to 0 at ``max_steps`` (fairseq's ``cosine`` and
+    ``polynomial_decay``; they need ``max_steps``, which a resumed run then keeps)."""
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     """Adam's beta1 and beta2 (section 5.3)."""
     adam_eps: float = 1e-9

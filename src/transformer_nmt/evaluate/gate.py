@@ -28,7 +28,7 @@ RECIPE_KEYS: dict[str, tuple[str, ...]] = {
               "dropout", "attention_dropout", "activation_dropout", "norm", "share_embeddings",
               "positions", "init"),
     "trainer": ("label_smoothing", "adam_betas", "adam_eps", "weight_decay", "lr_multiplier",
-                "warmup_steps", "clip_norm", "max_steps", "save_every_steps",
+                "warmup_steps", "lr_scheduler", "clip_norm", "max_steps", "save_every_steps",
                 "tokens_per_step"),
     "data": ("corpus", "src_lang", "tgt_lang", "vocab_size", "spm_model_type",
              "spm_character_coverage", "unicode_form", "max_len", "max_ratio", "ratio_min_len",

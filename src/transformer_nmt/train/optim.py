@@ -4,14 +4,18 @@
 
 Steps count from 1: the first optimizer update uses ``lrate(1)``. The rate rises linearly
 for ``warmup_steps`` updates, peaks at ``d_model^-0.5 * warmup_steps^-0.5`` (6.99e-4 for
-d_model = 512, warmup 4000), then decays with the inverse square root of the step.
+d_model = 512, warmup 4000), then decays with the inverse square root of the step. The
+``cosine`` and ``linear`` schedules share the warm-up and the peak and then decay to 0 at
+``max_steps`` (:func:`decay_lr`).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from transformer_nmt.config import TrainerConfig
+from transformer_nmt.config import LrScheduler, TrainerConfig
 
 
 def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, multiplier: float = 1.0) -> float:
@@ -35,6 +39,36 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, multiplier: floa
             "must all be >= 1 (steps count from 1)"
         )
     return multiplier * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def decay_lr(step: int, d_model: int, warmup_steps: int, max_steps: int,
+             kind: LrScheduler | str, multiplier: float = 1.0) -> float:
+    """The learning rate at update ``step`` of a schedule that decays to 0 at ``max_steps``.
+
+    Up to ``warmup_steps`` it is :func:`inverse_sqrt_lr` (linear warm-up to the same peak
+    ``multiplier * d_model^-0.5 * warmup_steps^-0.5``); then, with
+    ``p = (step - warmup_steps) / (max_steps + 1 - warmup_steps)`` (so the last update's rate
+    is still positive), ``peak * (1 + cos(pi * p)) / 2`` (``cosine``, Loshchilov and Hutter
+    2017, without restarts) or ``peak * (1 - p)`` (``linear``, fairseq's
+    ``polynomial_decay`` with power 1 and end rate 0). ``inverse_sqrt`` is
+    :func:`inverse_sqrt_lr` at every step. Past ``max_steps`` the rate is 0.
+
+    Raises:
+        ValueError: when ``step``, ``d_model`` or ``warmup_steps`` is not positive, or
+            ``max_steps`` is not above ``warmup_steps`` for a decaying schedule.
+    """
+    if kind == LrScheduler.inverse_sqrt or step <= warmup_steps:
+        return inverse_sqrt_lr(step, d_model, warmup_steps, multiplier)
+    if max_steps <= warmup_steps:
+        raise ValueError(f"decay_lr: max_steps={max_steps} must be above "
+                         f"warmup_steps={warmup_steps}")
+    peak = inverse_sqrt_lr(warmup_steps, d_model, warmup_steps, multiplier)
+    p = min(1.0, (step - warmup_steps) / (max_steps + 1 - warmup_steps))
+    if kind == LrScheduler.cosine:
+        return peak * 0.5 * (1.0 + math.cos(math.pi * p))
+    if kind == LrScheduler.linear:
+        return peak * (1.0 - p)
+    raise ValueError(f"decay_lr: unknown schedule {kind!r} (inverse_sqrt, cosine, linear)")
 
 
 def build_optimizer(model: torch.nn.Module, trainer_cfg: TrainerConfig) -> torch.optim.Adam:
@@ -65,7 +99,8 @@ def build_optimizer(model: torch.nn.Module, trainer_cfg: TrainerConfig) -> torch
 def build_scheduler(
     optimizer: torch.optim.Optimizer, d_model: int, trainer_cfg: TrainerConfig
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """LambdaLR applying :func:`inverse_sqrt_lr`, with the scheduler's count shifted to start at 1.
+    """LambdaLR applying ``trainer_cfg.lr_scheduler`` (:func:`inverse_sqrt_lr`,
+    :func:`decay_lr`), with the scheduler's count shifted to start at 1.
 
     ``LambdaLR`` evaluates its function at 0 on construction and after each ``step()`` at
     1, 2, ...; the function adds 1 so that the first optimizer update runs at ``lrate(1)``.
@@ -76,12 +111,19 @@ def build_scheduler(
     Args:
         optimizer: built by :func:`build_optimizer` (base lr 1.0).
         d_model: model width.
-        trainer_cfg: ``cfg.trainer`` (``warmup_steps``, ``lr_multiplier``).
+        trainer_cfg: ``cfg.trainer`` (``warmup_steps``, ``lr_multiplier``,
+            ``lr_scheduler``, ``max_steps``).
     """
     warmup = int(trainer_cfg.warmup_steps)
     multiplier = float(trainer_cfg.lr_multiplier)
+    kind = LrScheduler(str(getattr(trainer_cfg, "lr_scheduler", "inverse_sqrt")))
+    if kind == LrScheduler.inverse_sqrt:
+        def lr_at(updates_done: int) -> float:
+            return inverse_sqrt_lr(updates_done + 1, d_model, warmup, multiplier)
+    else:
+        total = int(trainer_cfg.max_steps)
 
-    def lr_at(updates_done: int) -> float:
-        return inverse_sqrt_lr(updates_done + 1, d_model, warmup, multiplier)
+        def lr_at(updates_done: int) -> float:
+            return decay_lr(updates_done + 1, d_model, warmup, total, kind, multiplier)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_at)

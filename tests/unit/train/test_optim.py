@@ -8,8 +8,13 @@ from itertools import pairwise
 import pytest
 import torch
 
-from transformer_nmt.config import compose
-from transformer_nmt.train.optim import build_optimizer, build_scheduler, inverse_sqrt_lr
+from transformer_nmt.config import ConfigError, compose
+from transformer_nmt.train.optim import (
+    build_optimizer,
+    build_scheduler,
+    decay_lr,
+    inverse_sqrt_lr,
+)
 
 
 def test_paper_learning_rate_values():
@@ -78,3 +83,50 @@ def test_fused_adam_matches_the_reference_update():
     for a, b in zip(fused_model.parameters(), ref_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert (fused_model[0].weight - start).abs().max() > 1e-3  # the steps moved the weights
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear"])
+def test_decaying_schedules_share_the_warm_up_and_peak_and_end_at_zero(kind):
+    """cosine / linear: the paper's warm-up and peak, then a fall to 0 at max_steps that
+    never reaches 0 on an update of the run."""
+    d, warm, total = 256, 150, 2550
+    values = [decay_lr(s, d, warm, total, kind, 0.2) for s in range(1, total + 2)]
+    assert values[:warm] == [inverse_sqrt_lr(s, d, warm, 0.2) for s in range(1, warm + 1)]
+    assert max(values) == values[warm - 1] == pytest.approx(0.2 * d**-0.5 * warm**-0.5)
+    assert all(a > b for a, b in pairwise(values[warm - 1:total]))
+    assert values[total - 1] > 0.0 and values[total] == 0.0  # update max_steps, then past it
+    middle = decay_lr(warm + (total + 1 - warm) // 2, d, warm, total, kind, 0.2) / max(values)
+    assert middle == pytest.approx(0.5, abs=1e-3)  # both are at half the peak half-way
+    quarter = decay_lr(warm + (total + 1 - warm) // 4, d, warm, total, kind, 0.2) / max(values)
+    assert quarter == pytest.approx(0.854 if kind == "cosine" else 0.75, abs=1e-3)
+    assert decay_lr(2000, d, warm, total, "inverse_sqrt", 0.2) == inverse_sqrt_lr(2000, d, warm,
+                                                                                  0.2)
+    with pytest.raises(ValueError, match="max_steps=100 must be above warmup_steps=150"):
+        decay_lr(200, d, warm, 100, kind)
+
+
+def test_the_scheduler_follows_the_chosen_schedule_and_resumes():
+    cfg = compose(["model=tiny", "trainer.warmup_steps=4", "trainer.max_steps=20",
+                   "trainer.lr_scheduler=cosine"])
+    model = torch.nn.Linear(4, 4)
+    opt = build_optimizer(model, cfg.trainer)
+    sched = build_scheduler(opt, 256, cfg.trainer)
+    seen = []
+    for _ in range(20):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([decay_lr(s, 256, 4, 20, "cosine") for s in range(1, 21)],
+                                 rel=1e-12)
+    sched2 = build_scheduler(build_optimizer(model, cfg.trainer), 256, cfg.trainer)
+    sched2.load_state_dict(sched.state_dict())
+    assert sched2.get_last_lr() == pytest.approx(sched.get_last_lr())
+
+
+def test_a_decaying_schedule_needs_max_steps_above_the_warm_up():
+    with pytest.raises(ConfigError, match=r"trainer.lr_scheduler=linear decays to 0 at "
+                                          r"trainer.max_steps, which is null"):
+        compose(["trainer.lr_scheduler=linear", "trainer.max_steps=null"])
+    with pytest.raises(ConfigError, match=r"trainer.max_steps=100 above "
+                                          r"trainer.warmup_steps=4000"):
+        compose(["trainer.lr_scheduler=cosine", "trainer.max_steps=100"])
