@@ -166,7 +166,8 @@ def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | 
          f"{model.positions} positions, embeddings shared ({model.share_embeddings}), "
          f"dropout {model.dropout}"),
         (f"- training: max_tokens {trainer.max_tokens} x update_freq {trainer.update_freq}, "
-         f"warmup_steps {trainer.warmup_steps}, lr_multiplier {trainer.lr_multiplier}, "
+         f"warmup_steps {trainer.warmup_steps}, lr_multiplier {trainer.lr_multiplier} "
+         f"({getattr(trainer, 'lr_scheduler', 'inverse_sqrt')}), "
          f"label_smoothing {trainer.label_smoothing}, Adam betas {list(trainer.adam_betas)}"),
         f"- steps: {_fmt(checkpoint_step(ckpt))}"
         + (f", parameters averaged over {len(ckpt['averaged_from'])} checkpoints "
