@@ -135,13 +135,10 @@ def validate(cfg: Config) -> None:
             errors.append(f"trainer.{key}={getattr(t, key)} must be >= 0")
     if t.patience is not None and t.patience <= 0:
         errors.append(f"trainer.patience={t.patience} must be positive (or null)")
-    if t.lr_scheduler != "inverse_sqrt":
-        if t.max_steps is None:
-            errors.append(f"trainer.lr_scheduler={t.lr_scheduler} decays to 0 at "
-                          "trainer.max_steps, which is null; set trainer.max_steps")
-        elif 0 < t.max_steps <= t.warmup_steps:
-            errors.append(f"trainer.lr_scheduler={t.lr_scheduler} needs trainer.max_steps="
-                          f"{t.max_steps} above trainer.warmup_steps={t.warmup_steps}")
+    if t.lr_scheduler != "inverse_sqrt" and t.max_steps is None:
+        errors.append(f"trainer.lr_scheduler={t.lr_scheduler} decays to 0 at trainer.max_steps, "
+                      "which is null; set trainer.max_steps, or trainer.lr_scheduler="
+                      "inverse_sqrt for a run limited by time or epochs")
     d = cfg.decode
     errors.extend(_non_finite(cfg))
     for key, low, high in DECODE_RANGES:

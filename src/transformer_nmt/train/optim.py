@@ -51,17 +51,16 @@ def decay_lr(step: int, d_model: int, warmup_steps: int, max_steps: int,
     is still positive), ``peak * (1 + cos(pi * p)) / 2`` (``cosine``, Loshchilov and Hutter
     2017, without restarts) or ``peak * (1 - p)`` (``linear``, fairseq's
     ``polynomial_decay`` with power 1 and end rate 0). ``inverse_sqrt`` is
-    :func:`inverse_sqrt_lr` at every step. Past ``max_steps`` the rate is 0.
+    :func:`inverse_sqrt_lr` at every step. Past ``max_steps`` the rate is 0, so a run
+    shorter than its warm-up only warms up.
 
     Raises:
-        ValueError: when ``step``, ``d_model`` or ``warmup_steps`` is not positive, or
-            ``max_steps`` is not above ``warmup_steps`` for a decaying schedule.
+        ValueError: when ``step``, ``d_model`` or ``warmup_steps`` is not positive.
     """
+    if kind != LrScheduler.inverse_sqrt and step > max_steps:
+        return 0.0
     if kind == LrScheduler.inverse_sqrt or step <= warmup_steps:
         return inverse_sqrt_lr(step, d_model, warmup_steps, multiplier)
-    if max_steps <= warmup_steps:
-        raise ValueError(f"decay_lr: max_steps={max_steps} must be above "
-                         f"warmup_steps={warmup_steps}")
     peak = inverse_sqrt_lr(warmup_steps, d_model, warmup_steps, multiplier)
     p = min(1.0, (step - warmup_steps) / (max_steps + 1 - warmup_steps))
     if kind == LrScheduler.cosine:

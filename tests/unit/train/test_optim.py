@@ -101,8 +101,9 @@ def test_decaying_schedules_share_the_warm_up_and_peak_and_end_at_zero(kind):
     assert quarter == pytest.approx(0.854 if kind == "cosine" else 0.75, abs=1e-3)
     assert decay_lr(2000, d, warm, total, "inverse_sqrt", 0.2) == inverse_sqrt_lr(2000, d, warm,
                                                                                   0.2)
-    with pytest.raises(ValueError, match="max_steps=100 must be above warmup_steps=150"):
-        decay_lr(200, d, warm, 100, kind)
+    short = [decay_lr(s, d, warm, 100, kind) for s in range(1, 101)]  # shorter than warm-up
+    assert short == [inverse_sqrt_lr(s, d, warm) for s in range(1, 101)]
+    assert decay_lr(101, d, warm, 100, kind) == 0.0
 
 
 def test_the_scheduler_follows_the_chosen_schedule_and_resumes():
@@ -123,10 +124,7 @@ def test_the_scheduler_follows_the_chosen_schedule_and_resumes():
     assert sched2.get_last_lr() == pytest.approx(sched.get_last_lr())
 
 
-def test_a_decaying_schedule_needs_max_steps_above_the_warm_up():
+def test_a_decaying_schedule_needs_max_steps():
     with pytest.raises(ConfigError, match=r"trainer.lr_scheduler=linear decays to 0 at "
-                                          r"trainer.max_steps, which is null"):
+                                          r"trainer.max_steps, which is null; .*inverse_sqrt"):
         compose(["trainer.lr_scheduler=linear", "trainer.max_steps=null"])
-    with pytest.raises(ConfigError, match=r"trainer.max_steps=100 above "
-                                          r"trainer.warmup_steps=4000"):
-        compose(["trainer.lr_scheduler=cosine", "trainer.max_steps=100"])
