@@ -20,14 +20,20 @@ BIN = Path(sys.executable).parent
 def test_default_experiment_stops_after_a_fixed_number_of_steps(experiment):
     cfg = compose([f"experiment={experiment}"])
     t = cfg.trainer
-    assert t.max_steps == 2550 and t.max_time_minutes is None and t.max_epochs is None
+    assert t.max_steps == 3000 and t.max_time_minutes is None and t.max_epochs is None
     assert t.save_every_minutes is None  # no wall-clock checkpoints either
+    assert t.lr_scheduler == "linear"  # the rate reaches 0 after the last step
     # The run ends on a periodic checkpoint, so the last-N average is evenly spaced.
     assert t.max_steps % t.save_every_steps == 0
     assert t.keep_last >= cfg.average.last == 5
-    # The time budget stays available as an override.
+    # The time budget stays available as an override, with the paper's schedule (the
+    # linear one needs the step count it ends at).
     assert compose([f"experiment={experiment}", "trainer.max_steps=null",
-                    "trainer.max_time_minutes=60"]).trainer.max_time_minutes == 60
+                    "trainer.max_time_minutes=60", "trainer.lr_scheduler=inverse_sqrt"]
+                   ).trainer.max_time_minutes == 60
+    with pytest.raises(ValueError, match="lr_scheduler=linear decays to 0 at trainer.max_steps"):
+        compose([f"experiment={experiment}", "trainer.max_steps=null",
+                 "trainer.max_time_minutes=60"])
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ TRAINER = [
     "trainer.validate_every_steps=null", "trainer.validate_every_epochs=null",
     "trainer.num_workers=0", "trainer.tokens_per_step=1200",
     "trainer.tokens_per_step_tolerance=0.3", "trainer.save_every_steps=100",
+    "trainer.lr_scheduler=inverse_sqrt",  # the segments end at other step or epoch limits
 ]
 
 

@@ -47,7 +47,8 @@ def test_sigterm_during_start_up_stops_before_the_first_step(tmp_path, synthetic
     run = tmp_path / "run"
     overrides = ["experiment=multi30k_en_de", *synthetic_corpus.overrides, *tiny_model,
                  f"run_dir={run}", "trainer.max_tokens=512", "trainer.save_every_steps=2",
-                 "trainer.validate_every_steps=null", "trainer.num_workers=0"]
+                 "trainer.validate_every_steps=null", "trainer.num_workers=0",
+                 "trainer.lr_scheduler=inverse_sqrt"]  # resumed to a later max_steps
     train(compose([*overrides, "trainer.max_steps=4"]))
     before = {p.name: p.stat().st_mtime_ns for p in step_checkpoints(run)}
 

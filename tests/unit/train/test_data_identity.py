@@ -18,7 +18,8 @@ from transformer_nmt.train.loop import train
 
 def test_resume_on_refiltered_training_data_is_refused(tmp_path, tiny_model, caplog):
     files = write_reversal_corpus(tmp_path / "text", {"train": 300, "valid": 20, "test": 20})
-    data = ["experiment=multi30k_en_de", "data=custom", "data.name=shared", "data.src_lang=en",
+    data = ["experiment=multi30k_en_de", "trainer.lr_scheduler=inverse_sqrt",  # resumed longer
+            "data=custom", "data.name=shared", "data.src_lang=en",
             "data.tgt_lang=de", f"data.root={tmp_path / 'data'}", "data.vocab_size=120",
             "data.num_workers=1", "data.valid_split=valid", "data.test_splits=[test]",
             *(f"+data.custom_files.{s}={files / s}" for s in ("train", "valid", "test"))]

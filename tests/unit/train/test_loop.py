@@ -38,6 +38,8 @@ TRAINER = [
     "model.dropout=0.1", "trainer.max_tokens=1024",
     "trainer.warmup_steps=10", "trainer.lr_multiplier=1.0", "trainer.save_every_minutes=null",
     "trainer.log_every_steps=5", "trainer.num_workers=0",
+    # the paper's schedule: these runs are resumed and extended to other max_steps
+    "trainer.lr_scheduler=inverse_sqrt",
 ]
 
 
