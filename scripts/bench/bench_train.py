@@ -72,6 +72,7 @@ def run_ours(args, out: Path) -> dict:
         "trainer.validate_every_steps=null", "trainer.save_every_steps=null",
         "trainer.save_every_minutes=null", f"trainer.max_tokens={args.max_tokens}",
         f"trainer.warmup_steps={args.warmup}", f"trainer.lr_multiplier={args.lr_multiplier}",
+        "trainer.lr_scheduler=inverse_sqrt",  # fairseq's inverse_sqrt, as the peers run
         f"trainer.precision={args.precision}", "trainer.num_workers=0", "trainer.seed=1",
         "trainer.keep_last=1", "trainer.max_time_minutes=null", "trainer.max_epochs=null",
         "trainer.update_freq=1", "trainer.valid_bleu=false", "trainer.patience=null",

@@ -230,6 +230,7 @@ class GpuCheck:
             f"trainer.max_tokens={max_tokens or (512 if self.smoke else 4096)}",
             f"trainer.warmup_steps={4 if self.smoke else 100}",
             f"trainer.lr_multiplier={1.0 if self.smoke else paper_lr_multiplier(100):.6g}",
+            "trainer.lr_scheduler=inverse_sqrt",  # the paper's; the resume checks go on longer
             "trainer.valid_bleu=true",
             f"trainer.valid_bleu_sentences={20 if self.smoke else 200}", *extra,
         ]
