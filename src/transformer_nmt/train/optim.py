@@ -55,7 +55,8 @@ def decay_lr(step: int, d_model: int, warmup_steps: int, max_steps: int,
     shorter than its warm-up only warms up.
 
     Raises:
-        ValueError: when ``step``, ``d_model`` or ``warmup_steps`` is not positive.
+        ValueError: when ``step``, ``d_model`` or ``warmup_steps`` is not positive, or
+            ``kind`` names no schedule.
     """
     if kind != LrScheduler.inverse_sqrt and step > max_steps:
         return 0.0
