@@ -52,6 +52,7 @@ from transformer_nmt.config.schema import (
     TrainerConfig,
     TranslateConfig,
     as_plain,
+    field_value,
     register_configs,
     to_plain,
 )
@@ -60,14 +61,12 @@ from transformer_nmt.config.validate import validate, validate_model_config
 from transformer_nmt.errors import ConfigError
 
 __all__ = [
-    "BOS_ID", "CONFIG_DIR", "EOS_ID", "PAD_ID", "UNK_ID",
-    "AverageConfig", "Choice", "Config", "ConfigError", "Corpus", "DataConfig", "DecodeConfig",
-    "DecodePrecision", "EncodingErrors", "Engine", "ExportConfig", "ExportFormat",
-    "GradCompression", "Init", "LenpenForm", "LrScheduler", "ModelConfig", "Norm", "PlotConfig",
-    "PlotFormat",
-    "PlotKind", "Positions", "Pretokenize", "Quantization", "ReportTable", "ShareEmbeddings",
-    "SpmModelType", "Stopping", "Table3Config", "TableConfig", "TooLong", "TrainPrecision",
-    "TrainerConfig", "TranslateConfig",
-    "UnicodeForm", "apply_row", "as_plain", "check_known_keys", "compose", "register_configs",
-    "to_plain", "typed_config", "validate", "validate_model_config",
+    "BOS_ID", "CONFIG_DIR", "EOS_ID", "PAD_ID", "UNK_ID", "AverageConfig", "Choice", "Config",
+    "ConfigError", "Corpus", "DataConfig", "DecodeConfig", "DecodePrecision", "EncodingErrors",
+    "Engine", "ExportConfig", "ExportFormat", "GradCompression", "Init", "LenpenForm",
+    "LrScheduler", "ModelConfig", "Norm", "PlotConfig", "PlotFormat", "PlotKind", "Positions",
+    "Pretokenize", "Quantization", "ReportTable", "ShareEmbeddings", "SpmModelType", "Stopping",
+    "Table3Config", "TableConfig", "TooLong", "TrainPrecision", "TrainerConfig", "TranslateConfig",
+    "UnicodeForm", "apply_row", "as_plain", "check_known_keys", "compose", "field_value",
+    "register_configs", "to_plain", "typed_config", "validate", "validate_model_config",
 ]

@@ -517,6 +517,12 @@ def as_plain(node: Any) -> Any:
     return node
 
 
+def field_value(cfg: Any, key: str, default: Any = None) -> Any:
+    """``cfg.key`` of a typed config, or ``cfg[key]`` of a plain dict (a checkpoint's or
+    results.json's config); ``default`` when absent."""
+    return cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
+
+
 def register_configs() -> None:
     """Store the schema in Hydra's ConfigStore (called on import of this module)."""
     cs = ConfigStore.instance()

@@ -30,6 +30,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transformer_nmt.config.schema import field_value
+
 if TYPE_CHECKING:
     from transformer_nmt.config import Config, ModelConfig
 
@@ -47,8 +49,9 @@ def setting(model_cfg: ModelConfig | dict[str, Any],
     Returns:
         The setting, or None when the encoder and decoder depths differ.
     """
-    get = (model_cfg.get if isinstance(model_cfg, dict)
-           else lambda k, d=None: getattr(model_cfg, k, d))
+    def get(key: str, default: Any = None) -> Any:
+        return field_value(model_cfg, key, default)
+
     if get("encoder_layers") != get("decoder_layers"):
         return None
     heads, d_model = get("heads"), get("d_model")

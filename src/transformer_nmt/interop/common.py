@@ -23,8 +23,8 @@ from transformer_nmt.config import (
     PAD_ID,
     UNK_ID,
     Config,
-    DecodeConfig,
     ModelConfig,
+    field_value,
 )
 from transformer_nmt.errors import ExportError, NotWritableError
 
@@ -62,13 +62,6 @@ def require(module: str):
 # --------------------------------------------------------------------------------------
 
 
-def setting(cfg: ModelConfig | DecodeConfig | dict[str, Any], key: str,
-            default: Any = None) -> Any:
-    """``cfg.key`` of a typed config, or ``cfg[key]`` of a checkpoint's plain dict; ``default``
-    when absent."""
-    return cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
-
-
 def check_exportable(model_cfg: ModelConfig, target: str) -> None:
     """Refuse a model that ``target`` (an ``export.format``: ``hf`` or ``ctranslate2``)
     cannot compute exactly.
@@ -76,8 +69,8 @@ def check_exportable(model_cfg: ModelConfig, target: str) -> None:
     Raises:
         ExportError: naming the config field and value.
     """
-    d, h = int(setting(model_cfg, "d_model")), int(setting(model_cfg, "heads"))
-    d_k, d_v = setting(model_cfg, "d_k"), setting(model_cfg, "d_v")
+    d, h = int(field_value(model_cfg, "d_model")), int(field_value(model_cfg, "heads"))
+    d_k, d_v = field_value(model_cfg, "d_k"), field_value(model_cfg, "d_v")
     d_k = d // h if d_k is None else int(d_k)
     d_v = d // h if d_v is None else int(d_v)
     if d_k != d_v or d_k * h != d:
@@ -86,17 +79,17 @@ def check_exportable(model_cfg: ModelConfig, target: str) -> None:
             "d_k = d_v = d_model / heads"
         )
     if target == "hf":
-        if setting(model_cfg, "norm") != "post":
+        if field_value(model_cfg, "norm") != "post":
             raise ExportError(
-                f"model.norm={setting(model_cfg, 'norm')}: MarianMTModel is post-norm only")
-        if setting(model_cfg, "positions") != "sinusoidal":
+                f"model.norm={field_value(model_cfg, 'norm')}: MarianMTModel is post-norm only")
+        if field_value(model_cfg, "positions") != "sinusoidal":
             raise ExportError(
-                f"model.positions={setting(model_cfg, 'positions')}: MarianMTModel rebuilds "
+                f"model.positions={field_value(model_cfg, 'positions')}: MarianMTModel rebuilds "
                 "sinusoidal positions on load and cannot hold learned ones"
             )
-        if setting(model_cfg, "share_embeddings") != "all":
+        if field_value(model_cfg, "share_embeddings") != "all":
             raise ExportError(
-                f"model.share_embeddings={setting(model_cfg, 'share_embeddings')}: the Marian "
+                f"model.share_embeddings={field_value(model_cfg, 'share_embeddings')}: the Marian "
                 "export writes one shared embedding (share_embeddings=all)"
             )
 
@@ -167,7 +160,7 @@ def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | 
          f"dropout {model.dropout}"),
         (f"- training: max_tokens {trainer.max_tokens} x update_freq {trainer.update_freq}, "
          f"warmup_steps {trainer.warmup_steps}, lr_multiplier {trainer.lr_multiplier} "
-         f"({getattr(trainer, 'lr_scheduler', 'inverse_sqrt')}), "
+         f"({field_value(trainer, 'lr_scheduler', 'inverse_sqrt')}), "
          f"label_smoothing {trainer.label_smoothing}, Adam betas {list(trainer.adam_betas)}"),
         f"- steps: {_fmt(checkpoint_step(ckpt))}"
         + (f", parameters averaged over {len(ckpt['averaged_from'])} checkpoints "

@@ -32,6 +32,7 @@ from transformer_nmt.config import (
     UNK_ID,
     Config,
     DecodeConfig,
+    field_value,
 )
 from transformer_nmt.fileio import atomic_write, file_digest
 from transformer_nmt.interop.common import (
@@ -46,7 +47,6 @@ from transformer_nmt.interop.common import (
     check_tokenizer,
     piece_vocab,
     require,
-    setting,
 )
 
 log = logging.getLogger(__name__)
@@ -390,7 +390,7 @@ def decode_engine(model: Any, checkpoint: str | Path, cfg: Config, device: Any) 
         ExportError: an unknown engine, the export extra missing, or ``decode.precision``
             bf16 / fp16 with ``ctranslate2`` on a CPU (it would run float32).
     """
-    engine = str(setting(cfg.decode, "engine", "native") or "native")
+    engine = str(field_value(cfg.decode, "engine", "native") or "native")
     if engine == "native":
         return model
     if engine not in ENGINES:

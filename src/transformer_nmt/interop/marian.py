@@ -34,8 +34,9 @@ from transformer_nmt.config import (
     PAD_ID,
     ModelConfig,
     as_plain,
+    field_value,
 )
-from transformer_nmt.interop.common import check_exportable, require, setting
+from transformer_nmt.interop.common import check_exportable, require
 
 if TYPE_CHECKING:
     from transformers import MarianConfig
@@ -106,10 +107,10 @@ def layer_name_pairs(cfg: ModelConfig, enc_prefix: str, dec_prefix: str
         cfg: a model config (layer counts).
         enc_prefix, dec_prefix: where the peer keeps its layers, e.g. ``encoder.layers``.
     """
-    for i in range(int(setting(cfg, "encoder_layers"))):
+    for i in range(int(field_value(cfg, "encoder_layers"))):
         for ours, peer, parts in SELF_ATTN_FFN_NAMES:
             yield f"encoder_layers.{i}.{ours}", f"{enc_prefix}.{i}.{peer}", parts
-    for i in range(int(setting(cfg, "decoder_layers"))):
+    for i in range(int(field_value(cfg, "decoder_layers"))):
         for ours, peer, parts in SELF_ATTN_FFN_NAMES + CROSS_ATTN_NAMES:
             yield f"decoder_layers.{i}.{ours}", f"{dec_prefix}.{i}.{peer}", parts
 
@@ -126,7 +127,7 @@ def layer_state_dict(
         cfg: its model config (layer counts, d_model).
         enc_prefix, dec_prefix: where the peer keeps its layers, e.g. ``encoder.layers``.
     """
-    d = int(setting(cfg, "d_model"))
+    d = int(field_value(cfg, "d_model"))
     sd: dict[str, torch.Tensor] = {}
     for src, dst, parts in layer_name_pairs(cfg, enc_prefix, dec_prefix):
         if parts is None:
@@ -148,21 +149,21 @@ def marian_config(model_cfg: ModelConfig, vocab_size: int,
         dropout: residual dropout to write (default: the model's own).
     """
     transformers = require("transformers")
-    d = int(setting(model_cfg, "d_model"))
+    d = int(field_value(model_cfg, "d_model"))
     return transformers.MarianConfig(
         vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=d,
-        encoder_layers=int(setting(model_cfg, "encoder_layers")),
-        decoder_layers=int(setting(model_cfg, "decoder_layers")),
-        encoder_ffn_dim=int(setting(model_cfg, "d_ff")),
-        decoder_ffn_dim=int(setting(model_cfg, "d_ff")),
-        encoder_attention_heads=int(setting(model_cfg, "heads")),
-        decoder_attention_heads=int(setting(model_cfg, "heads")),
+        encoder_layers=int(field_value(model_cfg, "encoder_layers")),
+        decoder_layers=int(field_value(model_cfg, "decoder_layers")),
+        encoder_ffn_dim=int(field_value(model_cfg, "d_ff")),
+        decoder_ffn_dim=int(field_value(model_cfg, "d_ff")),
+        encoder_attention_heads=int(field_value(model_cfg, "heads")),
+        decoder_attention_heads=int(field_value(model_cfg, "heads")),
         activation_function="relu", normalize_before=False, scale_embedding=True,
         share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        dropout=float(setting(model_cfg, "dropout") if dropout is None else dropout),
-        attention_dropout=float(setting(model_cfg, "attention_dropout", 0.0)),
-        activation_dropout=float(setting(model_cfg, "activation_dropout", 0.0)),
-        max_position_embeddings=int(setting(model_cfg, "max_positions")),
+        dropout=float(field_value(model_cfg, "dropout") if dropout is None else dropout),
+        attention_dropout=float(field_value(model_cfg, "attention_dropout", 0.0)),
+        activation_dropout=float(field_value(model_cfg, "activation_dropout", 0.0)),
+        max_position_embeddings=int(field_value(model_cfg, "max_positions")),
         pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
         decoder_start_token_id=BOS_ID, forced_eos_token_id=EOS_ID,
     )
@@ -184,7 +185,7 @@ def to_marian_state_dict(ours: dict[str, torch.Tensor], model_cfg: ModelConfig
               "model.decoder.embed_tokens.weight", "lm_head.weight"):
         sd[k] = emb
     sd.update(layer_state_dict(ours, model_cfg, "model.encoder.layers", "model.decoder.layers"))
-    return _permute_marian(sd, marian_channel_order(int(setting(model_cfg, "d_model"))))
+    return _permute_marian(sd, marian_channel_order(int(field_value(model_cfg, "d_model"))))
 
 
 def port_to_marian(model: Any, dropout: float | None = None):
@@ -218,7 +219,7 @@ def port_to_marian(model: Any, dropout: float | None = None):
 def from_marian_state_dict(sd: dict[str, torch.Tensor], model_cfg: ModelConfig
                            ) -> dict[str, torch.Tensor]:
     """MarianMTModel's state dict -> ours (inverse of :func:`to_marian_state_dict`)."""
-    d = int(setting(model_cfg, "d_model"))
+    d = int(field_value(model_cfg, "d_model"))
     order = marian_channel_order(d)
     sd = _permute_marian({k: v.detach() for k, v in sd.items()}, torch.argsort(order))
     ours: dict[str, torch.Tensor] = {}

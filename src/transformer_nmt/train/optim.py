@@ -58,17 +58,16 @@ def decay_lr(step: int, d_model: int, warmup_steps: int, max_steps: int,
         ValueError: when ``step``, ``d_model`` or ``warmup_steps`` is not positive, or
             ``kind`` names no schedule.
     """
+    kind = LrScheduler(kind)
     if kind != LrScheduler.inverse_sqrt and step > max_steps:
         return 0.0
     if kind == LrScheduler.inverse_sqrt or step <= warmup_steps:
         return inverse_sqrt_lr(step, d_model, warmup_steps, multiplier)
     peak = inverse_sqrt_lr(warmup_steps, d_model, warmup_steps, multiplier)
-    p = min(1.0, (step - warmup_steps) / (max_steps + 1 - warmup_steps))
+    p = (step - warmup_steps) / (max_steps + 1 - warmup_steps)  # in (0, 1): step <= max_steps
     if kind == LrScheduler.cosine:
         return peak * 0.5 * (1.0 + math.cos(math.pi * p))
-    if kind == LrScheduler.linear:
-        return peak * (1.0 - p)
-    raise ValueError(f"decay_lr: unknown schedule {kind!r} (inverse_sqrt, cosine, linear)")
+    return peak * (1.0 - p)
 
 
 def build_optimizer(model: torch.nn.Module, trainer_cfg: TrainerConfig) -> torch.optim.Adam:
@@ -116,14 +115,10 @@ def build_scheduler(
     """
     warmup = int(trainer_cfg.warmup_steps)
     multiplier = float(trainer_cfg.lr_multiplier)
-    kind = LrScheduler(str(getattr(trainer_cfg, "lr_scheduler", "inverse_sqrt")))
-    if kind == LrScheduler.inverse_sqrt:
-        def lr_at(updates_done: int) -> float:
-            return inverse_sqrt_lr(updates_done + 1, d_model, warmup, multiplier)
-    else:
-        total = int(trainer_cfg.max_steps)
+    kind = LrScheduler(str(trainer_cfg.lr_scheduler))
+    total = int(trainer_cfg.max_steps or 0)  # unused by inverse_sqrt (which may have none)
 
-        def lr_at(updates_done: int) -> float:
-            return decay_lr(updates_done + 1, d_model, warmup, total, kind, multiplier)
+    def lr_at(updates_done: int) -> float:
+        return decay_lr(updates_done + 1, d_model, warmup, total, kind, multiplier)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_at)
