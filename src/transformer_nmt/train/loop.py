@@ -150,8 +150,8 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
     last_saved_step = last_valid_step = state.step if resumed_from is not None else -1
     last_save_time = time.monotonic()
     window = Window()
-    loop_start = time.perf_counter()
-    seconds_before = float(state.train_seconds)
+    loop_start, cpu_start = time.perf_counter(), time.process_time()
+    seconds_before, cpu_before = float(state.train_seconds), float(state.cpu_seconds)
     loader_iter = None
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -173,6 +173,7 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
         window.steps += 1
         now = time.perf_counter()
         state.train_seconds = seconds_before + now - loop_start
+        state.cpu_seconds = cpu_before + time.process_time() - cpu_start
         bar.set_postfix(loss=f"{fig.loss_sum / max(fig.ntokens, 1):.3f}", lr=f"{fig.lr:.2e}",
                         tok_s=f"{fig.ntokens / max(now - last_read, 1e-9):,.0f}", refresh=False)
         last_read = now
@@ -257,6 +258,7 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
         metrics.close()
 
     state.train_seconds = seconds_before + time.perf_counter() - loop_start
+    state.cpu_seconds = cpu_before + time.process_time() - cpu_start
     summary = write_summary(cfg, run, state, info, stopped_by, last_valid, resumed_from,
                             last_finite_checkpoint=diverged and diverged.last_finite_checkpoint)
     if diverged is not None:

@@ -30,6 +30,7 @@ class TrainState:
     epoch: int = 0  # completed passes over the training set
     position: int = 0  # batches per rank consumed in the current epoch
     train_seconds: float = 0.0  # wall-clock seconds in the loop, all resumed segments
+    cpu_seconds: float = 0.0  # this process's CPU time in the loop (user + system, every thread)
     skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm
     overflow_steps: int = 0  # of which fp16 loss-scaler overflows (finite loss, inf gradient)
     bad_steps_in_row: int = 0  # consecutive skipped steps (stop at trainer.max_bad_steps)

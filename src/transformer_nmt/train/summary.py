@@ -100,7 +100,9 @@ def write_summary(cfg: Config, s: Setup, state: TrainState, info: distributed.Di
     """The run summary; rank 0 writes it to ``<run_dir>/train_summary.json``.
 
     Every rank calls it (it ends in a barrier). Hours are wall-clock training seconds x world
-    size, as GPU- or CPU-hours by the device; ``flops`` follows :mod:`transformer_nmt.model.flops`.
+    size, as GPU- or CPU-hours by the device (device-hours: a process with 2 threads for an
+    hour is 1); ``cpu_seconds`` is rank 0's CPU time in the loop, every thread, user + system;
+    ``flops`` follows :mod:`transformer_nmt.model.flops`.
 
     ``already_finished``: the run was resumed after it had finished and did nothing
     (``"already_finished": true``); the previous summary's validation results and time are
@@ -131,6 +133,7 @@ def write_summary(cfg: Config, s: Setup, state: TrainState, info: distributed.Di
         "token_counts": dataclasses.asdict(counts),
         "skipped_steps": state.skipped_steps,
         "train_seconds": state.train_seconds,
+        "cpu_seconds": state.cpu_seconds,
         "world_size": info.world_size,
         "device": device_name(s.device),
         "precision": s.precision,
@@ -155,14 +158,15 @@ def write_summary(cfg: Config, s: Setup, state: TrainState, info: distributed.Di
                                              if last_finite_checkpoint else None)
     previous = _previous_summary(run_dir) if already_finished and info.is_main else {}
     if previous.get("steps") == state.step:  # the finished run's own figures, unchanged
-        summary.update({k: previous[k] for k in ("valid", "train_seconds", "gpu_hours",
-                                                   "cpu_hours") if k in previous})
+        summary.update({k: previous[k] for k in ("valid", "train_seconds", "cpu_seconds",
+                                                   "gpu_hours", "cpu_hours") if k in previous})
     if info.is_main:
         write_json(run_dir / "train_summary.json", summary)  # strict: a NaN loss is null
         per_step = summary["real_tokens_per_step"]
         log.info("finished (%s): %d steps, %s target tokens (%s source and %s target per "
-                 "step), %.1f %s-hours, %.3g FLOPs", stopped_by, state.step,
-                 f"{state.tokens_seen:,}", f"{per_step['src']:,.0f}", f"{per_step['tgt']:,.0f}",
-                 hours, "GPU" if on_gpu else "CPU", flops)
+                 "step), %.1f %s-hours (%.2f hours of CPU time), %.3g FLOPs", stopped_by,
+                 state.step, f"{state.tokens_seen:,}", f"{per_step['src']:,.0f}",
+                 f"{per_step['tgt']:,.0f}", hours, "GPU" if on_gpu else "CPU",
+                 state.cpu_seconds / 3600, flops)
     distributed.barrier()
     return summary

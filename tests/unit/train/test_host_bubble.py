@@ -263,6 +263,8 @@ def test_a_stop_checkpoint_resumes_to_the_uninterrupted_run_bit_for_bit(
     assert stop_ckpt["train_state"]["micro_step"] == stopped["steps"]
     resumed = _train_until(common, tmp_path / "stopped", monkeypatch, None, late)
     assert resumed["steps"] == 10 and resumed["resumed_from"]
+    for key in ("train_seconds", "cpu_seconds"):  # summed over both segments
+        assert resumed[key] > stop_ckpt["train_state"][key] > 0, key
     a = load_checkpoint(checkpoint_dir(tmp_path / "reference") / "checkpoint_10.pt")
     b = load_checkpoint(checkpoint_dir(tmp_path / "stopped") / "checkpoint_10.pt")
     for key, value in a["model"].items():

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 import torch
@@ -81,6 +82,7 @@ def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides, tiny, 
     assert on_disk == json.loads(json.dumps(summary))
     assert on_disk["steps"] == 60 and on_disk["world_size"] == 1
     assert on_disk["train_seconds"] > 0 and on_disk["gpu_hours"] == 0.0
+    assert on_disk["cpu_seconds"] > 0
     counts = on_disk["token_counts"]
     assert (counts["src"], counts["tgt"]) == (on_disk["src_tokens_seen"], on_disk["tokens_seen"])
     assert counts["src_sq"] >= counts["src"] and counts["tgt_sq"] >= counts["tgt"] > 0
@@ -103,6 +105,24 @@ def test_real_run_learns_and_writes_its_outputs(tmp_path, data_overrides, tiny, 
     assert best["train_state"]["step"] == 60
     model, _ = load_model(latest_checkpoint(run))
     assert all(torch.equal(v, last["model"][k]) for k, v in model.state_dict().items())
+
+
+def test_cpu_seconds_count_the_processs_cpu_time_not_waiting(tmp_path, data_overrides, tiny,
+                                                             monkeypatch):
+    """A step that waits 0.3 s without computing adds 0.3 s to ``train_seconds`` and almost
+    nothing to ``cpu_seconds`` (the summary's CPU time; ``cpu_hours`` is wall time)."""
+    real_fb = train_mod.forward_backward
+
+    def waiting_fb(*args, **kwargs):
+        time.sleep(0.3)
+        return real_fb(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "forward_backward", waiting_fb)
+    summary = train(compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'run'}",
+                             "trainer.max_steps=4", "trainer.validate_every_steps=null",
+                             "trainer.save_every_steps=null"]))
+    assert summary["train_seconds"] > 1.2
+    assert 0 < summary["cpu_seconds"] < summary["train_seconds"] - 1.0
 
 
 def test_epoch_checkpoints_and_validation(tmp_path, data_overrides, tiny):
