@@ -43,7 +43,7 @@ from typing import IO, Any
 from omegaconf import DictConfig
 
 from transformer_nmt.config import DataConfig
-from transformer_nmt.errors import DataError, UserError  # noqa: F401  (DataError: re-exported)
+from transformer_nmt.errors import DataError, NoSpaceError, UserError, WriteError  # noqa: F401  (DataError: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +151,6 @@ def write_error(e: BaseException, path: str | os.PathLike | None = None,
         (EDQUOT, EFBIG with the limit in bytes, EROFS). Without ``path``, the file the
         ``OSError`` names, and an error that hides its errno is not classified.
     """
-    from transformer_nmt.errors import NoSpaceError, WriteError
-
     folder = Path(path).parent if path is not None else None
     if path is None:
         path = getattr(e, "filename", None) or "<unknown file>"
@@ -376,73 +374,6 @@ def spm_model_path(data_cfg: DataConfig | DictConfig) -> Path:
 def bin_prefix(data_cfg: DataConfig | DictConfig, split: str, lang: str) -> Path:
     """Prefix of the binarized files: ``<root>/bin/<name>/<split>.<lang>`` (+ .bin / .idx)."""
     return Path(data_cfg.root) / "bin" / data_cfg.name / f"{split}.{lang}"
-
-
-# --- checkpoints ----------------------------------------------------------------------------------
-
-def unreadable_checkpoint(path: str | os.PathLike, error: BaseException):
-    """The one-line :class:`~transformer_nmt.errors.UnreadableCheckpointError` for ``path``
-    after ``torch.load`` failed with ``error``: an empty file, Python objects that
-    ``weights_only`` refuses (a pickle payload: nothing of it ran), or a truncated or foreign
-    file (its size and torch's first sentence)."""
-    from transformer_nmt.errors import UnreadableCheckpointError
-
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError:
-        size = None
-    detail = " ".join(str(error).split())
-    detail = detail.split(". ")[0][:160] if detail else type(error).__name__
-    if size == 0:
-        what = "an empty file (0 bytes)"
-    elif "Weights only load failed" in detail:
-        what = (f"it holds Python objects other than tensors and plain values ({size:,} bytes), "
-                "which are refused because loading them could run code; use a checkpoint "
-                "written by this project")
-    elif size is not None:
-        what = f"truncated or not a checkpoint ({size:,} bytes; {type(error).__name__}: {detail})"
-    else:
-        what = f"{type(error).__name__}: {detail}"
-    return UnreadableCheckpointError(f"cannot read checkpoint {path}: {what}")
-
-
-def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
-                    mmap: bool = False) -> dict[str, Any]:
-    """The one way a checkpoint or model file is read: ``torch.load(weights_only=True)``
-    (plain types and tensors only; a pickle payload is refused, never run).
-
-    Args:
-        map_location: where tensors go (``torch.load``'s argument).
-        mmap: read tensors through a memory map (they stay on disk until touched).
-
-    Raises:
-        MissingFileError (a FileNotFoundError): ``checkpoint not found: <path>``.
-        UnreadableCheckpointError (a UserError): an empty, truncated or foreign file, or one
-            holding Python objects (:func:`unreadable_checkpoint`).
-    """
-    import torch
-
-    from transformer_nmt.errors import MissingFileError
-
-    path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"checkpoint not found: {path}")
-    try:
-        try:
-            checkpoint = torch.load(path, map_location=map_location, mmap=mmap,
-                                    weights_only=True)
-        except RuntimeError as e:
-            if not (mmap and "mmap can only be used" in str(e)):
-                raise
-            # not torch's zip format (an old torch.save or a bare pickle): read it whole
-            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated, another format, refused objects
-        raise unreadable_checkpoint(path, e) from e
-    if not isinstance(checkpoint, dict):
-        raise unreadable_checkpoint(path, TypeError(
-            f"holds a {type(checkpoint).__name__}, not a dict of named parts"))
-    return checkpoint
 
 
 # --- reading ------------------------------------------------------------------------------------

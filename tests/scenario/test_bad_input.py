@@ -23,7 +23,7 @@ import sentencepiece as spm
 import torch
 
 from transformer_nmt import checkpoint, fileio
-from transformer_nmt.checkpoint import average_run, load_checkpoint, save_checkpoint
+from transformer_nmt.checkpoint import average_run, check_vocab, load_checkpoint, save_checkpoint
 from transformer_nmt.config import compose
 from transformer_nmt.data import bpe
 from transformer_nmt.data.binarize import TokenDataset
@@ -171,9 +171,9 @@ def test_04_decoding_with_another_vocabulary_is_one_error(tmp_path, caplog):
     assert ours.vocab_size == other.vocab_size
     ckpt = tmp_path / "checkpoint_10.pt"
     torch.save({"vocab": bpe.vocab_identity(ours.model_path), "vocab_size": ours.vocab_size}, ckpt)
-    bpe.check_vocab(ckpt, ours)  # the right one passes
+    check_vocab(ckpt, ours)  # the right one passes
     with pytest.raises(DataError) as e:
-        bpe.check_vocab(ckpt, other)
+        check_vocab(ckpt, other)
     msg = str(e.value)
     assert "\n" not in msg and str(ckpt) in msg and str(other.model_path) in msg
     assert "another vocabulary" in msg
@@ -181,8 +181,8 @@ def test_04_decoding_with_another_vocabulary_is_one_error(tmp_path, caplog):
     # a checkpoint without the field: a warning naming it, no failure
     old = tmp_path / "old.pt"
     torch.save({"vocab_size": ours.vocab_size}, old)
-    with caplog.at_level(logging.WARNING, logger="transformer_nmt.data.bpe"):
-        bpe.check_vocab(old, other)
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.checkpoint.read"):
+        check_vocab(old, other)
     assert "records no vocabulary identity" in caplog.text and str(old) in caplog.text
 
 
@@ -649,8 +649,8 @@ def test_24_07_a_second_train_in_the_same_run_dir_is_refused_and_stale_locks_are
         tmp_path, tiny_run, caplog):
     import socket
 
+    from transformer_nmt.run.lock import LOCK_NAME
     from transformer_nmt.train.loop import train
-    from transformer_nmt.train.resume import LOCK_NAME
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -1,4 +1,4 @@
-"""Every checkpoint is read through one function (fileio.read_checkpoint, weights_only=True):
+"""Every checkpoint is read through one function (checkpoint.read_checkpoint, weights_only=True):
 a pickle payload, a truncated or an empty averaged.pt is one line in nmt-translate (its
 vocabulary check included), and nothing of a payload runs."""
 

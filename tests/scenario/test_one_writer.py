@@ -1,5 +1,5 @@
 """One writer at a time: every command that writes into a run, data or output folder holds
-that folder's lock (transformer_nmt.runtime.folder_lock); a second one stops with one line
+that folder's lock (transformer_nmt.run.lock.folder_lock); a second one stops with one line
 naming the holder, an unreadable lock file says how to remove it, a stale one is replaced."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from transformer_nmt.errors import UserError
-from transformer_nmt.runtime import LOCK_NAME, folder_lock
+from transformer_nmt.run.lock import LOCK_NAME, folder_lock
 
 HOLD = """
 import sys, time
-from transformer_nmt.runtime import folder_lock
+from transformer_nmt.run.lock import folder_lock
 with folder_lock(sys.argv[1], sys.argv[2], name=sys.argv[3]):
     print("held", flush=True)
     time.sleep(120)
@@ -137,3 +137,36 @@ def test_every_writing_command_stops_beside_a_holder_and_writes_nothing(tmp_path
             assert after == before, module
         finally:
             holder.stop()
+
+
+def test_nmt_plot_locks_the_folder_it_writes_and_only_reads_the_run(tmp_path):
+    """nmt-plot draws a run that is still training (the trainer's lock on the run folder does
+    not stop it: it only reads there) and holds the lock of plots/, so a second nmt-plot into
+    the same folder stops with one line instead of interleaving its files."""
+    run_dir = tmp_path / "runs" / "x"
+    run_dir.mkdir(parents=True)
+    records = [{"split": "train", "step": s, "time": 0.0, "loss": 5.0 - s / 100,
+                "nll_loss": 4.9 - s / 100, "ppl": 2.0, "lr": 1e-4, "grad_norm": 1.0,
+                "tokens_per_s": 1000.0, "seconds_per_step": 0.1, "skipped_steps": 0,
+                "epoch": s / 1000, "tokens_seen": 500 * s} for s in (10, 20, 30)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = [f"run_dir={run_dir}", "name=x", "plot.kinds=[curves]"]
+    trainer = Holder(run_dir, "nmt-train")
+    try:
+        r = _cli("plot", *args, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert (run_dir / "plots" / "curves.png").is_file()
+        assert not (run_dir / "plots" / LOCK_NAME).exists()  # released
+        (run_dir / "plots" / "curves.png").unlink()
+        other = Holder(run_dir / "plots", "nmt-plot")
+        try:
+            r = _cli("plot", *args, cwd=tmp_path)
+            assert r.returncode == 2, r.stderr[-2000:]
+            lines = r.stderr.splitlines()
+            assert len(lines) == 1 and lines[0].startswith(
+                _refusal(run_dir / "plots", other, "nmt-plot", run_dir / "plots" / LOCK_NAME))
+            assert not (run_dir / "plots" / "curves.png").exists()
+        finally:
+            other.stop()
+    finally:
+        trainer.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from unit.plot.test_figures import make_run, png_size
 
-from transformer_nmt.plot import checkpoint_bleu as pbleu
+from transformer_nmt.evaluate import checkpoint_bleu as ebleu
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def test_nmt_plot_command(run, tmp_path):
                  "attention_cross_layer2.png"):
         w, h = png_size(plots / name)
         assert w > 200 and h > 200
-    assert (plots / pbleu.BLEU_CACHE_NAME).is_file()
+    assert (plots / ebleu.BLEU_CACHE_NAME).is_file()
     assert "valid BLEU" in done.stdout and "translation:" in done.stdout
     assert not list(plots.glob(".*.tmp"))  # temporary files renamed away
 

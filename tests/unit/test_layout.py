@@ -12,9 +12,11 @@ TESTS = Path(__file__).resolve().parents[1]
 # Layers from the top (may import anything below) to the bottom (imports nothing of ours).
 LAYERS = [
     {"cli"},
-    {"evaluate", "plot", "interop"},
+    {"plot"},
+    {"evaluate", "interop"},
     {"train"},
     {"decode"},
+    {"run"},
     {"checkpoint"},
     {"model", "data"},
     {"config", "choices", "fileio", "runtime", "errors"},
@@ -89,7 +91,8 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 
 def test_imports_run_one_way_between_stages():
-    """cli -> evaluate, plot, interop -> train -> decode -> checkpoint -> model, data -> shared."""
+    """cli -> plot -> evaluate, interop -> train -> decode -> run -> checkpoint -> model, data
+    -> shared."""
     layer_of = {stage: i for i, layer in enumerate(LAYERS) for stage in layer}
     wrong = []
     for module, deps in _graph().items():
@@ -111,7 +114,7 @@ def test_every_subpackage_is_listed_in_pyproject():
     assert not missing, f"add to [tool.setuptools] packages: {missing}"
 
 
-def test_no_module_over_600_lines_outside_the_model():
+def test_no_module_over_650_lines_outside_the_model():
     long = {_module_name(p): n for p in SRC.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 650
             and _stage(_module_name(p)) != "model"}

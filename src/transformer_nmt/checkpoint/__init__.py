@@ -1,5 +1,6 @@
-"""Checkpoints: named parts, save, load, find, keep-last-N (``core``) and parameter averaging
-(``average``); both re-exported here.
+"""Checkpoints: reading a file (``read``: the one ``torch.load``, metadata, the vocabulary check),
+named parts, save, load, find, keep-last-N (``core``) and parameter averaging (``average``); all
+re-exported here.
 
 A training checkpoint is one ``torch.save`` file of plain types and tensors, loadable with
 ``torch.load(weights_only=True)``, made of named parts, each stored once::
@@ -33,6 +34,7 @@ Files live in ``runs/<experiment>/checkpoints/``: ``checkpoint_<step>.pt`` (kept
 
 from transformer_nmt.checkpoint.average import (
     average_checkpoints,
+    average_model,
     average_run,
     check_no_average,
     check_same_run,
@@ -47,7 +49,6 @@ from transformer_nmt.checkpoint.core import (
     check_same_model,
     check_training_checkpoint,
     checkpoint_dir,
-    checkpoint_step,
     config_differences,
     config_of,
     latest_checkpoint,
@@ -55,6 +56,7 @@ from transformer_nmt.checkpoint.core import (
     load_checkpoint,
     load_initial_weights,
     load_model,
+    model_from,
     non_finite_parameters,
     prune_checkpoints,
     recorded_save_every_steps,
@@ -64,6 +66,12 @@ from transformer_nmt.checkpoint.core import (
     step_checkpoints,
     training_checkpoint,
     unreadable,
+)
+from transformer_nmt.checkpoint.read import (
+    check_vocab,
+    checkpoint_metadata,
+    checkpoint_step,
+    read_checkpoint,
 )
 from transformer_nmt.errors import UnreadableCheckpointError
 
@@ -76,12 +84,15 @@ __all__ = [
     "TRAINING_PARTS",
     "UNREADABLE_SUFFIX",
     "average_checkpoints",
+    "average_model",
     "average_run",
     "check_no_average",
     "check_same_model",
     "check_same_run",
+    "check_vocab",
     "check_training_checkpoint",
     "checkpoint_dir",
+    "checkpoint_metadata",
     "checkpoint_step",
     "config_differences",
     "config_of",
@@ -90,8 +101,10 @@ __all__ = [
     "load_checkpoint",
     "load_initial_weights",
     "load_model",
+    "model_from",
     "non_finite_parameters",
     "prune_checkpoints",
+    "read_checkpoint",
     "recorded_save_every_steps",
     "remove_killed_saves",
     "restore_modules",

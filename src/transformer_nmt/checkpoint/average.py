@@ -13,16 +13,16 @@ import torch
 
 from transformer_nmt.checkpoint.core import (
     AVERAGED_NAME,
-    _load_mmap,
     checkpoint_dir,
-    checkpoint_step,
     config_differences,
+    model_from,
     non_finite_parameters,
     recorded_save_every_steps,
     remove_killed_saves,
     save_checkpoint,
     step_checkpoints,
 )
+from transformer_nmt.checkpoint.read import checkpoint_step, read_checkpoint
 from transformer_nmt.config import Config
 from transformer_nmt.errors import MissingFileError, UserError
 
@@ -76,6 +76,20 @@ def check_no_average(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> 
                 "unequally: list the step checkpoints themselves")
 
 
+def average_model(paths: Sequence[str | Path], device: str | torch.device = "cpu"):
+    """The model whose parameters are the average of ``paths`` (:func:`average_checkpoints`),
+    built from the newest file's config, in eval mode on ``device``.
+
+    Returns:
+        ``(model, cfg)`` as :func:`transformer_nmt.checkpoint.core.load_model`.
+
+    Raises:
+        as :func:`average_checkpoints`.
+    """
+    state = average_checkpoints(paths)
+    return model_from(read_checkpoint(paths[-1], mmap=True), device, state)
+
+
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     """Average model parameters over checkpoints (the paper, section 6.1: last 5 or 20).
 
@@ -104,7 +118,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     shapes: dict[str, tuple[int, ...]] = {}
     first = paths[0]
     for path in paths:
-        model = _load_mmap(path)["model"]
+        model = read_checkpoint(path, mmap=True)["model"]
         bad = non_finite_parameters(model)
         if bad:
             shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
@@ -211,7 +225,7 @@ def average_run(cfg: Config) -> Path:
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise MissingFileError(f"average.checkpoints: not found: {missing}")
-        metas = [_load_mmap(p) for p in paths]
+        metas = [read_checkpoint(p, mmap=True) for p in paths]
     else:
         n = cfg.average.last
         if n < 1:
@@ -219,7 +233,7 @@ def average_run(cfg: Config) -> Path:
         available = step_checkpoints(cfg.run_dir)
         if not available:
             raise MissingFileError(f"no checkpoint_<step>.pt in {folder} to average")
-        metas = [_load_mmap(p) for p in available]
+        metas = [read_checkpoint(p, mmap=True) for p in available]
         stored = (metas[-1].get("config") or {}).get("trainer") or {}
         keep, note = _periodic(available, metas,
                                stored.get("save_every_steps", cfg.trainer.save_every_steps))

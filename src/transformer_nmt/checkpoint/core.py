@@ -12,14 +12,14 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from transformer_nmt.config import Config, ModelConfig, to_plain
-from transformer_nmt.errors import UnreadableCheckpointError, UserError
-from transformer_nmt.fileio import (
-    atomic_path,
+from transformer_nmt.checkpoint.read import (
     read_checkpoint,
-    remove_dead_temps,
     unreadable_checkpoint,
 )
+from transformer_nmt.config import Config, ModelConfig, to_plain
+from transformer_nmt.errors import UnreadableCheckpointError, UserError
+from transformer_nmt.fileio import atomic_path, remove_dead_temps
+from transformer_nmt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +75,13 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 
 def unreadable(path: str | Path, error: BaseException) -> UnreadableCheckpointError:
     """The one-line :class:`UnreadableCheckpointError` for ``path`` after ``error``
-    (:func:`transformer_nmt.fileio.unreadable_checkpoint`)."""
+    (:func:`transformer_nmt.checkpoint.read.unreadable_checkpoint`)."""
     return unreadable_checkpoint(path, error)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint with ``torch.load(weights_only=True)``
-    (:func:`transformer_nmt.fileio.read_checkpoint`, the one reader of checkpoint files).
+    (:func:`transformer_nmt.checkpoint.read.read_checkpoint`, the one reader of checkpoint files).
 
     Raises:
         MissingFileError (a FileNotFoundError): naming the path when it does not exist.
@@ -196,15 +196,6 @@ def check_same_model(saved: dict[str, Any], model: torch.nn.Module, path: str | 
     )
 
 
-def checkpoint_step(ckpt: dict[str, Any]) -> int | None:
-    """The optimizer step of a training checkpoint (``train_state.step``) or a model file
-    (``step``); None when it has neither."""
-    if "train_state" in ckpt:
-        return int(ckpt["train_state"]["step"])
-    step = ckpt.get("step")
-    return int(step) if step is not None else None
-
-
 def step_checkpoints(run_dir: str | Path) -> list[Path]:
     """The run's ``checkpoint_<step>.pt`` files, oldest (lowest step) first."""
     folder = checkpoint_dir(run_dir)
@@ -261,7 +252,7 @@ def _spacing_of(path: Path) -> int | None:
         st = path.stat()
         key = (str(path), st.st_size, st.st_mtime_ns)
         if key not in _SPACINGS:
-            _SPACINGS[key] = recorded_save_every_steps(_load_mmap(path))
+            _SPACINGS[key] = recorded_save_every_steps(read_checkpoint(path, mmap=True))
         return _SPACINGS[key]
     except Exception:  # noqa: BLE001 - an unreadable file has no recorded spacing
         return None
@@ -393,11 +384,6 @@ _FREE_FORM = ("data.custom_files",)
 """Nested dicts compared as one value."""
 
 
-def _load_mmap(path: Path) -> dict[str, Any]:
-    """A checkpoint read through a memory map (tensors stay on disk until touched)."""
-    return read_checkpoint(path, mmap=True)
-
-
 def config_of(checkpoint: dict[str, Any]) -> Config:
     """The resolved run config stored in a checkpoint, as the typed :class:`Config`.
 
@@ -438,12 +424,20 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
     Raises:
         FileNotFoundError / RuntimeError: see :func:`load_checkpoint`.
     """
-    from transformer_nmt.model.transformer import Transformer
+    return model_from(load_checkpoint(path), device)
 
-    ckpt = load_checkpoint(path)
+
+def model_from(ckpt: dict[str, Any], device: str | torch.device = "cpu",
+               state: dict[str, torch.Tensor] | None = None):
+    """Build the Transformer that a loaded checkpoint's ``config`` and ``vocab_size`` describe
+    and load ``state`` into it (default: the checkpoint's own ``"model"``).
+
+    Returns:
+        ``(model, cfg)``: the model in eval mode on ``device`` and the run's config.
+    """
     cfg = config_of(ckpt)
     model = Transformer(cfg.model, vocab_size=int(ckpt["vocab_size"]))
-    model.load_state_dict(ckpt["model"])
+    model.load_state_dict(ckpt["model"] if state is None else state)
     return model.to(device).eval(), cfg
 
 

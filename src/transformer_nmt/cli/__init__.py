@@ -45,7 +45,7 @@ class _UserExit(BaseException):
     """Carries a user error out of the Hydra task (Hydra reports every ``Exception`` itself)."""
 
 
-def one_line(error: BaseException) -> str:
+def error_message(error: BaseException) -> str:
     """The message of ``error`` on one line (its lines joined with ``; ``)."""
     text = str(error) or type(error).__name__
     if isinstance(error, FileNotFoundError) and error.filename and str(error.filename) not in text:
@@ -92,12 +92,12 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except USER_ERRORS as e:
-        raise _UserExit(one_line(e)) from e
+        raise _UserExit(error_message(e)) from e
     except OSError as e:
         error = write_error(e)
         if error is None:
             raise
-        raise _UserExit(one_line(error)) from e
+        raise _UserExit(error_message(error)) from e
 
 
 def _preflight(overrides: list[str]) -> tuple[Path | None, str | None]:
@@ -136,7 +136,7 @@ def preflight_config(overrides: Sequence[str]) -> tuple[Any, Path | None, str | 
         typed = typed_config(cfg)
     except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
         # composition (unknown key or group, bad type, bad override) or validation
-        return None, None, one_line(e)
+        return None, None, error_message(e)
     if run_dir.exists() and not run_dir.is_dir():
         return None, None, (f"run_dir={run_dir} is a file, not a folder; give the run another "
                             "run_dir=")
@@ -187,7 +187,7 @@ def _print_help(job: str, args: list[str]) -> NoReturn:
     try:
         text = help_text(job, help_overrides(args))
     except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        print(f"error: {error_message(e)}", file=sys.stderr)
         sys.exit(USER_EXIT)
     try:
         sys.stdout.write(text)

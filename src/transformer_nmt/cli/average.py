@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from transformer_nmt.checkpoint import average_run
 from transformer_nmt.cli import run_app, user_errors
 from transformer_nmt.config import CONFIG_DIR, typed_config
-from transformer_nmt.runtime import folder_lock
+from transformer_nmt.run.lock import folder_lock
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from transformer_nmt.cli import run_app, user_errors
 from transformer_nmt.config import CONFIG_DIR, typed_config
 from transformer_nmt.evaluate.evaluate import evaluate
+from transformer_nmt.interop.ctranslate2 import decode_engine
 from transformer_nmt.runtime import retain_freed_memory
 
 
@@ -29,7 +30,7 @@ def app(cfg: DictConfig) -> None:
             from transformer_nmt.evaluate.table3 import evaluation_config
 
             cfg = evaluation_config(cfg)
-        evaluate(cfg)
+        evaluate(cfg, engine=decode_engine)
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ def app(cfg: DictConfig) -> None:
     """Type and validate the config (:func:`typed_config`), then export under a lock beside
     the output folder; prints the folder."""
     from transformer_nmt.interop.export import default_output, run_export
-    from transformer_nmt.runtime import folder_lock
+    from transformer_nmt.run.lock import folder_lock
 
     with user_errors():
         cfg = typed_config(cfg)

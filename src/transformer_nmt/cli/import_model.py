@@ -21,7 +21,7 @@ def app(cfg: DictConfig) -> None:
     """Type and validate the config (:func:`typed_config`), then import under the run lock;
     prints the model file."""
     from transformer_nmt.interop.marian_import import run_import
-    from transformer_nmt.runtime import folder_lock
+    from transformer_nmt.run.lock import folder_lock
 
     with user_errors():
         cfg = typed_config(cfg)

@@ -16,7 +16,7 @@ from transformer_nmt.config import CONFIG_DIR, typed_config
 from transformer_nmt.data.corpora import orig_dir
 from transformer_nmt.data.prepare import format_summary, prepare
 from transformer_nmt.fileio import created_folders_removed_when_empty
-from transformer_nmt.runtime import folder_lock
+from transformer_nmt.run.lock import folder_lock
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")

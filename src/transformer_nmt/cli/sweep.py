@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from transformer_nmt.cli import INTERRUPTED_EXIT, USER_ERRORS, one_line
+from transformer_nmt.cli import INTERRUPTED_EXIT, USER_ERRORS, error_message
 from transformer_nmt.config import CONFIG_DIR
 from transformer_nmt.errors import UserError
 
@@ -149,7 +149,7 @@ def name_jobs_not_run() -> Iterator[None]:
         note = jobs_not_run(num) if num is not None else ""
         if not note:
             raise
-        raise SweepError(f"{one_line(e)}; {note}") from e
+        raise SweepError(f"{error_message(e)}; {note}") from e
     except KeyboardInterrupt:
         num = current_job()
         if num is None:

@@ -10,16 +10,25 @@ from omegaconf import DictConfig
 
 from transformer_nmt.cli import run_app, user_errors
 from transformer_nmt.config import CONFIG_DIR, typed_config
-from transformer_nmt.evaluate.report import write_report
+from transformer_nmt.evaluate.report import load_results, table3_figures, write_report
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Type and validate the config (:func:`typed_config`),
-    then run :func:`transformer_nmt.evaluate.report.write_report`."""
+    """Type and validate the config (:func:`typed_config`), then write the tables
+    (:func:`transformer_nmt.evaluate.report.write_report`) and, with ``table.table3_plot``,
+    draw Table 3's figures (:func:`transformer_nmt.plot.table3.plot_table3`)."""
     with user_errors():
         cfg = typed_config(cfg)
-        print(write_report(cfg))
+        results = load_results(cfg.table.results_glob)
+        print(write_report(cfg, results))
+        if cfg.table.table3_plot:
+            # late: matplotlib, which the tables alone never need
+            from transformer_nmt.plot.table3 import plot_table3
+
+            for exp, lines, path in table3_figures(results, cfg.table.table3_plot):
+                plot_table3(exp, lines, path)
+                print(path)
 
 
 def main() -> None:

@@ -52,6 +52,7 @@ def app(cfg: DictConfig) -> None:
             dry_run(cfg)
             return
         from transformer_nmt.evaluate.table3 import evaluate_after_training
+        from transformer_nmt.interop.ctranslate2 import decode_engine
         from transformer_nmt.train.loop import train
         from transformer_nmt.train.step import DIVERGED_EXIT, TrainingDiverged
 
@@ -62,7 +63,7 @@ def app(cfg: DictConfig) -> None:
             note = sweep.jobs_not_run(num) if num is not None else ""
             print(f"error: {e}" + (f"; {note}" if note else ""), file=sys.stderr)
             sys.exit(DIVERGED_EXIT)
-        evaluated = evaluate_after_training(cfg, summary) is not None
+        evaluated = evaluate_after_training(cfg, summary, decode_engine) is not None
         sweep.stop_if_signalled(summary, cfg.trainer.max_steps, evaluated)
 
 

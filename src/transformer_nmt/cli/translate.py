@@ -20,7 +20,8 @@ from transformer_nmt.cli import run_app, user_errors
 from transformer_nmt.config import CONFIG_DIR, Config, typed_config
 from transformer_nmt.decode.translate import translate
 from transformer_nmt.interop.ctranslate2 import decode_engine
-from transformer_nmt.runtime import folder_lock, retain_freed_memory
+from transformer_nmt.run.lock import folder_lock
+from transformer_nmt.runtime import retain_freed_memory
 
 
 def _log_to_stderr() -> None:
@@ -47,7 +48,7 @@ def app(cfg: DictConfig) -> None:
 
 
 def _run_lock(cfg: Config) -> contextlib.AbstractContextManager:
-    """The run folder's lock (:func:`transformer_nmt.runtime.folder_lock`) when this
+    """The run folder's lock (:func:`transformer_nmt.run.lock.folder_lock`) when this
     translation writes into the run: ``translate.output`` inside ``run_dir``, or a CTranslate2
     engine, whose converted model is cached under the run's ``checkpoints/``."""
     run_dir = Path(cfg.run_dir).resolve()

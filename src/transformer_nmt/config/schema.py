@@ -57,7 +57,7 @@ from transformer_nmt.choices import (
 )
 
 # Special ids shared by SentencePiece, binarization, the model and decoding
-# (DESIGN.md: pad=0, unk=1, bos=2, eos=3). Defined here only.
+# (pad=0, unk=1, bos=2, eos=3, docs/data.md). Defined here only.
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2

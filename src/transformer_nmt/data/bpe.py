@@ -31,7 +31,7 @@ from transformer_nmt.data import moses
 from transformer_nmt.data.clean import normalize, text_steps
 from transformer_nmt.data.corpora import read_lines
 from transformer_nmt.errors import DataError
-from transformer_nmt.fileio import atomic_write, file_digest, read_checkpoint, spm_model_path
+from transformer_nmt.fileio import atomic_write, file_digest, spm_model_path
 
 log = logging.getLogger(__name__)
 
@@ -39,44 +39,9 @@ log = logging.getLogger(__name__)
 def vocab_identity(model_path: str | os.PathLike) -> dict:
     """What identifies a vocabulary: ``{"spm_sha256": SHA-256 of the spm.model file,
     "vocab_size": number of pieces}``. Checkpoints keep it under ``"vocab"``
-    (:func:`check_vocab`)."""
+    (:func:`transformer_nmt.checkpoint.read.check_vocab`)."""
     proc = spm.SentencePieceProcessor(model_file=str(model_path))
     return {"spm_sha256": file_digest(model_path), "vocab_size": int(proc.get_piece_size())}
-
-
-def check_vocab(checkpoint_path: str | os.PathLike, tokenizer: SentencePieceTokenizer) -> None:
-    """Fail when ``tokenizer`` is not the vocabulary the checkpoint was trained with.
-
-    Compares the checkpoint's ``"vocab"`` (:func:`vocab_identity`, read through a memory
-    map) with the tokenizer's model file; a checkpoint without it (older runs) is checked
-    on ``vocab_size`` only, with a warning.
-
-    Raises:
-        DataError: the identities differ (names both files and the values).
-        MissingFileError, UnreadableCheckpointError: the checkpoint is missing, empty,
-            truncated or holds refused Python objects
-            (:func:`transformer_nmt.fileio.read_checkpoint`).
-    """
-    checkpoint = read_checkpoint(checkpoint_path, mmap=True)
-    saved = checkpoint.get("vocab")
-    if saved is None:
-        log.warning("%s records no vocabulary identity (older checkpoint): cannot check that %s "
-                    "is the vocabulary it was trained with", checkpoint_path, tokenizer.model_path)
-        n = checkpoint.get("vocab_size")
-        if n is not None and int(n) < tokenizer.vocab_size:
-            raise DataError(
-                f"{checkpoint_path} was trained with {n} pieces but {tokenizer.model_path} has "
-                f"{tokenizer.vocab_size}: another vocabulary (check the data= option)"
-            )
-        return
-    here = vocab_identity(tokenizer.model_path)
-    if here != {k: saved.get(k) for k in here}:
-        raise DataError(
-            f"{checkpoint_path} was trained with another vocabulary than {tokenizer.model_path} "
-            f"(checkpoint: {saved['vocab_size']} pieces, sha256 {saved['spm_sha256'][:12]}; "
-            f"tokenizer: {here['vocab_size']} pieces, sha256 {here['spm_sha256'][:12]}); "
-            "use the data= settings the model was trained with"
-        )
 
 
 def meta_path(model_path: str | os.PathLike) -> Path:

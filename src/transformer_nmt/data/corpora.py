@@ -431,15 +431,15 @@ def _stream_hf(data_cfg: DataConfig, hf_split: str, dest: tuple[Path, Path],
                     if hub.is_data_error(e):
                         raise DataError(
                             f"{name}, row {n:,} (counted from 0): cannot read the record: "
-                            f"{hub.one_line(e)}. A fault of the data or of its schema, not of "
-                            "the network, so it is not retried: check data.hf_dataset and "
+                            f"{hub.type_and_message(e)}. A fault of the data or of its schema, "
+                            "not of the network, so it is not retried: check data.hf_dataset and "
                             "data.hf_config (in a local copy, every file of a split must hold "
                             "one translation column of the same two languages)") from e
                     status = hub.http_status(e)
                     if status is not None and 400 <= status < 500:
                         raise DataError(
                             f"{name}, row {n:,}: the hub refused a read with HTTP {status} "
-                            f"({hub.one_line(e)}), so it is not retried: check that the "
+                            f"({hub.type_and_message(e)}), so it is not retried: check that the "
                             "dataset exists and that your Hugging Face token may read it "
                             "(hf auth login)") from e
                     raise
@@ -448,10 +448,10 @@ def _stream_hf(data_cfg: DataConfig, hf_split: str, dest: tuple[Path, Path],
                 if failures > STREAM_RETRIES:
                     raise DataError(
                         f"reading {name} failed {failures} times, last at row {n:,}: "
-                        f"{hub.one_line(e)}; run the same command again to resume at row "
+                        f"{hub.type_and_message(e)}; run the same command again to resume at row "
                         f"{at:,}") from e
                 log.warning("reading %s failed at row %d (%s); retrying from row %d", name, n,
-                            hub.one_line(e), at)
+                            hub.type_and_message(e), at)
                 saved = _resume_point(partial, progress, ident)
     except BaseException:
         if not progress.is_file():  # nothing a later run could resume from
@@ -499,7 +499,7 @@ def _sacrebleu_test_set(test_set: str, src: str, tgt: str, dest: tuple[Path, Pat
                   "a machine that has fetched the test set, or leave the split out of "
                   "data.test_splits") if hub.is_network_error(e) else ""
         raise DataError(f"could not get sacreBLEU test set {test_set} ({langpair}): "
-                        f"{hub.one_line(e)}{advice}") from e
+                        f"{hub.type_and_message(e)}{advice}") from e
     counts = []
     for path, out in zip(paths[:2], dest):
         with open(path, "rb") as inp, atomic_write(out, "wb") as f:

@@ -159,7 +159,7 @@ def is_data_error(exc: BaseException) -> bool:
     return isinstance(exc, tuple(types))
 
 
-def one_line(exc: BaseException) -> str:
+def type_and_message(exc: BaseException) -> str:
     """``Type: message`` of an exception on one line (the libraries' messages span several)."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -270,18 +270,18 @@ def open_stream(hf_dataset: str | None, hf_config: str | None, split: str,
                        f"({hf_config}) is not in the Hugging Face cache")
             elif hub_offline() and not local:
                 why = (f"HF_HUB_OFFLINE is set and {hf_dataset} ({hf_config}) is not in the "
-                       f"Hugging Face cache ({one_line(e)})")
+                       f"Hugging Face cache ({type_and_message(e)})")
             else:
-                why = f"cannot reach the Hugging Face hub for {name} ({one_line(e)})"
+                why = f"cannot reach the Hugging Face hub for {name} ({type_and_message(e)})"
             raise DataError(f"{why}; {OFFLINE_ADVICE}{resume_note}") from e
         if hf_config is None and isinstance(e, ValueError):
-            raise DataError(f"cannot open {name}: data.hf_config is null ({one_line(e)}); "
+            raise DataError(f"cannot open {name}: data.hf_config is null ({type_and_message(e)}); "
                             "set data.hf_config to one of the dataset's configurations, e.g. "
                             "data.hf_config=de-en") from e
         if isinstance(e, ValueError) and not isinstance(e, datasets.exceptions.DatasetsError):
-            raise DataError(f"cannot open {name}: {one_line(e)}; check data.hf_config and "
+            raise DataError(f"cannot open {name}: {type_and_message(e)}; check data.hf_config and "
                             "the split") from e
-        raise DataError(f"cannot open {name}: {one_line(e)}; check data.hf_dataset (a hub "
+        raise DataError(f"cannot open {name}: {type_and_message(e)}; check data.hf_dataset (a hub "
                         "dataset such as wmt/wmt14, or a local folder with a copy of it)") from e
     return records, _rows_of(records, split)
 
@@ -300,7 +300,7 @@ def _open_saved(folder: Path, split: str) -> tuple[Any, int]:
     try:
         saved = datasets.load_from_disk(str(folder))
     except Exception as e:
-        raise DataError(f"cannot read the saved dataset {folder}: {one_line(e)}") from e
+        raise DataError(f"cannot read the saved dataset {folder}: {type_and_message(e)}") from e
     if split not in saved:
         raise DataError(f"the saved dataset {folder} has no split {split!r} (has "
                         f"{sorted(saved)}); save the hub's splits train and validation")

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer_nmt.checkpoint import AVERAGED_NAME, checkpoint_dir, latest_checkpoint
+from transformer_nmt.checkpoint import check_vocab, load_model, non_finite_parameters
 from transformer_nmt.config import Config, DecodeConfig, Engine
 from transformer_nmt.data.batching import LengthBucketSampler, collate
 from transformer_nmt.data.bpe import load_tokenizer
@@ -50,49 +50,21 @@ from transformer_nmt.errors import UserError
 from transformer_nmt.fileio import (
     check_output,
     iter_lines,
+    read_lines,
     spm_model_path,
     write_error,
     write_output,
 )
-from transformer_nmt.fileio import read_lines as fileio_read_lines
 from transformer_nmt.model.transformer import sdpa_backends, sdpa_context
+from transformer_nmt.run.model_file import resolve_checkpoint
 from transformer_nmt.runtime import autocast_context, resolve_device
 
 log = logging.getLogger(__name__)
 
-
-def resolve_checkpoint(cfg: Config) -> Path:
-    """The model file to decode with.
-
-    Order: ``cfg.decode.checkpoint``; else ``<run_dir>/checkpoints/averaged.pt``; else the
-    run's latest ``checkpoint_<step>.pt``.
-
-    Raises:
-        FileNotFoundError: naming what was looked for.
-    """
-    if cfg.decode.checkpoint:
-        path = Path(cfg.decode.checkpoint)
-        if not path.is_file():
-            raise FileNotFoundError(f"decode.checkpoint={path} does not exist")
-        return path
-    folder = checkpoint_dir(cfg.run_dir)
-    averaged = folder / AVERAGED_NAME
-    latest = latest_checkpoint(cfg.run_dir)
-    if averaged.is_file():
-        if latest is not None and latest.stat().st_mtime > averaged.stat().st_mtime:
-            log.warning(
-                "%s is older than %s; run nmt-average again to include the newest checkpoints",
-                averaged, latest.name,
-            )
-        return averaged
-    if latest is not None:
-        log.info("no %s in %s; decoding with the latest checkpoint %s", AVERAGED_NAME, folder,
-                 latest.name)
-        return latest
-    raise FileNotFoundError(
-        f"no model to decode with: decode.checkpoint is unset, {averaged} does not exist and "
-        f"{folder} holds no checkpoint_<step>.pt (train first, or set decode.checkpoint=PATH)"
-    )
+EngineFactory = Callable[[Any, Path, Config, torch.device], Any]
+"""``(model, checkpoint, cfg, device) -> model``: another decoding engine in place of ``model``
+as ``decode.engine`` says (:func:`transformer_nmt.interop.ctranslate2.decode_engine`), passed in
+by the command line so that decoding never imports interop."""
 
 
 @contextlib.contextmanager
@@ -103,8 +75,6 @@ def non_finite_scores_named(checkpoint: str | Path, model: Any, precision: str):
     try:
         yield
     except NonFiniteScoresError as e:
-        from transformer_nmt.checkpoint import non_finite_parameters
-
         params = getattr(model, "state_dict", None)
         bad = non_finite_parameters(params()) if params is not None else []
         if bad:
@@ -353,8 +323,9 @@ def translate_lines(
     return outputs, stats
 
 
-def read_lines(path: str | Path | None) -> list[str]:
-    """Lines of a UTF-8 file (plain or gzip; standard input when None), without their endings.
+def read_input(path: str | Path | None) -> list[str]:
+    """The lines of ``translate.input``: a UTF-8 file (plain or gzip), a pipe or a device, or
+    standard input when None, without their endings.
 
     The data stage's rule (:func:`transformer_nmt.fileio.iter_lines`): ``\\n`` or
     ``\\r\\n`` ends a line, a lone ``\\r`` stays inside it, so there is one output line
@@ -372,7 +343,7 @@ def read_lines(path: str | Path | None) -> list[str]:
     if kind == "missing":
         raise FileNotFoundError(f"translate.input={path}: no such file")
     if kind == "file":
-        return list(fileio_read_lines(path, hint=None))
+        return list(read_lines(path, hint=None))
     if kind not in ("FIFO", "character device"):
         raise UserError(f"translate.input={path} is a {kind}, not a text file; give a file, a "
                         "pipe, or leave translate.input unset to read standard input")
@@ -450,7 +421,7 @@ def translate_file(
     Returns:
         The stats of :func:`translate_lines`.
     """
-    lines = read_lines(input_path)
+    lines = read_input(input_path)
     if hasattr(tokenizer, "preprocess"):  # data.lowercase, data.pretokenize
         lines = tokenizer.preprocess(lines)
     if decode_cfg.nbest > 1 and decode_cfg.beam_size > 1:
@@ -465,7 +436,7 @@ def translate_file(
     return stats
 
 
-def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str, Any]:
+def translate(cfg: Config, engine: EngineFactory | None = None) -> dict[str, Any]:
     """``nmt-translate``: load the run's model and translate ``translate.input`` (a file or
     standard input) to ``translate.output`` (a file or standard output).
 
@@ -485,9 +456,6 @@ def translate(cfg: Config, engine: Callable[..., Any] | None = None) -> dict[str
             tokenizer, any ``.pt``/``.safetensors`` file or a file in a run's ``checkpoints/``
             (:func:`transformer_nmt.fileio.check_output`); a device not present.
     """
-    from transformer_nmt.checkpoint import load_model
-    from transformer_nmt.data.bpe import check_vocab
-
     if engine is None and cfg.decode.engine != Engine.native:
         raise UserError(f"decode.engine={cfg.decode.engine} is decoded by nmt-translate / "
                         "nmt-evaluate; this call decodes with ours only")

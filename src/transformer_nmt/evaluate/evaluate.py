@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import logging
 import os
 import shutil
@@ -65,14 +64,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from transformer_nmt.checkpoint import checkpoint_step
-from transformer_nmt.config import Config, as_plain, to_plain
+from transformer_nmt.checkpoint import check_vocab, checkpoint_metadata, load_model
+from transformer_nmt.config import Config, Engine, as_plain, to_plain
 from transformer_nmt.data.bpe import file_digest, load_tokenizer
 from transformer_nmt.data.corpora import official_lines, orig_dir, reference_path
 from transformer_nmt.decode.translate import (
+    EngineFactory,
     non_finite_scores_named,
-    read_lines,
-    resolve_checkpoint,
     translate_lines,
     write_lines,
 )
@@ -81,65 +79,21 @@ from transformer_nmt.evaluate.bleu import check_form, format_score, read_text_li
 from transformer_nmt.evaluate.gate import averaged_steps
 from transformer_nmt.evaluate.identity import stopped_short
 from transformer_nmt.evaluate.paper import PAPER_TABLE3
-from transformer_nmt.evaluate.results import (
+from transformer_nmt.fileio import REPLACE_HINT, raw_path, read_lines, write_json
+from transformer_nmt.run.lock import folder_lock
+from transformer_nmt.run.model_file import resolve_checkpoint
+from transformer_nmt.run.results import (
     NATIVE,
     engine_results,
     merge_results,
     read_previous_results,
 )
-from transformer_nmt.fileio import REPLACE_HINT, raw_path, write_json
-from transformer_nmt.runtime import folder_lock, resolve_device
-from transformer_nmt.train.summary import TrainSummary
+from transformer_nmt.run.summary import read_train_summary
+from transformer_nmt.runtime import resolve_device
 
 log = logging.getLogger(__name__)
 
 TRAINING_COST_KEYS = ("gpu_hours", "flops", "train_seconds", "world_size")
-
-
-def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
-    """``step`` and ``averaged_from`` of a training checkpoint or model file, read without
-    loading its tensors (memory-mapped).
-
-    Returns:
-        ``{"step": int | None, "averaged_from": list[str] | None}``.
-
-    Raises:
-        FileNotFoundError: naming the path when it does not exist.
-        UnreadableCheckpointError (a UserError): naming the path and its size when the file
-            is empty, truncated or not a checkpoint.
-    """
-    from transformer_nmt.fileio import read_checkpoint
-
-    ckpt = read_checkpoint(path, mmap=True)
-    averaged = ckpt.get("averaged_from")
-    return {
-        "step": checkpoint_step(ckpt),
-        "averaged_from": [str(p) for p in averaged] if averaged is not None else None,
-    }
-
-
-def read_train_summary(run_dir: str | Path) -> dict[str, Any] | None:
-    """``<run_dir>/train_summary.json`` (written by the training loop), or None if absent.
-
-    Raises:
-        UserError: the file is not UTF-8, not JSON or not a JSON object (names it and the line).
-    """
-    path = Path(run_dir) / "train_summary.json"
-    if not path.is_file():
-        return None
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); train again or "
-                        "delete it") from e
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); train again or "
-                        "delete it") from e
-    try:
-        TrainSummary.parse(summary)
-    except ValueError as e:
-        raise UserError(f"{path}: not a training summary ({e}); train again or delete it") from None
-    return summary
 
 
 _BACKUP = ".{}.old.tmp"
@@ -169,10 +123,10 @@ def _plain_value(value: Any) -> Any:
     return str(value) if isinstance(value, Enum) else value
 
 
-def evaluate(cfg: Config) -> dict[str, Any]:
+def evaluate(cfg: Config, engine: EngineFactory | None = None) -> dict[str, Any]:
     """Translate and score the test sets ``cfg.data.test_splits``; write their translations
     and merge their scores into results.json, holding the run folder's lock
-    (:func:`transformer_nmt.runtime.folder_lock`, as ``nmt-evaluate``) throughout.
+    (:func:`transformer_nmt.run.lock.folder_lock`, as ``nmt-evaluate``) throughout.
 
     The translations and results.json are one unit: each test set's entry records the
     SHA-256 of the translations it scored (``translations_sha256``), results.json is written
@@ -181,6 +135,9 @@ def evaluate(cfg: Config) -> dict[str, Any]:
     Args:
         cfg: the composed run config (``data``, ``decode``, ``name``, ``run_dir``,
             ``table3``, ``extra``).
+        engine: ``(model, checkpoint, cfg, device) -> model`` that swaps in another decoding
+            engine as ``decode.engine`` says (the CLI passes
+            :func:`transformer_nmt.interop.ctranslate2.decode_engine`); None = ours only.
 
     Returns:
         The results dict written to ``<run_dir>/results.json`` (:func:`merge_results`: the
@@ -189,24 +146,26 @@ def evaluate(cfg: Config) -> dict[str, Any]:
     Raises:
         FileNotFoundError: no model to decode with, no SentencePiece model, or a missing
             test file (named).
-        UserError: ``data.test_splits`` empty; a damaged ``train_summary.json`` (found
+        UserError: another ``decode.engine`` than ``native`` without an ``engine``;
+            ``data.test_splits`` empty; a damaged ``train_summary.json`` (found
             before decoding); a test source and reference with different line counts;
             another command holds the run folder; invalid UTF-8 in a reference under
             ``data.encoding_errors=strict`` (a DataError naming file, line and bytes).
     """
     run_dir = Path(cfg.run_dir)
+    if engine is None and cfg.decode.engine != Engine.native:
+        raise UserError(f"decode.engine={cfg.decode.engine} is decoded by nmt-evaluate; this "
+                        "call decodes with ours only")
     if not cfg.data.test_splits:
         raise UserError(
             f"data.test_splits is empty: nothing to evaluate, and {run_dir / 'results.json'} "
             "would lose its scores; name the test sets, e.g. data.test_splits=[test]")
     with folder_lock(run_dir, "nmt-evaluate"):
-        return _evaluate(cfg, run_dir)
+        return _evaluate(cfg, run_dir, engine)
 
 
-def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
-    from transformer_nmt.checkpoint import load_model
-    from transformer_nmt.data.bpe import check_vocab
-
+def _evaluate(cfg: Config, run_dir: Path, engine_factory: EngineFactory | None
+              ) -> dict[str, Any]:
     data = cfg.data
     summary = read_train_summary(run_dir)  # checked before any decoding
     try:
@@ -220,10 +179,8 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
     tokenizer = load_tokenizer(data)
     check_vocab(ckpt_path, tokenizer)
     params = int(model.num_parameters())
-    from transformer_nmt.interop.ctranslate2 import decode_engine
-
-    # the model unless decode.engine says otherwise
-    engine = decode_engine(model, ckpt_path, cfg, device)
+    # the model itself unless decode.engine says otherwise
+    engine = model if engine_factory is None else engine_factory(model, ckpt_path, cfg, device)
     engine_name = str(cfg.decode.engine)
     log.info("evaluating %s (%s, %d parameters, step %s) on %s",
              ckpt_path, model_cfg.model.name, params, meta["step"], device)
@@ -244,7 +201,7 @@ def _evaluate(cfg: Config, run_dir: Path) -> dict[str, Any]:
                     raise FileNotFoundError(
                         f"test file {f} not found (data.test_splits names {split!r}; run "
                         "nmt-prepare first: it keeps the official references as downloaded)")
-            sources = read_lines(src_file)
+            sources = list(read_lines(src_file, hint=None))
             # the reference as distributed: not cleaned, so it may still hold invalid UTF-8
             references = read_text_lines(ref_file, str(data.encoding_errors), REPLACE_HINT)
             expected = official_lines(data, split)

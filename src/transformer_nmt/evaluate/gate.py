@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from transformer_nmt.run.results import format_value
+
 RECIPE_KEYS: dict[str, tuple[str, ...]] = {
     "model": ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "d_k", "d_v",
               "dropout", "attention_dropout", "activation_dropout", "norm", "share_embeddings",
@@ -57,10 +59,6 @@ def same_setting(a: Any, b: Any) -> bool:
             and not isinstance(b, bool):
         return abs(float(a) - float(b)) <= 1e-9 * max(abs(float(a)), abs(float(b)), 1.0)
     return str(a) == str(b)
-
-
-def _fmt(x: Any) -> str:
-    return "null" if x is None else (f"{x:g}" if isinstance(x, float) else str(x))
 
 
 def averaged_steps(result: dict[str, Any]) -> list[int] | None:
@@ -116,18 +114,20 @@ def recipe_differences(result: dict[str, Any], preset: dict[str, Any]) -> list[s
             if key not in theirs:
                 continue
             if key not in mine:
-                why.append(f"{group}.{key} not recorded (the preset's {_fmt(theirs[key])})")
+                why.append(f"{group}.{key} not recorded (the preset's {format_value(theirs[key])})")
             elif not same_setting(mine[key], theirs[key]):
-                why.append(f"{group}.{key}={_fmt(mine[key])}, the preset's {_fmt(theirs[key])}")
+                why.append(f"{group}.{key}={format_value(mine[key])}, "
+                           f"the preset's {format_value(theirs[key])}")
     decode = result.get("decode") or {}
     for key in RECIPE_KEYS["decode"]:
         want = (preset.get("decode") or {}).get(key)
         if key not in decode:
-            why.append(f"decode.{key} not recorded (the preset's {_fmt(want)})")
+            why.append(f"decode.{key} not recorded (the preset's {format_value(want)})")
         elif not same_setting(decode[key], want):
-            why.append(f"decode.{key}={_fmt(decode[key])}, the preset's {_fmt(want)}")
+            why.append(f"decode.{key}={format_value(decode[key])}, "
+                       f"the preset's {format_value(want)}")
     if str(decode.get("precision")) not in DECODE_PRECISIONS:
-        why.append(f"decode.precision={_fmt(decode.get('precision'))}, not "
+        why.append(f"decode.precision={format_value(decode.get('precision'))}, not "
                    f"{' or '.join(DECODE_PRECISIONS)}")
 
     t = preset.get("trainer") or {}

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from transformer_nmt.config import Config, ModelConfig, Table3Config, apply_row
+from transformer_nmt.errors import Table3Error
 from transformer_nmt.evaluate.gate import same_setting
 
 SEED_KEY = "trainer.seed"
@@ -136,9 +138,6 @@ def row_recipe(base: dict[str, Any], row: dict[str, Any] | None) -> dict[str, An
     ``table3`` config: ``variant``, ``scale``, ``fixed``, ``scale_steps``) applied to the base
     row's model and trainer values (:func:`transformer_nmt.config.apply_row`), the rest as
     the base's. None when ``row`` is not recorded or does not apply to the base's values."""
-    from transformer_nmt.config import Config, ModelConfig, Table3Config, apply_row
-    from transformer_nmt.errors import Table3Error
-
     if not isinstance(row, dict) or not row.get("variant"):
         return None
     cfg = Config()

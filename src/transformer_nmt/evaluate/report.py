@@ -55,13 +55,6 @@ from transformer_nmt.evaluate.paper import (
     SETTING_KEYS,
     TABLE2_TEST_SET,
 )
-from transformer_nmt.evaluate.results import (
-    NATIVE,
-    Results,
-    ResultsError,
-    engine_results,
-    read_results,
-)
 from transformer_nmt.evaluate.table3_groups import (
     Table3Line,
     base_line,
@@ -72,6 +65,14 @@ from transformer_nmt.evaluate.table3_groups import (
     table3_lines,
 )
 from transformer_nmt.fileio import check_output, write_output
+from transformer_nmt.run.results import (
+    NATIVE,
+    Results,
+    ResultsError,
+    engine_results,
+    format_value,
+    read_results,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ MMT_KIND = "paper_bleu:mmt"
 def load_results(pattern: str) -> list[dict[str, Any]]:
     """All results.json files matching ``pattern``, sorted by experiment name.
 
-    Each is read and checked by :func:`transformer_nmt.evaluate.results.read_results`, the
+    Each is read and checked by :func:`transformer_nmt.run.results.read_results`, the
     check of every reader; a file that fails it is left out with one warning naming it and
     the field at fault, and the tables are built from the rest. Each dict returned carries
     its file (``_path``) and its typed record (``_record``, :class:`Results`).
@@ -154,10 +155,6 @@ def label_runs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**r, "_label": f"{r['experiment']} ({run_folder(r)})"}
             if not is_table3_run(r) and names[str(r.get("experiment"))] > 1 else r
             for r in results]
-
-
-def _fmt(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
 
 
 def _fmt_e(x: float | None) -> str:
@@ -264,22 +261,22 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
     rows = []
     for size in ("base", "big"):
         p = PAPER_TABLE2[size]
-        rows.append([f"Transformer ({size}), paper", _fmt(p["de"]), "–", _fmt(p["fr"]), "–",
-                     _paper_cost(p), "–", "–"])
+        rows.append([f"Transformer ({size}), paper", format_value(p["de"], 1), "–",
+                     format_value(p["fr"], 1), "–", _paper_cost(p), "–", "–"])
         for r in results:
             if not is_table2_run(r) or r["model"]["name"] != size:
                 continue
             tgt = r["data"]["tgt_lang"]
             flops, hours = _cost(r)
             bleu = ((r.get("test_sets") or {}).get(TABLE2_TEST_SET) or {}).get("bleu") or {}
-            tok = _fmt(paper_bleu_of_form(bleu, TABLE2_FORMS.get(tgt, "moses")))
-            sacre = _fmt(_score(r, TABLE2_TEST_SET, "sacrebleu"))
+            tok = format_value(paper_bleu_of_form(bleu, TABLE2_FORMS.get(tgt, "moses")), 1)
+            sacre = format_value(_score(r, TABLE2_TEST_SET, "sacrebleu"), 1)
             de = tgt == "de"
             rows.append([
                 f"Transformer ({size}), ours: {_name(r)}",
                 tok if de else "–", sacre if de else "–",
                 "–" if de else tok, "–" if de else sacre,
-                "–", _fmt_e(flops), _fmt(hours),
+                "–", _fmt_e(flops), format_value(hours, 1),
             ])
     return [
         "## Table 2: newstest2014 (full, 3,003 sentences)",
@@ -349,8 +346,8 @@ def _table3_row(x: Table3Line, base: Table3Line | None) -> list[str]:
         p.row if p else str(r0.get("table3_row") or "–"), p.change if p else x.variant,
         _setting_text(r0), str(len(x.runs)), str(r0.get("steps", "–")), _params(r0),
         f"{p.params:g}M" if p and p.params else "–",
-        _fmt_ms(ppl, ppl_std, 2), _fmt(p.ppl, 2) if p else "–",
-        _fmt_ms(bleu, std, 2), _fmt_ms(sacre, sacre_std, 2), _fmt(p.bleu) if p else "–",
+        _fmt_ms(ppl, ppl_std, 2), format_value(p.ppl, 2) if p else "–",
+        _fmt_ms(bleu, std, 2), _fmt_ms(sacre, sacre_std, 2), format_value(p.bleu, 1) if p else "–",
         "0 (base)" if x.is_base else _fmt_delta(delta, 2),
         "0 (base)" if p is base_paper
         else (_fmt_delta(p.bleu - base_paper.bleu) if p else "–"),
@@ -422,9 +419,9 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
                     str((r.get("model") or {}).get("name")), _params(r),
                     str(part.get("steps", "–")), str(n_avg) if n_avg else "none",
                     split if engine == NATIVE else f"{split} ({ENGINE_LABELS.get(engine, engine)})",
-                    _fmt(test.score(PAPER_KIND), 2), _fmt(test.score(MMT_KIND), 2),
-                    _fmt(test.score("sacrebleu"), 2),
-                    _fmt(test.score("chrf"), 2), _fmt(hours, 2), _fmt_e(flops),
+                    format_value(test.score(PAPER_KIND), 2), format_value(test.score(MMT_KIND), 2),
+                    format_value(test.score("sacrebleu"), 2),
+                    format_value(test.score("chrf"), 2), format_value(hours, 2), _fmt_e(flops),
                 ])
     return rows
 
@@ -540,8 +537,9 @@ def build_report(results: list[dict[str, Any]],
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(cfg: Config) -> Path:
-    """``nmt-table``: read ``cfg.table.results_glob``, write ``cfg.table.output``
+def write_report(cfg: Config, results: list[dict[str, Any]] | None = None) -> Path:
+    """``nmt-table``: read ``cfg.table.results_glob`` (or take its ``results``, as
+    :func:`load_results` gives them), write ``cfg.table.output``
     (:func:`transformer_nmt.fileio.write_output`: atomically for a regular file, in place for a
     FIFO or device, through symlinks; never over a results file or a model).
 
@@ -551,23 +549,30 @@ def write_report(cfg: Config) -> Path:
     t = cfg.table
     out = Path(t.output)
     check_output(out, "table.output", inputs=glob.glob(t.results_glob, recursive=True))
-    results = load_results(t.results_glob)
+    if results is None:
+        results = load_results(t.results_glob)
     if not results:
         log.warning("no results files match %s; writing the paper's numbers only", t.results_glob)
     with write_output(out, what="table.output") as f:
         f.write(build_report(results, t.tables))
     log.info("wrote %s from %d results files", out, len(results))
-    if t.table3_plot:
-        from transformer_nmt.plot.table3 import plot_table3
-
-        groups = table3_lines(results)
-        for exp, lines in groups.items():
-            plot = Path(t.table3_plot)
-            if len(groups) > 1:
-                plot = plot.with_name(f"{plot.stem}_{exp}{plot.suffix}")
-            if base_line(lines) is None:
-                log.warning("%s: no base row trained to its step target; %s not drawn", exp, plot)
-                continue
-            plot_table3(exp, [x for x in lines if x.compared], plot)
-            log.info("wrote %s", plot)
     return out
+
+
+def table3_figures(results: list[dict[str, Any]], plot: str | Path
+                   ) -> list[tuple[str, list[Table3Line], Path]]:
+    """The Table 3 figures ``table.table3_plot`` asks for: one per experiment with a base row
+    trained to its step target, as ``(experiment, the rows compared, path)``; the path gets
+    ``_<experiment>`` before its suffix when there are several. An experiment without such a
+    base row is left out, with a warning."""
+    figures = []
+    groups = table3_lines(results)
+    for exp, lines in groups.items():
+        path = Path(plot)
+        if len(groups) > 1:
+            path = path.with_name(f"{path.stem}_{exp}{path.suffix}")
+        if base_line(lines) is None:
+            log.warning("%s: no base row trained to its step target; %s not drawn", exp, path)
+            continue
+        figures.append((exp, [x for x in lines if x.compared], path))
+    return figures

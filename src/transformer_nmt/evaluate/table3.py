@@ -31,9 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from transformer_nmt.config.schema import field_value
+from transformer_nmt.fileio import file_digest
+from transformer_nmt.run.results import ResultsError, read_results
 
 if TYPE_CHECKING:
     from transformer_nmt.config import Config, ModelConfig
+    from transformer_nmt.decode.translate import EngineFactory
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,7 @@ def evaluation_config(cfg: Config) -> Config:
     Raises:
         FileNotFoundError: the run has no checkpoint yet (names the folder).
     """
+    # late: the checkpoint package loads torch, which nmt-table (through setting) never needs
     from transformer_nmt.checkpoint import checkpoint_dir, latest_checkpoint
 
     latest = latest_checkpoint(cfg.run_dir)
@@ -91,9 +95,6 @@ def results_are_current(cfg: Config) -> bool:
     The checkpoint is compared by content (``checkpoint_sha256``), not by its path: a row
     retrained (on another corpus, after its checkpoints were deleted) writes a checkpoint of
     the same name. A results.json without the digest is not current."""
-    from transformer_nmt.data.bpe import file_digest
-    from transformer_nmt.evaluate.results import ResultsError, read_results
-
     path = Path(cfg.run_dir) / "results.json"
     if not path.is_file():
         return False
@@ -112,19 +113,21 @@ def results_are_current(cfg: Config) -> bool:
             and all(split in results.test_sets for split in ev.data.test_splits))
 
 
-def evaluate_row(cfg: Config) -> dict[str, Any] | None:
-    """Evaluate a trained row (:func:`evaluation_config`); None when results.json is current."""
+def evaluate_row(cfg: Config, engine: EngineFactory | None = None) -> dict[str, Any] | None:
+    """Evaluate a trained row (:func:`evaluation_config`; ``engine`` as for
+    :func:`transformer_nmt.evaluate.evaluate.evaluate`); None when results.json is current."""
+    # late: evaluation loads torch, which nmt-table (through setting) never needs
     from transformer_nmt.evaluate.evaluate import evaluate
 
     if results_are_current(cfg):
         log.info("table3=%s: %s/results.json is current; not evaluated again",
                  cfg.table3.variant, cfg.run_dir)
         return None
-    return evaluate(evaluation_config(cfg))
+    return evaluate(evaluation_config(cfg), engine=engine)
 
 
-def evaluate_after_training(cfg: Config,
-                            summary: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def evaluate_after_training(cfg: Config, summary: dict[str, Any] | None = None,
+                            engine: EngineFactory | None = None) -> dict[str, Any] | None:
     """``nmt-train``'s last act for a Table 3 row (``table3.variant`` set, ``table3.evaluate``
     true): rank 0 evaluates it (:func:`evaluate_row`; a row whose training stopped before its
     step target is evaluated too, and its results.json says so: ``stopped_short``). None on
@@ -132,14 +135,14 @@ def evaluate_after_training(cfg: Config,
     ended the training (``summary``) before the row had any checkpoint."""
     if not (cfg.table3.variant and cfg.table3.evaluate and int(os.environ.get("RANK", "0")) == 0):
         return None
+    # late: the checkpoint package and the runtime load torch, which nmt-table never needs
     from transformer_nmt.checkpoint import latest_checkpoint
+    from transformer_nmt.runtime import retain_freed_memory
 
     stopped_by = str((summary or {}).get("stopped_by") or "")
     if stopped_by.startswith("signal") and latest_checkpoint(cfg.run_dir) is None:
         log.info("table3=%s: %s before the row's first checkpoint; not evaluated",
                  cfg.table3.variant, stopped_by)
         return None
-    from transformer_nmt.runtime import retain_freed_memory
-
     retain_freed_memory()  # beam search allocates large tensors at every step
-    return evaluate_row(cfg)
+    return evaluate_row(cfg, engine)

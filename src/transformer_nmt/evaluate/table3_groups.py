@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from transformer_nmt.config import CONFIG_DIR
 from transformer_nmt.evaluate.gate import same_setting
 from transformer_nmt.evaluate.identity import (
     ROW_KEYS,
@@ -31,8 +32,8 @@ from transformer_nmt.evaluate.identity import (
     shortfall,
 )
 from transformer_nmt.evaluate.paper import DEV_SET, PAPER_TABLE3, PaperRow
-from transformer_nmt.evaluate.results import Results
 from transformer_nmt.evaluate.table3 import setting
+from transformer_nmt.run.results import Results
 
 
 def _record(result: dict[str, Any]) -> Results:
@@ -226,8 +227,6 @@ def configured_rows(config_dir: str | Path | None = None) -> list[str]:
     """Every row of the ``table3`` config group (``configs/table3/<row>.yaml``), the paper's
     first in its order."""
     if config_dir is None:
-        from transformer_nmt.config import CONFIG_DIR
-
         config_dir = CONFIG_DIR
     names = sorted(p.stem for p in (Path(config_dir) / "table3").glob("*.yaml"))
     order = {v: i for i, v in enumerate(PAPER_TABLE3)}

@@ -16,6 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from transformer_nmt.checkpoint import (
+    check_vocab,
+    checkpoint_step,
+    config_of,
+    load_checkpoint,
+    load_model,
+)
 from transformer_nmt.choices import Engine, ExportFormat, Quantization
 from transformer_nmt.config import (
     BOS_ID,
@@ -26,7 +33,10 @@ from transformer_nmt.config import (
     ModelConfig,
     field_value,
 )
+from transformer_nmt.data.bpe import SentencePieceTokenizer, meta_path
 from transformer_nmt.errors import ExportError, NotWritableError
+from transformer_nmt.fileio import umask, write_error
+from transformer_nmt.run.results import format_value
 
 SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
 """Pieces of our special ids in the shared SentencePiece model (bpe.py trains it so)."""
@@ -109,17 +119,12 @@ def piece_vocab(spm_path: Path) -> list[str]:
     return pieces
 
 
-def _unicode_form(spm_path: Path) -> str | None:
-    from transformer_nmt.data.bpe import meta_path
-
+def unicode_form_of(spm_path: Path) -> str | None:
+    """The Unicode normalization recorded beside a SentencePiece model (``spm.json``), or None."""
     meta = meta_path(spm_path)
     if meta.is_file():
         return json.loads(meta.read_text(encoding="utf-8"))["params"].get("unicode_form")
     return None
-
-
-def _fmt(value: Any) -> str:
-    return "-" if value is None else str(value)
 
 
 def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | None,
@@ -127,8 +132,6 @@ def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | 
     """README.md of an exported folder: data, recipe, steps (of a training checkpoint or a
     model file: :func:`transformer_nmt.checkpoint.checkpoint_step`), measured BLEU with
     signatures."""
-    from transformer_nmt.checkpoint import checkpoint_step
-
     data, model, trainer, decode = run_cfg.data, run_cfg.model, run_cfg.trainer, run_cfg.decode
     src, tgt = data.src_lang, data.tgt_lang
     lines = [
@@ -162,7 +165,7 @@ def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | 
          f"warmup_steps {trainer.warmup_steps}, lr_multiplier {trainer.lr_multiplier} "
          f"({field_value(trainer, 'lr_scheduler', 'inverse_sqrt')}), "
          f"label_smoothing {trainer.label_smoothing}, Adam betas {list(trainer.adam_betas)}"),
-        f"- steps: {_fmt(checkpoint_step(ckpt))}"
+        f"- steps: {format_value(checkpoint_step(ckpt))}"
         + (f", parameters averaged over {len(ckpt['averaged_from'])} checkpoints "
            f"({', '.join(ckpt['averaged_from'])})" if ckpt.get("averaged_from") else ""),
         (f"- decoding used for the scores below: beam {decode.beam_size}, length "
@@ -195,8 +198,8 @@ def model_card(run_cfg: Config, ckpt: dict[str, Any], results: dict[str, Any] | 
 
 
 EXPORT_MARKER = ".transformer_nmt_export"
-"""Empty file that every folder written by :func:`_atomic_dir` holds: only a folder with it is
-ever replaced, so an export can never remove a run, a checkpoint folder or data."""
+"""Empty file that every folder written by :func:`atomic_export_folder` holds: only a folder with
+it is ever replaced, so an export can never remove a run, a checkpoint folder or data."""
 
 
 def _refuse_output(out_dir: Path, overwrite: bool) -> None:
@@ -225,8 +228,6 @@ def _umask_permissions(folder: Path) -> None:
     """Give ``folder``, its sub-folders and files the permissions a folder or file created
     under the process's umask gets (``mkdtemp`` makes 0700; some writers make 0600 files),
     so that a model handed to other users of a shared machine can be read."""
-    from transformer_nmt.fileio import umask
-
     mask = umask()
     os.chmod(folder, 0o777 & ~mask)
     for root, dirs, files in os.walk(folder):
@@ -246,14 +247,12 @@ def check_tokenizer(checkpoint: str | Path, spm_path: Path) -> None:
     Raises:
         ExportError: ``spm_path`` does not exist; DataError: another vocabulary (both named).
     """
-    from transformer_nmt.data.bpe import SentencePieceTokenizer, check_vocab
-
     if not spm_path.is_file():
         raise ExportError(f"SentencePiece model {spm_path} not found (run nmt-prepare first)")
     check_vocab(checkpoint, SentencePieceTokenizer(spm_path))
 
 
-def _atomic_dir(out_dir: Path, overwrite: bool):
+def atomic_export_folder(out_dir: Path, overwrite: bool):
     """Context: a temporary folder beside ``out_dir``, renamed to it on success.
 
     The folder gets :data:`EXPORT_MARKER` and the umask's permissions (not the temporary
@@ -267,8 +266,6 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
             reached while writing (nothing is left behind).
     """
     import contextlib
-
-    from transformer_nmt.fileio import write_error
 
     @contextlib.contextmanager
     def ctx():
@@ -305,9 +302,9 @@ def _atomic_dir(out_dir: Path, overwrite: bool):
     return ctx()
 
 
-def _load(checkpoint: str | Path):
-    from transformer_nmt.checkpoint import config_of, load_checkpoint, load_model
-
+def load_exported_model(checkpoint: str | Path):
+    """The model file an export converts: ``(checkpoint dict, its config, the model on the
+    CPU)``."""
     ckpt = load_checkpoint(checkpoint)
     model, _ = load_model(checkpoint, "cpu")
     return ckpt, config_of(ckpt), model

@@ -34,17 +34,21 @@ from transformer_nmt.config import (
     DecodeConfig,
     field_value,
 )
-from transformer_nmt.fileio import atomic_write, file_digest
+from transformer_nmt.data.bpe import meta_path
+from transformer_nmt.decode.progress import decode_progress
+from transformer_nmt.decode.translate import input_limit, warn_truncated
+from transformer_nmt.fileio import atomic_write, file_digest, spm_model_path
 from transformer_nmt.interop.common import (
     ENGINES,
+    EXPORT_MARKER,
     LAYER_NORM_EPS,
     SPECIAL_PIECES,
     ExportError,
     NotWritableError,
-    _atomic_dir,
-    _load,
+    atomic_export_folder,
     check_exportable,
     check_tokenizer,
+    load_exported_model,
     piece_vocab,
     require,
 )
@@ -151,18 +155,17 @@ def export_ctranslate2(checkpoint: str | Path, spm_path: str | Path, out_dir: st
     ctranslate2 = require("ctranslate2")
     spm_path, out_dir = Path(spm_path), Path(out_dir)
     check_tokenizer(checkpoint, spm_path)
-    _, _, model = _load(checkpoint)
+    _, _, model = load_exported_model(checkpoint)
     spec = ctranslate2_spec(model, piece_vocab(spm_path))
 
     class _OurConverter(ctranslate2.converters.Converter):
         def _load(self):
             return spec
 
-    with _atomic_dir(out_dir, overwrite) as tmp:
+    with atomic_export_folder(out_dir, overwrite) as tmp:
         _OurConverter().convert(str(tmp), quantization=None if quantization == "none"
                                 else quantization, force=True)
         shutil.copyfile(spm_path, tmp / "spm.model")
-        from transformer_nmt.data.bpe import meta_path
 
         if meta_path(spm_path).is_file():
             shutil.copyfile(meta_path(spm_path), tmp / "spm.json")
@@ -243,8 +246,6 @@ def prune_cache(root: Path, checkpoint: Path, keep: Path) -> list[Path]:
     (an earlier layout). Conversions of other checkpoints that still exist are kept; a
     folder that is not a finished export of ours is never touched. Returns what was deleted.
     """
-    from transformer_nmt.interop.common import EXPORT_MARKER
-
     removed = []
     for folder in sorted(root.iterdir()) if root.is_dir() else ():
         if folder == keep or not (folder / EXPORT_MARKER).is_file():
@@ -316,8 +317,6 @@ class CTranslate2Engine:
         :func:`transformer_nmt.decode.translate.translate_lines`."""
         self._warn(decode_cfg)
         start = time.perf_counter()
-        from transformer_nmt.decode.progress import decode_progress
-        from transformer_nmt.decode.translate import input_limit, warn_truncated
 
         limit, why = input_limit(decode_cfg, max_positions=self.max_positions)
         sp = tokenizer.sp
@@ -395,7 +394,6 @@ def decode_engine(model: Any, checkpoint: str | Path, cfg: Config, device: Any) 
         return model
     if engine not in ENGINES:
         raise ExportError(f"decode.engine={engine!r} is not one of {list(ENGINES)}")
-    from transformer_nmt.fileio import spm_model_path
 
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     if engine == "ctranslate2_int8":

@@ -14,6 +14,11 @@ from pathlib import Path
 from transformer_nmt.choices import ExportFormat, Quantization
 from transformer_nmt.config import Config
 from transformer_nmt.errors import ExportError
+from transformer_nmt.fileio import spm_model_path
+from transformer_nmt.interop import ctranslate2 as ct2
+from transformer_nmt.interop import hf
+from transformer_nmt.run.model_file import resolve_checkpoint
+from transformer_nmt.run.results import ResultsError, read_results
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +41,12 @@ def run_export(cfg: Config) -> Path:
         ExportError, FileNotFoundError, ValueError: a quantization given to the ``hf``
             format, missing files, a model the target cannot express.
     """
-    from transformer_nmt.decode.translate import resolve_checkpoint
-    from transformer_nmt.fileio import spm_model_path
-    from transformer_nmt.interop import ctranslate2 as ct2
-    from transformer_nmt.interop import hf
-
     e = cfg.export
     if e.format == ExportFormat.hf and e.quantization != Quantization.none:
         raise ExportError("export.quantization applies to export.format=ctranslate2 only")
     checkpoint = resolve_checkpoint(cfg)
     out = default_output(cfg)
     if e.format == ExportFormat.hf:
-        from transformer_nmt.evaluate.results import ResultsError, read_results
-
         results_path = Path(cfg.run_dir) / "results.json"
         results = None
         if not results_path.is_file():

@@ -27,14 +27,14 @@ from transformer_nmt.config import (
 from transformer_nmt.interop.common import (
     SIDECAR,
     SPECIAL_PIECES,
-    _atomic_dir,
-    _load,
-    _unicode_form,
+    atomic_export_folder,
     check_exportable,
     check_tokenizer,
+    load_exported_model,
     model_card,
     piece_vocab,
     require,
+    unicode_form_of,
 )
 from transformer_nmt.interop.marian import port_to_marian
 
@@ -80,7 +80,7 @@ def export_hf(checkpoint: str | Path, spm_path: str | Path, out_dir: str | Path,
     """
     transformers = require("transformers")
     require("safetensors")
-    ckpt, run_cfg, model = _load(checkpoint)
+    ckpt, run_cfg, model = load_exported_model(checkpoint)
     check_exportable(run_cfg.model, "hf")
     spm_path, out_dir = Path(spm_path), Path(out_dir)
     check_tokenizer(checkpoint, spm_path)
@@ -95,13 +95,13 @@ def export_hf(checkpoint: str | Path, spm_path: str | Path, out_dir: str | Path,
         max_length=min(512, max_length),
     )
     mm.generation_config = gen
-    with _atomic_dir(out_dir, overwrite) as tmp:
+    with atomic_export_folder(out_dir, overwrite) as tmp:
         mm.save_pretrained(tmp, safe_serialization=True)
         write_tokenizer_files(spm_path, tmp, run_cfg, max_length)
         (tmp / "README.md").write_text(
             model_card(run_cfg, ckpt, results, model.vocab_size), encoding="utf-8")
         (tmp / SIDECAR).write_text(json.dumps({
-            "unicode_form": _unicode_form(spm_path), "step": checkpoint_step(ckpt),
+            "unicode_form": unicode_form_of(spm_path), "step": checkpoint_step(ckpt),
             "averaged_from": ckpt.get("averaged_from"), "config": as_plain(run_cfg),
         }, indent=2), encoding="utf-8")
     log.info("wrote %s", out_dir)

@@ -35,8 +35,13 @@ from transformer_nmt.config import (
 
 if TYPE_CHECKING:
     from transformers import MarianConfig
+from transformer_nmt.checkpoint import AVERAGED_NAME, checkpoint_dir, save_checkpoint
+from transformer_nmt.config import UnicodeForm
+from transformer_nmt.data.bpe import meta_path, vocab_identity
+from transformer_nmt.fileio import atomic_write, spm_model_path
 from transformer_nmt.interop.common import SIDECAR, ExportError, piece_vocab, require
 from transformer_nmt.interop.marian import from_marian_state_dict, model_config_of_marian
+from transformer_nmt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +141,6 @@ def _sidecar(folder: Path) -> dict[str, Any]:
     Raises:
         ExportError: not JSON, or a ``unicode_form`` that is not one of ours.
     """
-    from transformer_nmt.config import UnicodeForm
-
     path = folder / SIDECAR
     if not path.is_file():
         return {}
@@ -198,10 +201,6 @@ def import_marian(folder: str | Path, run_cfg: Config, checkpoint_out: str | Pat
     if spm_out.is_file() and spm_out.read_bytes() != spm_src.read_bytes():
         raise ExportError(f"{spm_out} exists and differs from {spm_src}; import under another "
                           "data.name (the SentencePiece model lives in data/spm/<data.name>/)")
-    from transformer_nmt.checkpoint import save_checkpoint
-    from transformer_nmt.data.bpe import meta_path, vocab_identity
-    from transformer_nmt.fileio import atomic_write
-    from transformer_nmt.model.transformer import Transformer
 
     state = from_marian_state_dict(mm.state_dict(), cfg.model)
     Transformer(cfg.model, mcfg.vocab_size).load_state_dict(state)  # shapes and names check
@@ -231,9 +230,6 @@ def run_import(cfg: Config) -> Path:
             holds checkpoints without ``export.overwrite``, a folder that cannot be imported
             exactly.
     """
-    from transformer_nmt.checkpoint import AVERAGED_NAME, checkpoint_dir
-    from transformer_nmt.fileio import spm_model_path
-
     source = cfg.export.source
     if not source:
         raise ExportError("export.source=<folder> is required (a Marian transformers folder)")

@@ -26,7 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from transformer_nmt.config import BOS_ID, EOS_ID, DecodeConfig
+from transformer_nmt.decode.translate import search
 from transformer_nmt.errors import ConfigError
+from transformer_nmt.model.transformer import MultiHeadAttention
 from transformer_nmt.plot.common import save_figure
 
 # --------------------------------------------------------------------------------------
@@ -58,8 +60,6 @@ class AttentionCall:
 
 
 def _is_attention(module: nn.Module) -> bool:
-    from transformer_nmt.model.transformer import MultiHeadAttention
-
     return isinstance(module, MultiHeadAttention)
 
 
@@ -220,8 +220,6 @@ def attention_maps(
     Raises:
         ConfigError (a UserError, a ValueError): when the sentence has no pieces.
     """
-    from transformer_nmt.decode.translate import search
-
     ids = tokenizer.encode(sentence.strip())
     if not ids:
         raise ConfigError(f"sentence {sentence!r} has no SentencePiece pieces to translate")

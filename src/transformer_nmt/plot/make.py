@@ -6,7 +6,9 @@ the figures (``plot.kinds``), the runs drawn together (``plot.runs``), format an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from pathlib import Path
 
 import matplotlib
@@ -15,13 +17,19 @@ matplotlib.use("Agg")  # before pyplot: files only, never a window
 
 import torch
 
+from transformer_nmt.checkpoint import load_model
 from transformer_nmt.choices import PlotKind
 from transformer_nmt.config import Config
+from transformer_nmt.data.bpe import load_tokenizer
 from transformer_nmt.errors import ConfigError
+from transformer_nmt.evaluate.checkpoint_bleu import checkpoint_bleu
 from transformer_nmt.plot.attention import attention_maps, plot_attention
-from transformer_nmt.plot.checkpoint_bleu import checkpoint_bleu, plot_checkpoint_bleu
+from transformer_nmt.plot.checkpoint_bleu import plot_checkpoint_bleu
 from transformer_nmt.plot.common import close
 from transformer_nmt.plot.curves import plot_curves, read_metrics
+from transformer_nmt.run.lock import folder_lock
+from transformer_nmt.run.model_file import resolve_checkpoint
+from transformer_nmt.runtime import resolve_device
 
 # --------------------------------------------------------------------------------------
 # One command
@@ -50,6 +58,10 @@ def make_plots(cfg: Config) -> list[Path]:
     ``attention_encoder_layer<L>.<fmt>`` and ``attention_cross_layer<L>.<fmt>``. Layers
     count from 1; ``plot.layer`` / ``plot.cross_layer`` 0 mean the last.
 
+    Holds the lock (:func:`transformer_nmt.run.lock.folder_lock`) of every folder it writes
+    into: the figures' folder and, for ``bleu``, each run's ``plots/`` (its BLEU cache). The
+    runs themselves are only read, so a run that is still training can be drawn.
+
     Returns:
         The files written, in ``plot.dir`` or else ``<first run>/plots``.
 
@@ -57,6 +69,7 @@ def make_plots(cfg: Config) -> list[Path]:
         ConfigError: ``bleu_sentences`` below 1, a layer out of range, attention without a
             sentence. DataError: bad metrics lines (named). Both are UserErrors (ValueErrors).
         FileNotFoundError: a run folder without metrics.jsonl or checkpoints (named).
+        UserError: another command holds the lock of a folder it writes into (named).
     """
     p = cfg.plot
     kinds = list(p.kinds)
@@ -73,8 +86,23 @@ def make_plots(cfg: Config) -> list[Path]:
     for d in run_dirs:
         if not d.is_dir():
             raise FileNotFoundError(f"run folder {d} does not exist")
-    labels = [d.name for d in run_dirs]
     out_dir = Path(p.dir) if p.dir else run_dirs[0] / "plots"
+    # the folders written: the figures' and, for BLEU, each run's cache; the runs are only read
+    written_dirs = [out_dir] + ([d / "plots" for d in run_dirs] if "bleu" in kinds else [])
+    with contextlib.ExitStack() as locks:
+        for folder in dict.fromkeys(Path(os.path.abspath(f)) for f in written_dirs):
+            locks.enter_context(folder_lock(folder, "nmt-plot"))
+        written = _draw(cfg, kinds, run_dirs, out_dir, fmt)
+    for path in written:
+        print(path)
+    return written
+
+
+def _draw(cfg: Config, kinds: list[PlotKind], run_dirs: list[Path], out_dir: Path, fmt: str
+          ) -> list[Path]:
+    """The figures of :func:`make_plots`, written into ``out_dir``; returns their paths."""
+    p = cfg.plot
+    labels = [d.name for d in run_dirs]
     suffix = "" if len(run_dirs) == 1 else "_" + "_vs_".join(labels)
     dpi = p.dpi
     written: list[Path] = []
@@ -86,8 +114,6 @@ def make_plots(cfg: Config) -> list[Path]:
         close(fig)
 
     if "bleu" in kinds or "attention" in kinds:
-        from transformer_nmt.decode.translate import resolve_device
-
         device = resolve_device(cfg.decode.device)
     if "bleu" in kinds:
         results = {
@@ -105,16 +131,11 @@ def make_plots(cfg: Config) -> list[Path]:
 
     if "attention" in kinds:
         written += _plot_attention_files(cfg, run_dirs[0], out_dir, fmt, dpi, device)
-    for path in written:
-        print(path)
     return written
 
 
 def _plot_attention_files(cfg: Config, run_dir: Path, out_dir: Path, fmt: str, dpi: int,
                           device: torch.device) -> list[Path]:
-    from transformer_nmt.checkpoint import load_model
-    from transformer_nmt.decode.translate import load_tokenizer, resolve_checkpoint
-
     p = cfg.plot
     run_cfg = cfg
     if Path(cfg.run_dir) != run_dir:

@@ -9,7 +9,7 @@ start-up so that ``world_size x update_freq`` micro-batches hold the target, or 
   ``trainer.tokens_per_step_tolerance``.
 * :func:`device_max_tokens` (``trainer.auto_max_tokens``): padded tokens per micro-batch that
   fit a GPU's memory, from :data:`GIB_PER_1K_TOKENS` and :data:`FIXED_GIB` (measured on an
-  H200, docs/gpu_profile.md).
+  H200, docs/measurements/2026-11-26-gpu-step-and-decoding-h200.md).
 * :func:`plan_batch`: both together, as :func:`transformer_nmt.train.setup.setup` uses them;
   with ``trainer.auto_max_tokens`` on a GPU it searches ``max_tokens`` (and ``update_freq``)
   under the device's budget until the measured real tokens per step meet the target.
@@ -31,13 +31,13 @@ from transformer_nmt.data.batching import LengthBucketSampler
 from transformer_nmt.errors import UserError
 from transformer_nmt.train.data import real_tokens_per_step
 
-log = logging.getLogger("transformer_nmt.train.loop")
+log = logging.getLogger(__name__)
 
 GIB_PER_1K_TOKENS = {"base": 0.48, "big": 0.84}
 """GPU memory per 1,000 padded tokens of one micro-batch, in GiB: the slope of the peak memory
 the caching allocator reserved over micro-batches of 3.6k-28.8k padded tokens (bf16 autocast,
 compiled, fused Adam, a 37k vocabulary; scripts/cluster/gpu_profile.py on an H200,
-docs/gpu_profile.md)."""
+docs/measurements/2026-11-26-gpu-step-and-decoding-h200.md)."""
 FIXED_GIB = {"base": 1.05, "big": 3.1}
 """The same fit's intercept, in GiB: mostly parameters, gradients and Adam's two moments in
 fp32 (16 bytes per parameter: base 63M, big 214M parameters with a 37k vocabulary)."""
@@ -87,7 +87,7 @@ def cuda_max_tokens(model_cfg: Any, device: Any) -> tuple[int, str]:
     tokens = device_max_tokens(model_cfg, int(props.total_memory))
     return tokens, (f"{props.name}, {props.total_memory / 2**30:.0f} GiB: max_tokens {tokens} "
                     f"(from the {memory_class(model_cfg)} model's memory measured on an H200, "
-                    "docs/gpu_profile.md)")
+                    "docs/measurements/2026-11-26-gpu-step-and-decoding-h200.md)")
 
 
 def derive_update_freq(per_batch: tuple[float, float], target: float, world_size: int) -> int:

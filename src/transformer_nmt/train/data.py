@@ -14,7 +14,7 @@ from transformer_nmt.data.binarize import TokenDataset
 from transformer_nmt.errors import MissingDataError
 from transformer_nmt.fileio import bin_prefix, spm_model_path
 
-log = logging.getLogger("transformer_nmt.train.loop")
+log = logging.getLogger(__name__)
 
 
 def required_files(cfg: Config) -> list[Path]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_nmt.config import Config
+from transformer_nmt.data import prepare
 from transformer_nmt.fileio import write_json
 from transformer_nmt.model.flops import peak_flops, peak_flops_source
 from transformer_nmt.train import distributed
@@ -96,8 +97,6 @@ def dry_run(cfg: Config, poll_seconds: float = 5.0) -> dict[str, Any]:
     if info.is_main:
         shutil.rmtree(cfg.run_dir, ignore_errors=True)
         if not data_ready(cfg):
-            from transformer_nmt.data import prepare
-
             log.info("dry run: preparing %s under %s", cfg.data.name, cfg.data.root)
             prepare.prepare(cfg)
     else:

@@ -22,7 +22,7 @@ import torch
 
 from transformer_nmt.fileio import finite_json
 
-log = logging.getLogger("transformer_nmt.train.loop")
+log = logging.getLogger(__name__)
 
 
 class MetricsLog:

@@ -31,21 +31,19 @@ from transformer_nmt.checkpoint import (
 )
 from transformer_nmt.config import Config, to_plain
 from transformer_nmt.errors import UserError
-from transformer_nmt.runtime import LOCK_NAME as _LOCK_NAME
-from transformer_nmt.runtime import folder_lock, rng_state, set_rng_state
+from transformer_nmt.run.lock import folder_lock
+from transformer_nmt.runtime import rng_state, seed_everything, set_rng_state
+from transformer_nmt.train import distributed
 from transformer_nmt.train.distributed import DistInfo
 from transformer_nmt.train.setup import Setup
 from transformer_nmt.train.state import TrainState
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = _LOCK_NAME
-"""The run directory's lock file while a command writes in it (:func:`run_lock`)."""
-
 
 def run_lock(run_dir: str | Path) -> contextlib.AbstractContextManager[Path]:
     """Hold the run directory's lock while a run trains
-    (:func:`transformer_nmt.runtime.folder_lock` as ``nmt-train``), so that a second
+    (:func:`transformer_nmt.run.lock.folder_lock` as ``nmt-train``), so that a second
     ``nmt-train``, or an ``nmt-evaluate`` / ``nmt-average`` beside it, stops instead of
     interleaving its files with the run's.
 
@@ -75,8 +73,6 @@ def save_training(
         state: :class:`transformer_nmt.train.state.TrainState`.
         info: this process's :class:`transformer_nmt.train.distributed.DistInfo`.
     """
-    from transformer_nmt.train import distributed
-
     rngs = distributed.all_gather_object(rng_state())
     if not info.is_main:
         return
@@ -354,8 +350,6 @@ def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
             or trained on other training data (:func:`check_same_data`);
             UnreadableCheckpointError: no checkpoint of the run can be read.
     """
-    from transformer_nmt.runtime import seed_everything
-
     found = _load_resumable(run_dir, info)
     if found is None:
         return None

@@ -15,7 +15,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from transformer_nmt import checkpoint as ckpt_lib
-from transformer_nmt.config import Config, Positions
+from transformer_nmt.checkpoint import load_initial_weights, read_checkpoint
+from transformer_nmt.config import Config, Positions, to_plain
 from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset
 from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
 from transformer_nmt.data.loader import build_dataloader
@@ -34,7 +35,7 @@ from transformer_nmt.train.batch_size import cuda_max_tokens, plan_batch
 from transformer_nmt.train.data import check_data, load_split, log_data_report
 from transformer_nmt.train.optim import build_optimizer, build_scheduler
 
-log = logging.getLogger("transformer_nmt.train.loop")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -158,8 +159,6 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     seed_everything(seed)
     model = Transformer(cfg.model, vocab_size=vocab_size)
     if t_cfg.init_from and ckpt_lib.latest_checkpoint(cfg.run_dir) is None:
-        from transformer_nmt.checkpoint import load_initial_weights
-
         load_initial_weights(model, t_cfg.init_from, vocab_identity(tokenizer.model_path))
         check_init_architecture(cfg, t_cfg.init_from)
         log.info("weights from %s (trainer.init_from)", t_cfg.init_from)
@@ -211,9 +210,6 @@ def check_init_architecture(cfg: Config, path: str) -> None:
     Raises:
         UserError: naming the file, each key with both values, and the override.
     """
-    from transformer_nmt.config import to_plain
-    from transformer_nmt.fileio import read_checkpoint
-
     try:
         saved = read_checkpoint(path, mmap=True).get("config")
     except Exception:  # noqa: BLE001 - read and reported by load_initial_weights

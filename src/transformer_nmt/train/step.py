@@ -38,7 +38,7 @@ from transformer_nmt.train.metrics import Window
 from transformer_nmt.train.setup import Setup
 from transformer_nmt.train.state import TrainState
 
-log = logging.getLogger("transformer_nmt.train.loop")
+log = logging.getLogger(__name__)
 
 
 DUMMY_SENTENCES = 2
@@ -126,7 +126,8 @@ def forward_backward(
         sums over sentences of source length², target length², source × target length;
         this rank's ``loss_sum``, ``nll_sum`` (float32 0-dim on ``device``, detached) and
         ``nsentences`` (int). Nothing is read back to the host: the step makes no device
-        synchronisation (:func:`apply_update` reads everything once).
+        synchronisation (:func:`finish_update`, the step's one host read, reads them one step
+        late).
     """
     real = [b for b in micro_batches if b is not None]
     # Host-side counts (the batches are still on the CPU): no device synchronisation.

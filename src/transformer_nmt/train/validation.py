@@ -16,12 +16,14 @@ from torch.utils.data import DataLoader
 
 from transformer_nmt.config import PAD_ID, Config
 from transformer_nmt.data.batching import ParallelDataset
+from transformer_nmt.decode.beam_search import greedy_search
+from transformer_nmt.decode.translate import decode_ids
 from transformer_nmt.fileio import raw_path
 from transformer_nmt.train import distributed
 from transformer_nmt.train.loss import label_smoothed_nll_loss
 from transformer_nmt.train.state import TrainState
 
-log = logging.getLogger("transformer_nmt.train.loop")
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -85,9 +87,6 @@ def validate_bleu(
     ``decode.max_len_a * source length + decode.max_len_b``.
     """
     import sacrebleu
-
-    from transformer_nmt.decode.beam_search import greedy_search
-    from transformer_nmt.decode.translate import decode_ids
 
     n = len(references)
     was_training = model.training

@@ -16,19 +16,19 @@ def test_the_previous_checkpoint_is_released_before_the_next_is_read(tmp_path, m
         torch.save({"model": {"a.weight": torch.full((4, 3), float(i)),
                               "b.bias": torch.full((5,), float(i))}}, p)
         paths.append(p)
-    real_load = average_mod._load_mmap
+    real_load = average_mod.read_checkpoint
     alive_at_load: list[int] = []
     refs: list[list[weakref.ref]] = []
 
-    def load(path):
+    def load(path, **kwargs):
         # every tensor of the checkpoints read before must be gone (a live tensor keeps
         # its file's memory map, and so up to a whole model's pages, resident)
         alive_at_load.append(sum(r() is not None for rs in refs for r in rs))
-        ckpt = real_load(path)
+        ckpt = real_load(path, **kwargs)
         refs.append([weakref.ref(v) for v in ckpt["model"].values()])
         return ckpt
 
-    monkeypatch.setattr(average_mod, "_load_mmap", load)
+    monkeypatch.setattr(average_mod, "read_checkpoint", load)
     out = average_mod.average_checkpoints(paths)
     assert alive_at_load == [0, 0, 0]
     torch.testing.assert_close(out["a.weight"], torch.full((4, 3), 1.0))

@@ -117,14 +117,14 @@ def test_one_line_splitting_rule_for_data_and_translate(tmp_path, monkeypatch):
     assert list(fileio.read_lines(plain)) == CR_LINES
     assert list(fileio.read_lines(packed)) == CR_LINES
     assert corpora.read_lines is fileio.read_lines and clean.read_lines is fileio.read_lines
-    assert translate.read_lines(plain) == CR_LINES
+    assert translate.read_input(plain) == CR_LINES
     assert len(CR_TEXT.splitlines()) == 6  # what splitting on every separator would give
 
     class Stdin:
         buffer = io.BytesIO(CR_TEXT)
 
     monkeypatch.setattr(sys, "stdin", Stdin)
-    assert translate.read_lines(None) == CR_LINES
+    assert translate.read_input(None) == CR_LINES
 
 
 def test_translate_reader_errors_name_file_and_line(tmp_path):
@@ -133,10 +133,10 @@ def test_translate_reader_errors_name_file_and_line(tmp_path):
     bad = tmp_path / "bad.en"
     bad.write_bytes(b"fine\r\ncaf\xe9\n")
     with pytest.raises(ValueError, match=rf"{bad}, line 2: invalid UTF-8 at byte 3") as err:
-        translate.read_lines(bad)
+        translate.read_input(bad)
     assert "data.encoding_errors" not in str(err.value)  # not a data-stage setting here
     with pytest.raises(FileNotFoundError, match="nowhere.en"):
-        translate.read_lines(tmp_path / "nowhere.en")
+        translate.read_input(tmp_path / "nowhere.en")
 
 
 def test_translate_file_writes_one_line_per_input_line(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_nmt.decode.translate import read_lines
+from transformer_nmt.decode.translate import read_input
 from transformer_nmt.errors import UserError
 
 
@@ -32,24 +32,24 @@ def test_a_pipe_is_read_once_as_a_stream(tmp_path, data):
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
     writer = _feed(fifo, data)
-    assert read_lines(fifo) == ["A dog runs.", "Two cats."]
+    assert read_input(fifo) == ["A dog runs.", "Two cats."]
     writer.join(timeout=30)
 
 
 def test_dev_null_is_no_lines_and_other_kinds_are_named(tmp_path):
-    assert read_lines(os.devnull) == []
+    assert read_input(os.devnull) == []
     with pytest.raises(UserError, match=f"^translate.input={tmp_path} is a folder, not a text "
                                         "file; give a file, a pipe, or leave translate.input "
                                         "unset to read standard input$"):
-        read_lines(tmp_path)
+        read_input(tmp_path)
     sock_path = tmp_path / "s.sock"
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(sock_path))
         with pytest.raises(UserError, match=f"^translate.input={sock_path} is a socket"):
-            read_lines(sock_path)
+            read_input(sock_path)
     with pytest.raises(FileNotFoundError,
                        match=f"^translate.input={tmp_path / 'no.en'}: no such file$"):
-        read_lines(tmp_path / "no.en")
+        read_input(tmp_path / "no.en")
 
 
 def test_translate_reads_a_pipe(workspace, tokenizer, tmp_path):

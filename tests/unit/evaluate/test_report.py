@@ -165,7 +165,7 @@ def test_table2_admits_only_comparable_runs(tmp_path):
     assert "- short (" in others and "trained 50,000 steps, not the preset's 100,000" in others
     assert "3,140 real source tokens per step, not 25,000 ± 10% (the run's tolerance)" in others
     assert "not the last 5 periodic checkpoints" in others
-    assert "data.max_train_pairs=100000, the preset's null" in others
+    assert "data.max_train_pairs=100000, the preset's –" in others
     assert "- ok (" not in others
 
 

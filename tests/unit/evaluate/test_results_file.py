@@ -19,6 +19,7 @@ from transformer_nmt.evaluate import evaluate as evaluate_module
 from transformer_nmt.evaluate.evaluate import evaluate
 from transformer_nmt.evaluate.report import build_report, load_results
 from transformer_nmt.fileio import file_digest, raw_path
+from transformer_nmt.interop.ctranslate2 import decode_engine
 
 A, B = "test_2016_flickr", "test_2017_flickr"
 
@@ -163,7 +164,7 @@ def test_ctranslate2_keeps_its_own_results_and_records_what_ran(run):
     cfg, _, _ = run
     native = evaluate(_with(cfg, [A, B]))
     ours = (Path(cfg.run_dir) / "translations" / f"{A}.de").read_bytes()
-    evaluate(_with(cfg, [A], engine="ctranslate2", lenpen=0.6))
+    evaluate(_with(cfg, [A], engine="ctranslate2", lenpen=0.6), engine=decode_engine)
     saved = _saved(cfg)
     assert saved["test_sets"] == native["test_sets"]  # ours untouched
     assert saved["decode"] == native["decode"]
@@ -191,7 +192,8 @@ def test_ctranslate2_in_half_precision_on_a_cpu_is_refused(run):
     with pytest.raises(UserError, match=(
             "^decode.engine=ctranslate2 decode.precision=fp16 needs a GPU: CTranslate2 computes "
             "in float32 on a CPU; use decode.precision=fp32")):
-        evaluate(_with(cfg, [A], engine="ctranslate2", precision="fp16", device="cpu"))
+        evaluate(_with(cfg, [A], engine="ctranslate2", precision="fp16", device="cpu"),
+                 engine=decode_engine)
     assert not (Path(cfg.run_dir) / "results.json").exists()
 
 

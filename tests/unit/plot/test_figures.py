@@ -27,6 +27,7 @@ from transformer_nmt.config import (
 )
 from transformer_nmt.data.bpe import SentencePieceTokenizer, train_spm
 from transformer_nmt.decode.translate import translate_lines
+from transformer_nmt.evaluate import checkpoint_bleu as ebleu
 from transformer_nmt.evaluate.bleu import sacrebleu_score
 from transformer_nmt.fileio import raw_path, spm_model_path
 from transformer_nmt.model.transformer import Transformer
@@ -300,7 +301,7 @@ def test_attention_maps_plot_the_models_weights(run, tmp_path):
 def test_checkpoint_bleu_scores_each_checkpoint_and_caches(run, tmp_path, monkeypatch):
     cfg, tok = run
     run_dir = Path(cfg.run_dir)
-    rows = pbleu.checkpoint_bleu(run_dir, cfg.decode, "cpu", cache_dir=tmp_path)
+    rows = ebleu.checkpoint_bleu(run_dir, cfg.decode, "cpu", cache_dir=tmp_path)
     assert [(r["label"], r["step"]) for r in rows] == [
         ("checkpoint_100.pt", 100), ("checkpoint_200.pt", 200), ("average of 2", 200)]
     assert rows[2]["averaged_from"] == ["checkpoint_100.pt", "checkpoint_200.pt"]
@@ -317,8 +318,8 @@ def test_checkpoint_bleu_scores_each_checkpoint_and_caches(run, tmp_path, monkey
     def no_decoding(*a, **k):
         raise AssertionError("decoded again despite the cache")
 
-    monkeypatch.setattr("transformer_nmt.decode.translate.translate_lines", no_decoding)
-    assert pbleu.checkpoint_bleu(run_dir, cfg.decode, "cpu", cache_dir=tmp_path) == rows
+    monkeypatch.setattr("transformer_nmt.evaluate.checkpoint_bleu.translate_lines", no_decoding)
+    assert ebleu.checkpoint_bleu(run_dir, cfg.decode, "cpu", cache_dir=tmp_path) == rows
     fig = pbleu.plot_checkpoint_bleu({"tiny": rows}, tmp_path / "bleu.png")
     try:
         assert png_size(tmp_path / "bleu.png") == expected_pixels(fig) == (800, 500)
@@ -329,7 +330,7 @@ def test_checkpoint_bleu_scores_each_checkpoint_and_caches(run, tmp_path, monkey
         pcommon.close(fig)
     # Another decode setting is another cache entry: it decodes (and so fails here).
     with pytest.raises(AssertionError, match="decoded again"):
-        pbleu.checkpoint_bleu(run_dir, DecodeConfig(beam_size=1), "cpu", cache_dir=tmp_path)
+        ebleu.checkpoint_bleu(run_dir, DecodeConfig(beam_size=1), "cpu", cache_dir=tmp_path)
 
 
 def test_checkpoint_bleu_scores_against_references_detokenized_as_the_hypotheses(
@@ -348,9 +349,9 @@ def test_checkpoint_bleu_scores_against_references_detokenized_as_the_hypotheses
         def detokenize(self, lines):
             return [sentence for _ in lines]
 
-    monkeypatch.setattr("transformer_nmt.decode.translate.load_tokenizer",
+    monkeypatch.setattr("transformer_nmt.evaluate.checkpoint_bleu.load_tokenizer",
                         lambda data: Detokenizing())
-    rows = pbleu.checkpoint_bleu(Path(cfg.run_dir), cfg.decode, "cpu", cache_dir=tmp_path)
+    rows = ebleu.checkpoint_bleu(Path(cfg.run_dir), cfg.decode, "cpu", cache_dir=tmp_path)
     assert [r["bleu"] for r in rows] == pytest.approx([100.0] * len(rows))
 
 

@@ -185,7 +185,7 @@ def test_a_non_finite_gradient_on_step_j_skips_exactly_that_step(
     run = tmp_path / "run"
     cfg = compose([*data_overrides, *tiny, f"run_dir={run}", "trainer.max_steps=8",
                    "trainer.validate_every_steps=null", "trainer.save_every_steps=null"])
-    with caplog.at_level(logging.WARNING, logger="transformer_nmt.train.loop"):
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.train"):
         summary = train_mod.train(cfg)
     assert summary["steps"] == 8 and summary["skipped_steps"] == 1 and len(snapshots) == 9
     for i, (before, after, _) in enumerate(snapshots, start=1):

@@ -388,7 +388,7 @@ def test_real_tokens_per_step_are_recorded_and_estimated_at_start(tmp_path, data
     cfg = compose([*data_overrides, *tiny, f"run_dir={tmp_path / 'run'}", "trainer.max_steps=null",
                    "trainer.max_epochs=1", "trainer.validate_every_steps=null",
                    "trainer.max_tokens=8192"])  # a few large steps make the epoch
-    with caplog.at_level("INFO", logger="transformer_nmt.train.loop"):
+    with caplog.at_level("INFO", logger="transformer_nmt.train"):
         summary = train(cfg)
     d = cfg.data
     src = TokenDataset(bin_prefix(d, d.train_split, d.src_lang))

@@ -23,7 +23,7 @@ def test_an_update_freq_that_tokens_per_step_derives_gets_a_warning(synthetic_co
     common = ["experiment=multi30k_en_de", *synthetic_corpus.overrides, *tiny_model,
               f"run_dir={tmp_path}", "trainer.max_tokens=256", "trainer.tokens_per_step=1000",
               "trainer.tokens_per_step_tolerance=0.9", "trainer.num_workers=0"]
-    with caplog.at_level(logging.WARNING, logger="transformer_nmt.train.loop"):
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.train"):
         setup(compose(common), info)  # update_freq left at its default: no warning
         assert not caplog.records
         cfg = compose([*common, "trainer.update_freq=7"])

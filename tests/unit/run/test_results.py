@@ -14,7 +14,7 @@ import pytest
 from helpers import new_model, write_checkpoint
 
 from transformer_nmt.evaluate.report import build_report, load_results
-from transformer_nmt.evaluate.results import Results, ResultsError, read_results
+from transformer_nmt.run.results import Results, ResultsError, read_results
 
 
 def _score(kind: str, score: float = 30.0) -> dict:

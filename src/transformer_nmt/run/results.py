@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_nmt.errors import UserError
-from transformer_nmt.train.summary import TrainSummary
+from transformer_nmt.run.summary import TrainSummary
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,21 @@ results.json; another engine's are under ``engines.<engine>`` (:func:`merge_resu
 ENGINE_KEYS = ("checkpoint", "checkpoint_sha256", "steps", "checkpoints_averaged",
                "num_checkpoints_averaged", "decode", "device", "test_sets")
 """The fields of results.json that describe one engine's evaluation (the rest: the run)."""
+
+
+MISSING = "–"
+"""How a value that is not there (None) is printed in tables, model cards and messages."""
+
+
+def format_value(value: Any, digits: int | None = None) -> str:
+    """``value`` as the tables, the model card and the recipe checks print it: :data:`MISSING`
+    for None, a number with ``digits`` decimals (a float as ``:g`` when ``digits`` is None),
+    anything else as ``str``."""
+    if value is None:
+        return MISSING
+    if digits is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.{digits}f}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def engine_results(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
