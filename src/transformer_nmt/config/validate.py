@@ -78,6 +78,40 @@ MAX_LEN_A = 100.0
 """The largest ``decode.max_len_a`` (output tokens per source token)."""
 
 
+NAME_MAX_BYTES = 255
+"""The longest folder name (in UTF-8 bytes) the usual file systems take (``NAME_MAX``)."""
+
+
+def folder_name_error(key: str, value: object) -> str | None:
+    """Why ``value`` cannot be the folder name that ``key`` gives a run (``name``:
+    ``runs/<name>``) or a corpus (``data.name``: ``<data.root>/raw/<data.name>``, ...), or
+    ``None`` when it can.
+
+    A folder name is not empty, holds no ``/`` (nor NUL), is not ``.`` or ``..`` and has at
+    most :data:`NAME_MAX_BYTES` bytes: ``name=..`` would write into the project root,
+    ``data.name=`` into ``data/raw/`` itself.
+    """
+    text = "" if value is None else str(value)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if not text:
+        why = "it is empty"
+    elif text in (".", ".."):
+        why = f"{text} is {'the folder itself' if text == '.' else 'the folder above'}"
+    elif "/" in text or "\0" in text:
+        why = "it holds a '/'" if "/" in text else "it holds a NUL character"
+    elif size > NAME_MAX_BYTES:
+        why = f"{size} bytes, more than the {NAME_MAX_BYTES} a file system takes"
+    else:
+        return None
+    shown = repr(text) if len(text) <= 40 else f"'{text[:16]}...{text[-8:]}'"
+    where = ("the run's folder is runs/<name>" if key == "name"
+             else "the corpus's folders are <data.root>/raw/<data.name>, spm/<data.name> and "
+                  "bin/<data.name>")
+    return (f"{key}={shown} is not a folder name ({why}): {where}; give a name that is not "
+            "empty, holds no '/', is not . or .. and has at most "
+            f"{NAME_MAX_BYTES} bytes")
+
+
 def _non_finite(cfg: Config) -> list[str]:
     """One message per NaN or infinite float of the ``decode``, ``trainer``, ``data`` and
     ``model`` groups (lists included)."""
@@ -102,6 +136,10 @@ def validate(cfg: Config) -> None:
         ValueError: naming every offending key with its value and what is allowed.
     """
     errors: list[str] = []
+    for key, value in (("name", cfg.name), ("data.name", cfg.data.name)):
+        problem = folder_name_error(key, value)
+        if problem is not None:
+            errors.append(problem)
     try:
         validate_model_config(cfg.model)
     except ValueError as e:
