@@ -137,10 +137,63 @@ def preflight_config(overrides: Sequence[str]) -> tuple[Any, Path | None, str | 
     except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
         # composition (unknown key or group, bad type, bad override) or validation
         return None, None, error_message(e)
-    if run_dir.exists() and not run_dir.is_dir():
-        return None, None, (f"run_dir={run_dir} is a file, not a folder; give the run another "
-                            "run_dir=")
+    error = run_dir_error(run_dir)
+    if error is not None:
+        return None, None, error
     return typed, run_dir, None
+
+
+def run_dir_error(run_dir: Path) -> str | None:
+    """Why Hydra cannot create or enter ``run_dir``, as one line, or ``None`` when it can.
+
+    Each folder on the way is looked at from the top: a regular file (``run_dir`` itself or a
+    folder above it), a symlink loop, a symlink whose target does not exist (Hydra would fail
+    to create the folder), a name longer than the file system takes, or another error of the
+    file system, is named; a missing folder is fine (Hydra creates it and those below it).
+    """
+    import errno
+    import stat
+
+    def shown(path: Path | str) -> str:
+        text = str(path)
+        return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]}"
+
+    from transformer_nmt.config.validate import NAME_MAX_BYTES, PATH_MAX_BYTES
+
+    parts = run_dir.parts
+    longest = max((len(os.fsencode(part)) for part in parts), default=0)
+    total = len(os.fsencode(str(run_dir.absolute())))
+    if longest > NAME_MAX_BYTES or total >= PATH_MAX_BYTES:
+        what = (f"a folder name of {longest} bytes, more than {NAME_MAX_BYTES}"
+                if longest > NAME_MAX_BYTES else
+                f"{total} bytes from /, more than {PATH_MAX_BYTES - 1}")
+        return (f"run_dir={shown(run_dir)} is too long for the file system (File name too long: "
+                f"{what}); give the run another run_dir=")
+    for i in range(1, len(parts) + 1):
+        here = Path(*parts[:i])
+        subject = (f"run_dir={shown(run_dir)}" if here == run_dir
+                   else f"run_dir={shown(run_dir)}: {shown(here)}")
+        try:
+            mode = os.stat(here).st_mode
+        except FileNotFoundError:
+            if not os.path.islink(here):
+                return None  # Hydra creates it and the folders below it
+            target = shown(os.path.normpath(here.parent / os.readlink(here)))
+            why = f"is a symlink to {target}, which does not exist; create {target} or"
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                why = "is a symlink loop (it never reaches a folder);"
+            elif e.errno == errno.ENAMETOOLONG:
+                why = (f"is too long for the file system (File name too long: "
+                       f"{len(os.fsencode(str(here)))} bytes);")
+            else:
+                why = f"cannot be looked at ({e.strerror or type(e).__name__});"
+        else:
+            if stat.S_ISDIR(mode):
+                continue
+            why = "is a file, not a folder;"
+        return f"{subject} {why} give the run another run_dir="
+    return None
 
 
 def _snapshot(run_dir: Path, job: str) -> dict[Path, bytes] | None:

@@ -80,6 +80,8 @@ MAX_LEN_A = 100.0
 
 NAME_MAX_BYTES = 255
 """The longest folder name (in UTF-8 bytes) the usual file systems take (``NAME_MAX``)."""
+PATH_MAX_BYTES = 4096
+"""Linux's ``PATH_MAX``: a path, its terminating NUL included, in bytes."""
 
 
 def folder_name_error(key: str, value: object) -> str | None:
