@@ -175,6 +175,12 @@ def validate(cfg: Config) -> None:
             errors.append(f"trainer.{key}={getattr(t, key)} must be >= 0")
     if t.patience is not None and t.patience <= 0:
         errors.append(f"trainer.patience={t.patience} must be positive (or null)")
+    elif (t.patience is not None and t.validate_every_steps is None
+          and t.validate_every_epochs is None):
+        errors.append(f"trainer.patience={t.patience} counts validations without improvement, "
+                      "but none is scheduled (trainer.validate_every_steps and "
+                      "trainer.validate_every_epochs are null: the run validates only when it "
+                      "ends); set one of them, or trainer.patience=null")
     if t.lr_scheduler != "inverse_sqrt" and t.max_steps is None:
         errors.append(f"trainer.lr_scheduler={t.lr_scheduler} decays to 0 at trainer.max_steps, "
                       "which is null; set trainer.max_steps, or trainer.lr_scheduler="

@@ -1,6 +1,6 @@
 """Options that would be ignored without a word: an explicit trainer.update_freq that
 trainer.tokens_per_step derives anyway gets a warning; a misspelt key in
-trainer.resume_changed is refused."""
+trainer.resume_changed is refused, and so is trainer.patience with no validation scheduled."""
 
 from __future__ import annotations
 
@@ -52,3 +52,17 @@ def test_resume_changed_takes_real_keys_and_star(tmp_path):
 
     for entries in ("[model.heads,trainer.lr_multiplier,data.custom_files,name]", "[*]"):
         check_resume_changed(compose([f"trainer.resume_changed={entries}"]))
+
+
+def test_patience_without_a_scheduled_validation_is_refused():
+    with pytest.raises(UserError) as e:
+        compose(["trainer.patience=3", "trainer.validate_every_steps=null",
+                 "trainer.validate_every_epochs=null"])
+    assert str(e.value) == (
+        "invalid configuration: trainer.patience=3 counts validations without improvement, "
+        "but none is scheduled (trainer.validate_every_steps and trainer.validate_every_epochs "
+        "are null: the run validates only when it ends); set one of them, or "
+        "trainer.patience=null")
+    for schedule in ("trainer.validate_every_steps=50", "trainer.validate_every_epochs=1"):
+        compose(["trainer.patience=3", "trainer.validate_every_steps=null", schedule])
+    compose(["trainer.validate_every_steps=null"])  # no patience: validated when it ends
