@@ -177,7 +177,7 @@ def test_04_decoding_with_another_vocabulary_is_one_error(tmp_path, caplog):
     msg = str(e.value)
     assert "\n" not in msg and str(ckpt) in msg and str(other.model_path) in msg
     assert "another vocabulary" in msg
-    assert bpe.vocab_identity(ours.model_path)["spm_sha256"][:12] in msg
+    assert bpe.vocab_identity(ours.model_path)["vocab_sha256"][:12] in msg
     # a checkpoint without the field: a warning naming it, no failure
     old = tmp_path / "old.pt"
     torch.save({"vocab_size": ours.vocab_size}, old)
@@ -613,10 +613,10 @@ def test_24_06_resuming_with_changed_settings_is_refused_and_names_them(tmp_path
     assert len(steps) == 3
     averaged = average_run(tiny_run(run_dir, f"average.checkpoints=[{','.join(map(str, steps))}]"))
     assert load_checkpoint(averaged)["averaged_steps"] == [1, 2, 3]
-    # another vocabulary of the same size (the checkpoint's spm.model digest differs)
+    # another vocabulary of the same size (the checkpoint's vocabulary digest differs)
     latest = checkpoint.latest_checkpoint(run_dir)
     ckpt = load_checkpoint(latest)
-    ckpt["vocab"] = {**ckpt["vocab"], "spm_sha256": "0" * 64}
+    ckpt["vocab"] = {**ckpt["vocab"], "vocab_sha256": "0" * 64}
     save_checkpoint(latest, ckpt)
     with pytest.raises(UserError, match=r"was trained with another vocabulary \(checkpoint_3.pt: "):
         train(tiny_run(run_dir, "trainer.max_steps=4", "trainer.lr_multiplier=2",

@@ -33,11 +33,14 @@ def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> No
     """Fail unless the checkpoints come from one run: equal configs apart from the allow-list
     :data:`RESUME_HARMLESS_KEYS` and the keys a resumed run named in
     ``trainer.resume_changed`` (:func:`config_differences`, the rule
-    resuming applies), and equal vocabulary identity (``"vocab"``), where recorded.
+    resuming applies), and the same vocabulary
+    (:func:`transformer_nmt.data.bpe.same_vocabulary`), where recorded.
 
     Raises:
         UserError: naming the two files and the keys and values that differ.
     """
+    from transformer_nmt.data.bpe import same_vocabulary
+
     ref = next((i for i, m in enumerate(metas) if m.get("config") is not None), None)
     vref = next((i for i, m in enumerate(metas) if m.get("vocab") is not None), None)
     for i, meta in enumerate(metas):
@@ -50,7 +53,7 @@ def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> No
                     + "): average checkpoints of one run only"
                 )
         if (vref is not None and meta.get("vocab") is not None
-                and meta["vocab"] != metas[vref]["vocab"]):
+                and not same_vocabulary(meta["vocab"], metas[vref]["vocab"])):
             raise UserError(
                 f"{paths[i]} and {paths[vref]} were trained with different vocabularies "
                 f"({meta['vocab']} != {metas[vref]['vocab']}): average checkpoints of one run only"

@@ -448,13 +448,17 @@ def load_initial_weights(model: Any, path: str | Path, vocab: dict | None = None
     from scratch. The run's model config must describe the same architecture.
 
     Args:
-        vocab: the run's vocabulary identity (``{"spm_sha256", "vocab_size"}``); compared
-            with the one the model file records (a file without one gets a warning).
+        vocab: the run's vocabulary identity (:func:`transformer_nmt.data.bpe.vocab_identity`);
+            compared with the one the model file records
+            (:func:`transformer_nmt.data.bpe.same_vocabulary`; a file without one gets a
+            warning).
 
     Raises:
         UserError: another vocabulary (size, or identity where both are known), or
             parameters missing, extra or of another shape (named).
     """
+    from transformer_nmt.data.bpe import describe_vocabulary, file_only_note, same_vocabulary
+
     ckpt = load_checkpoint(path)
     if int(ckpt["vocab_size"]) != model.vocab_size:
         raise UserError(f"trainer.init_from={path}: vocabulary of {ckpt['vocab_size']} pieces, "
@@ -463,11 +467,12 @@ def load_initial_weights(model: Any, path: str | Path, vocab: dict | None = None
     if vocab is not None and saved is None:
         log.warning("trainer.init_from=%s records no vocabulary identity: cannot check that "
                     "it was trained with this run's SentencePiece model", path)
-    elif vocab is not None and {k: saved.get(k) for k in vocab} != dict(vocab):
+    elif vocab is not None and not same_vocabulary(saved, vocab):
         raise UserError(
             f"trainer.init_from={path} was trained with another vocabulary than this run's "
-            f"(its spm sha256 {str(saved.get('spm_sha256'))[:12]}, the run's "
-            f"{str(vocab.get('spm_sha256'))[:12]}); use the data= settings of that model")
+            f"(its {describe_vocabulary(saved, vocab)}, the run's "
+            f"{describe_vocabulary(vocab, saved)})"
+            + (file_only_note(saved, vocab) or "; use the data= settings of that model"))
     own = model.state_dict()
     bad = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in ckpt["model"].items()
            if k in own and v.shape != own[k].shape]

@@ -11,7 +11,13 @@ from typing import Any
 
 import torch
 
-from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
+from transformer_nmt.data.bpe import (
+    SentencePieceTokenizer,
+    describe_vocabulary,
+    file_only_note,
+    same_vocabulary,
+    vocab_identity,
+)
 from transformer_nmt.errors import DataError, MissingFileError, UnreadableCheckpointError
 
 log = logging.getLogger(__name__)
@@ -109,8 +115,9 @@ def check_vocab(checkpoint_path: str | os.PathLike, tokenizer: SentencePieceToke
     """Fail when ``tokenizer`` is not the vocabulary the checkpoint was trained with.
 
     Compares the checkpoint's ``"vocab"`` (:func:`~transformer_nmt.data.bpe.vocab_identity`,
-    read through a memory map) with the tokenizer's model file; a checkpoint without it (older
-    runs) is checked on ``vocab_size`` only, with a warning.
+    read through a memory map) with the tokenizer's model file
+    (:func:`~transformer_nmt.data.bpe.same_vocabulary`); a checkpoint without it
+    (older runs) is checked on ``vocab_size`` only, with a warning.
 
     Raises:
         DataError: the identities differ (names both files and the values).
@@ -131,10 +138,11 @@ def check_vocab(checkpoint_path: str | os.PathLike, tokenizer: SentencePieceToke
             )
         return
     here = vocab_identity(tokenizer.model_path)
-    if here != {k: saved.get(k) for k in here}:
+    if not same_vocabulary(saved, here):
+        note = file_only_note(saved, here)
         raise DataError(
             f"{checkpoint_path} was trained with another vocabulary than {tokenizer.model_path} "
-            f"(checkpoint: {saved['vocab_size']} pieces, sha256 {saved['spm_sha256'][:12]}; "
-            f"tokenizer: {here['vocab_size']} pieces, sha256 {here['spm_sha256'][:12]}); "
-            "use the data= settings the model was trained with"
+            f"(checkpoint: {describe_vocabulary(saved, here)}; tokenizer: "
+            f"{describe_vocabulary(here, saved)})"
+            + (note or "; use the data= settings the model was trained with")
         )

@@ -7,21 +7,27 @@ pad=0, unk=1, bos=2, eos=3 (:data:`transformer_nmt.config.PAD_ID` ...).
 Training reads a bounded random sample: reservoir sampling keeps
 ``data.spm_sample_sentences`` lines (source and target lines counted separately) out of
 the cleaned training text in one pass, whatever its size, and writes them to a temporary
-file for SentencePiece. SentencePiece's own normaliser is switched off (``identity``):
-text is normalised by :func:`transformer_nmt.data.clean.normalize` with ``data.unicode_form``,
-which :class:`SentencePieceTokenizer` also applies to new input (the form is kept in
-``spm.json`` beside the model).
+file for SentencePiece; the ``spm.model`` written does not record that file's random path
+(:func:`without_sample_path`), so one corpus prepared again with the same settings gives the
+same file. A vocabulary's identity is what decides how text becomes ids: the pieces, their
+scores and SentencePiece's normalizer (:func:`vocab_identity`).
+
+SentencePiece's own normaliser is switched off (``identity``): text is normalised by
+:func:`transformer_nmt.data.clean.normalize` with ``data.unicode_form``, which
+:class:`SentencePieceTokenizer` also applies to new input (the form is kept in ``spm.json``
+beside the model).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
 import os
 import random
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -36,12 +42,144 @@ from transformer_nmt.fileio import atomic_write, file_digest, spm_model_path
 log = logging.getLogger(__name__)
 
 
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    """The base-128 varint at ``buf[i:]`` and the index after it."""
+    value = shift = 0
+    while True:
+        byte = buf[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _proto_fields(buf: bytes) -> list[tuple[int, bytes, bytes]]:
+    """The top-level fields of a serialized protobuf message, in order: ``(number, the
+    field's bytes with its tag, its payload)`` (the payload is empty but for
+    length-delimited fields).
+
+    Raises:
+        ValueError: the bytes are not a protobuf message (truncated, unknown wire type).
+    """
+    fields, i = [], 0
+    try:
+        while i < len(buf):
+            start = i
+            key, i = _varint(buf, i)
+            number, wire, payload = key >> 3, key & 7, b""
+            if wire == 0:
+                _, i = _varint(buf, i)
+            elif wire == 1:
+                i += 8
+            elif wire == 2:
+                size, i = _varint(buf, i)
+                payload, i = buf[i:i + size], i + size
+            elif wire == 5:
+                i += 4
+            else:
+                raise ValueError(f"wire type {wire} at byte {start}")
+            if i > len(buf) or number == 0:
+                raise ValueError(f"truncated at byte {start}")
+            fields.append((number, buf[start:i], payload))
+    except IndexError as e:
+        raise ValueError(f"truncated at byte {i}") from e
+    return fields
+
+
+_PIECES, _TRAINER_SPEC, _NORMALIZER_SPEC, _DENORMALIZER_SPEC = 1, 2, 3, 5
+"""Field numbers of SentencePiece's ``ModelProto`` (sentencepiece_model.proto)."""
+_TRAINER_INPUT = 1
+"""``TrainerSpec.input``: the training files' paths."""
+
+
+def without_sample_path(model: bytes) -> bytes:
+    """The serialized SentencePiece model ``model`` with ``trainer_spec.input`` (the path of
+    the temporary sample it was trained on, random for each training) removed, so that one
+    corpus prepared with one set of settings always writes the same ``spm.model`` bytes.
+
+    Raises:
+        ValueError: ``model`` is not a serialized model.
+    """
+    out = bytearray()
+    for number, raw, payload in _proto_fields(model):
+        if number != _TRAINER_SPEC:
+            out += raw
+            continue
+        spec = b"".join(sub for n, sub, _ in _proto_fields(payload) if n != _TRAINER_INPUT)
+        out += raw[:1] + _encode_varint(len(spec)) + spec  # tag 0x12: one byte
+    return bytes(out)
+
+
 def vocab_identity(model_path: str | os.PathLike) -> dict:
-    """What identifies a vocabulary: ``{"spm_sha256": SHA-256 of the spm.model file,
-    "vocab_size": number of pieces}``. Checkpoints keep it under ``"vocab"``
-    (:func:`transformer_nmt.checkpoint.read.check_vocab`)."""
-    proc = spm.SentencePieceProcessor(model_file=str(model_path))
-    return {"spm_sha256": file_digest(model_path), "vocab_size": int(proc.get_piece_size())}
+    """What identifies a vocabulary: ``{"vocab_sha256", "vocab_size", "spm_sha256"}``.
+
+    ``vocab_sha256`` is the SHA-256 of what decides how text becomes ids: the pieces with
+    their scores and types, SentencePiece's normalizer and denormalizer, as serialized in
+    ``spm.model``; how the model was trained (``trainer_spec``: the temporary sample's path,
+    the thread count) is left out, so a corpus prepared again with the same settings keeps
+    its identity. ``spm_sha256`` is the file's SHA-256, which older checkpoints record alone
+    (:func:`same_vocabulary`). Checkpoints keep the identity under ``"vocab"``
+    (:func:`transformer_nmt.checkpoint.read.check_vocab`).
+
+    Raises:
+        DataError: the file is not a SentencePiece model.
+    """
+    try:
+        fields = _proto_fields(Path(model_path).read_bytes())
+    except ValueError as e:
+        raise DataError(f"{model_path} is not a SentencePiece model ({e})") from e
+    digest = hashlib.sha256()
+    for number, raw, _ in fields:
+        if number in (_PIECES, _NORMALIZER_SPEC, _DENORMALIZER_SPEC):
+            digest.update(raw)
+    size = sum(1 for number, _, _ in fields if number == _PIECES)
+    return {"vocab_sha256": digest.hexdigest(), "vocab_size": size,
+            "spm_sha256": file_digest(model_path)}
+
+
+def same_vocabulary(a: Mapping, b: Mapping) -> bool:
+    """Whether two vocabulary identities (:func:`vocab_identity`, as checkpoints record them)
+    name one vocabulary: equal ``vocab_size`` and equal ``vocab_sha256``; where either
+    record lacks it (a checkpoint written before it was recorded), equal ``spm_sha256``,
+    the SHA-256 of the ``spm.model`` file, which differs for the same vocabulary when the
+    corpus was prepared again (:func:`file_only_note`)."""
+    if a.get("vocab_size") != b.get("vocab_size"):
+        return False
+    key = "vocab_sha256" if a.get("vocab_sha256") and b.get("vocab_sha256") else "spm_sha256"
+    return a.get(key) == b.get(key)
+
+
+def describe_vocabulary(identity: Mapping, other: Mapping | None = None) -> str:
+    """``N pieces, sha256 <12 hex digits>`` of :func:`vocab_identity`'s ``vocab_sha256``, or
+    ``N pieces, spm.model file sha256 …`` where ``identity`` or ``other`` (the identity it is
+    compared with) lacks it."""
+    both = identity.get("vocab_sha256") and (other is None or other.get("vocab_sha256"))
+    digest = identity.get("vocab_sha256") if both else identity.get("spm_sha256")
+    return (f"{identity.get('vocab_size')} pieces, {'' if both else 'spm.model file '}sha256 "
+            f"{str(digest)[:12]}")
+
+
+def file_only_note(saved: Mapping, here: Mapping,
+                   advice: str = "use the spm.model file the model was trained with") -> str:
+    """``""``, or, where the checkpoint's identity ``saved`` lacks ``vocab_sha256`` and the
+    sizes agree, what a differing file SHA-256 may mean, then ``advice``: the text appended
+    to a refusal."""
+    if saved.get("vocab_sha256") or saved.get("vocab_size") != here.get("vocab_size"):
+        return ""
+    return ("; that checkpoint records only the SHA-256 of its spm.model file (it was written "
+            "before the vocabulary's own identity was recorded), and an spm.model prepared "
+            "before that recorded the random path of its training sample, so the same corpus "
+            f"prepared again has another file: {advice}")
 
 
 def meta_path(model_path: str | os.PathLike) -> Path:
@@ -146,14 +284,15 @@ def train_spm(data_cfg: DataConfig, text_files: Sequence[Path], model_path: Path
     finally:
         os.unlink(sample_file)
     meta = {"params": spm_params(data_cfg), "sample_lines": n_sample, "lines_seen": n_seen}
-    proc = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    written = without_sample_path(model.getvalue())  # the same bytes for the same settings
+    proc = spm.SentencePieceProcessor(model_proto=written)
     with atomic_write(model_path.with_suffix(".vocab")) as f:
         for i in range(proc.get_piece_size()):
             f.write(f"{proc.id_to_piece(i)}\t{proc.get_score(i):g}\n")
     with atomic_write(meta_path(model_path)) as f:
         json.dump(meta, f, indent=2)
     with atomic_write(model_path, "wb") as f:  # last: its presence means the stage finished
-        f.write(model.getvalue())
+        f.write(written)
     return meta
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from transformer_nmt.config import UNK_ID, Config, DataConfig
 from transformer_nmt.data import binarize, bpe, clean, corpora
+from transformer_nmt.errors import DataError
 from transformer_nmt.fileio import atomic_write, bin_prefix, raw_path, spm_model_path, write_json
 
 log = logging.getLogger(__name__)
@@ -210,11 +211,14 @@ def prepare(cfg: Config) -> dict:
 
     model = spm_model_path(d)
     train_text = [text[(d.train_split, lang)] for lang in langs]
+    earlier = _earlier_vocabulary(model)
     _run_stage(
         stages, "bpe", model.with_name("spm.stamp.json"), params=bpe.spm_params(d),
         inputs=train_text, outputs=[model, model.with_suffix(".vocab"), bpe.meta_path(model)],
         build=lambda: bpe.train_spm(d, train_text, model),
         orphans=(".*.tmp", ".spm_sample.*.txt"))
+    if stages["bpe"]["status"] == "done":
+        _warn_new_vocabulary(d, model, earlier)
     tokenizer = bpe.SentencePieceTokenizer(model)
 
     filter_params, token_filter = _binarize_stage(cfg, stages, text, tokenizer)
@@ -317,6 +321,43 @@ def _binarize_stage(cfg: Config, stages: dict[str, dict], text: dict[tuple[str, 
     stages["binarize"] = {"status": "done" if jobs else "skipped",
                           "seconds": round(time.perf_counter() - t, 2)}
     return filter_params, token_filter
+
+
+def _earlier_vocabulary(model: Path) -> tuple[dict, dict] | None:
+    """``(params, identity)`` of the SentencePiece model a finished bpe stage left at
+    ``model`` (its stamp's parameters, :func:`transformer_nmt.data.bpe.vocab_identity`), or
+    None when there is none (never prepared, deleted, or not a model)."""
+    stamp = _load_json(model.with_name("spm.stamp.json"))
+    if not isinstance(stamp, dict) or not isinstance(stamp.get("params"), dict):
+        return None
+    try:
+        return stamp["params"], bpe.vocab_identity(model)
+    except (OSError, DataError):
+        return None
+
+
+def _warn_new_vocabulary(d: DataConfig, model: Path, earlier: tuple[dict, dict] | None) -> None:
+    """Warn when the bpe stage replaced a finished vocabulary of ``data.name`` with another
+    one (other ``lowercase``, ``pretokenize`` or vocabulary settings, or other training
+    text): every run trained on the earlier one refuses to translate, evaluate, export or
+    resume with it. The same vocabulary built again (a deleted stamp, a touched file) says
+    nothing."""
+    if earlier is None:
+        return
+    before, identity = earlier
+    now = bpe.vocab_identity(model)
+    if bpe.same_vocabulary(identity, now):
+        return
+    steps = {"lowercase": False, "pretokenize": "none"}  # absent from parameters when off
+    before, params = {**steps, **before}, {**steps, **_plain(bpe.spm_params(d))}
+    changed = [f"data.{k}: {before.get(k)} -> {params.get(k)}"
+               for k in sorted(set(before) & set(params)) if before[k] != params[k]]
+    log.warning(
+        "%s now holds another vocabulary than before (%s; before: %s; now: %s): runs trained "
+        "on the earlier one can no longer translate, evaluate, export or resume with "
+        "data.name=%s; give data prepared with other settings its own data.name", model,
+        "; ".join(changed) if changed else "other training text",
+        bpe.describe_vocabulary(identity, now), bpe.describe_vocabulary(now, identity), d.name)
 
 
 def _warn_refilter(d: DataConfig, before: Any, now: dict, same: bool) -> None:

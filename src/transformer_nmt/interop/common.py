@@ -242,7 +242,7 @@ def _umask_permissions(folder: Path) -> None:
 def check_tokenizer(checkpoint: str | Path, spm_path: Path) -> None:
     """Refuse to export ``checkpoint`` with a SentencePiece model other than the one it was
     trained with (by SHA-256, as nmt-translate checks:
-    :func:`transformer_nmt.data.bpe.check_vocab`).
+    :func:`transformer_nmt.checkpoint.check_vocab`).
 
     Raises:
         ExportError: ``spm_path`` does not exist; DataError: another vocabulary (both named).

@@ -228,6 +228,23 @@ def check_same_data(saved: dict[str, Any], path: str | Path, data: dict[str, Any
     )
 
 
+def _same_data_as_recorded(theirs: dict[str, Any], saved: dict[str, Any], vocab: dict[str, Any],
+                           data: dict[str, Any] | None) -> bool:
+    """Whether a checkpoint whose vocabulary record holds only the file's SHA-256
+    (``theirs`` lacks ``vocab_sha256``) was trained on the binarized training data ``data``
+    (equal ``sha256``) with a vocabulary of the same size: the data's ids then come from a
+    tokenizer that encodes the corpus as the checkpoint's did. Logged when so."""
+    recorded = saved.get("data")
+    if (theirs.get("vocab_sha256") or theirs.get("vocab_size") != vocab.get("vocab_size")
+            or not isinstance(recorded, dict) or not isinstance(data, dict)
+            or not recorded.get("sha256") or recorded.get("sha256") != data.get("sha256")):
+        return False
+    log.info("the checkpoint records its vocabulary by the SHA-256 of its spm.model file "
+             "only, and the file differs (the corpus was prepared again); the training data "
+             "it records is the data now, token for token, so the vocabulary is the same")
+    return True
+
+
 RESUME_GROUPS = ("name", "model", "data", "trainer")
 """The config groups a resume compares (:func:`transformer_nmt.checkpoint.config_differences`)."""
 
@@ -264,11 +281,18 @@ def check_resume_changed(config: Config) -> None:
 
 
 def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config | None,
-                        vocab: dict[str, Any] | None) -> None:
+                        vocab: dict[str, Any] | None, data: dict[str, Any] | None = None) -> None:
     """Fail unless ``config`` continues the run the checkpoint ``saved`` belongs to: the same
-    vocabulary (``spm_sha256``, where recorded) and the same settings apart from the
-    allow-list :data:`transformer_nmt.checkpoint.RESUME_HARMLESS_KEYS` and the keys named in
-    ``trainer.resume_changed`` (:func:`transformer_nmt.checkpoint.config_differences`).
+    vocabulary (:func:`transformer_nmt.data.bpe.same_vocabulary`, where recorded) and the
+    same settings apart from the allow-list :data:`transformer_nmt.checkpoint.RESUME_HARMLESS_KEYS`
+    and the keys named in ``trainer.resume_changed``
+    (:func:`transformer_nmt.checkpoint.config_differences`).
+
+    A checkpoint that records only its ``spm.model`` file's SHA-256 (written before the
+    vocabulary's own identity was) passes with another file when the binarized training data
+    ``data`` (:func:`transformer_nmt.data.prepare.training_data_identity`) is the one it
+    records: the tokenizer then gives every training sentence the ids it gave before (the
+    same corpus prepared again).
 
     A change of the model (``model.heads``, dropout), the optimisation (learning rate, label
     smoothing, seed) or the data order would otherwise be resumed silently. A run with a
@@ -280,16 +304,20 @@ def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config 
         UserError: one line naming the run, every key that differs with both values, and the
             override.
     """
+    from transformer_nmt.data.bpe import describe_vocabulary, file_only_note, same_vocabulary
+
     run_dir = Path(path).parent.parent
     theirs = saved.get("vocab")
-    if vocab is not None and isinstance(theirs, dict) and theirs.get("spm_sha256") and (
-            theirs.get("spm_sha256") != vocab.get("spm_sha256")):
+    if (vocab is not None and isinstance(theirs, dict) and not same_vocabulary(theirs, vocab)
+            and not _same_data_as_recorded(theirs, saved, vocab, data)):
         raise UserError(
             f"{run_dir} was trained with another vocabulary ({Path(path).name}: "
-            f"{theirs.get('vocab_size')} pieces, spm.model sha256 {theirs['spm_sha256'][:12]}; "
-            f"the data now: {vocab.get('vocab_size')} pieces, sha256 "
-            f"{str(vocab.get('spm_sha256'))[:12]}); resume it with the data it was started "
-            "with, or give a new run another run_dir= or name="
+            f"{describe_vocabulary(theirs, vocab)}; the data now: "
+            f"{describe_vocabulary(vocab, theirs)})"
+            + (file_only_note(theirs, vocab, "resume it with the spm.model file it was "
+                              "trained with")
+               or "; resume it with the data it was started with")
+            + ", or give a new run another run_dir= or name="
         )
     if config is None:
         return
@@ -356,7 +384,7 @@ def resume_training(run_dir: str | Path, s: Setup, state: TrainState, seed: int,
     path, saved = found
     check_training_checkpoint(saved, path)
     check_same_model(saved, s.model, path, config)
-    check_same_settings(saved, path, config, getattr(s, "vocab", None))
+    check_same_settings(saved, path, config, getattr(s, "vocab", None), getattr(s, "data", None))
     check_same_data(saved, path, getattr(s, "data", None))
     restore_modules(saved, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
                     scaler=s.scaler)

@@ -444,7 +444,7 @@ def test_24_08_imported_checkpoint_records_its_vocabulary_and_init_from_checks_i
     assert load_checkpoint(out)["vocab"] == vocab
     model = Transformer(compose(SMALL).model, V)
     ck_lib.load_initial_weights(model, out, vocab)  # the same vocabulary passes
-    other = dict(vocab, spm_sha256="0" * 64)
+    other = dict(vocab, vocab_sha256="0" * 64)
     with pytest.raises(UserError, match=f"trainer.init_from={out} was trained with another "
                        "vocabulary than this run's"):
         ck_lib.load_initial_weights(model, out, other)
