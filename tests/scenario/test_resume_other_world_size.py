@@ -1,15 +1,18 @@
 """A run with a batch target resumed on another number of ranks and another micro-batch budget
 (a requeued job on other GPUs): 2 gloo ranks, then 1 rank, then 2 again, through ``nmt-train``.
 The epoch still gives each training sentence once: the tokens the run has processed when its
-first epoch ends are those of the training split, counted once."""
+first epoch ends are those of the training split, counted once; the epoch figure (metrics.jsonl,
+train_summary.json) counts the sentences given before a resume."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from transformer_nmt.checkpoint import latest_checkpoint, load_checkpoint
 from transformer_nmt.config import compose
@@ -22,6 +25,7 @@ TRAINER = [
     "trainer.num_workers=0", "trainer.tokens_per_step=1200",
     "trainer.tokens_per_step_tolerance=0.3", "trainer.save_every_steps=100",
     "trainer.lr_scheduler=inverse_sqrt",  # the segments end at other step or epoch limits
+    "trainer.log_every_steps=1",
 ]
 
 
@@ -60,6 +64,14 @@ def test_two_ranks_then_one_then_two_see_each_sentence_of_the_epoch_once(
     before = np.unpackbits(first["sampler"]["consumed"].numpy(), count=len(src)).astype(bool)
     after = np.unpackbits(second["sampler"]["consumed"].numpy(), count=len(src)).astype(bool)
     assert (after >= before).all()  # the first segment's sentences stay consumed
+    # the epoch figure counts the sentences given before the resume (log, metrics, summary)
+    given = int(second["sampler"]["sentences"]) / len(src)
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["epochs"] == pytest.approx(given, abs=0.05)
+    epochs = [json.loads(line)["epoch"] for line in
+              (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if '"epoch"' in line]
+    assert epochs == sorted(epochs) and epochs[-1] == pytest.approx(given, abs=0.1)
     _train(2, common, "trainer.max_tokens=400", "trainer.max_steps=null", "trainer.max_epochs=1")
     last = load_checkpoint(latest_checkpoint(tmp_path / "run"))
     assert last["sampler"]["epoch"] == 1 and last["sampler"]["position"] == 0

@@ -529,6 +529,20 @@ class LengthBucketSampler:
             return np.zeros(0, np.int64)
         return np.sort(np.concatenate(parts)).astype(np.int64)
 
+    def epoch_fraction(self, epoch: int, position: int) -> float:
+        """The part of ``epoch`` given after ``position`` batches per rank, in [0, 1]: the
+        batches taken over the epoch's batches (all ranks); in a resumed epoch's rest
+        (:meth:`resume_epoch`, another world size or budget), the sentences given before it
+        count as their share of the epoch's sentences and the rest's batches as the share
+        left."""
+        _, bounds, before = self._layout(int(epoch))
+        n = len(bounds) - 1
+        done = min(int(position) * self.world_size, n) / n if n else 1.0
+        if before is None:
+            return done
+        earlier = min(len(before) / self.num_sentences, 1.0) if self.num_sentences else 1.0
+        return earlier + (1.0 - earlier) * done
+
     def resume_epoch(self, epoch: int, consumed: np.ndarray) -> None:
         """Continue ``epoch`` after the sentences ``consumed`` (indices, from
         :meth:`consumed` of the sampler that wrote the checkpoint, whatever its world size

@@ -196,7 +196,7 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
             drawn_from = state.epoch, state.position, state.micro_step
             micro_batches, loader_iter, epoch_ended = _draw(run, state, loader_iter,
                                                             update_freq, seed)
-            epoch_at = state.epoch_progress(run.sampler.num_batches, info.world_size)
+            epoch_at = state.epoch_progress(run.sampler)
 
             # -- forward / backward over the micro-batches -------------------------------------
             out = forward_backward(run.train_model, micro_batches, epsilon=epsilon,

@@ -63,11 +63,13 @@ class TrainState:
         """The data position as ``LengthBucketSampler.state_dict()`` writes it."""
         return {"epoch": self.epoch, "position": self.position, "seed": seed}
 
-    def epoch_progress(self, num_batches: int, world_size: int) -> float:
-        """Epochs done as a fraction (global batches consumed / ``num_batches``, the sampler's
-        batches per epoch over all ranks)."""
-        done = min(self.position * world_size, num_batches)
-        return self.epoch + done / num_batches
+    def epoch_progress(self, sampler: Any) -> float:
+        """Epochs done as a fraction: ``epoch`` plus the part of the current one given after
+        ``position`` batches per rank
+        (:meth:`~transformer_nmt.data.batching.LengthBucketSampler.epoch_fraction` of the
+        training sampler), which counts the sentences an epoch resumed on another world
+        size or budget gave before the resume."""
+        return self.epoch + sampler.epoch_fraction(self.epoch, self.position)
 
     def token_counts(self) -> TokenCounts:
         """The processed tokens in the form :func:`transformer_nmt.model.flops.training_flops`

@@ -68,7 +68,7 @@ def write_summary(cfg: Config, s: Setup, state: TrainState, info: distributed.Di
         "stopped_by": stopped_by,
         "steps": state.step,
         "micro_steps": state.micro_step,
-        "epochs": state.epoch_progress(s.sampler.num_batches, info.world_size),
+        "epochs": state.epoch_progress(s.sampler),
         "tokens_seen": state.tokens_seen,
         "src_tokens_seen": state.src_tokens_seen,
         "token_counts": dataclasses.asdict(counts),
