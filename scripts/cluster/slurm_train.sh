@@ -18,7 +18,9 @@
 # checkpoint) before killing them, and exit non-zero themselves. This script then reads the
 # run's train_summary.json: a run stopped by a signal is requeued (`scontrol requeue`, the job
 # starts again and resumes) and the job ends with 0, also when the signal came during the
-# workers' start-up, before their first step (no new checkpoint then); a run that reached its
+# workers' start-up, before their first step (no new checkpoint then), or reached the torchrun
+# agent before its worker had started (srun ends with 128 + SIGTERM, SIGINT, SIGUSR1 or SIGUSR2
+# and this job wrote no summary); a run that reached its
 # limit ends with 0; a run that diverged ends with 3 and is not requeued (train_summary.json
 # names its last finite checkpoint); anything else keeps srun's exit code.
 #
@@ -77,6 +79,21 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_
 stopped_by=""
 if [ -f "$SUMMARY" ] && [ "$SUMMARY" -nt "$STARTED" ]; then
   stopped_by=$("$VENV/bin/python" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("stopped_by") or "")' "$SUMMARY")
+fi
+# A job step ended by a stop signal (srun: 128 + its number) with no summary of its own: the
+# signal reached the torchrun agent before its worker had started (the first second of a
+# requeued job), so nothing could record it. A signal stop too. SIGKILL (137: the OOM killer,
+# say) keeps its status.
+if [ -z "$stopped_by" ]; then
+  case "$status" in
+    130) stopped_by="signal SIGINT" ;;
+    138) stopped_by="signal SIGUSR1" ;;
+    140) stopped_by="signal SIGUSR2" ;;
+    143) stopped_by="signal SIGTERM" ;;
+  esac
+  if [ -n "$stopped_by" ]; then
+    echo "srun ended by ${stopped_by#signal } (exit status $status) before the run wrote a summary"
+  fi
 fi
 echo "srun exit status $status; run stopped by: ${stopped_by:-unknown}"
 

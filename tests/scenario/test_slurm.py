@@ -105,3 +105,20 @@ def test_diverged_run_is_not_requeued_and_exits_3(tmp_path, tiny_corpus):
     assert proc.returncode == 3
     assert not (log / "scontrol.calls").exists()
     assert "the run diverged: not requeued" in proc.stdout
+
+
+@pytest.mark.parametrize("status, signal", [(143, "SIGTERM"), (138, "SIGUSR1")])
+def test_a_signal_before_the_worker_started_requeues(tmp_path, tiny_corpus, status, signal):
+    # the signal reached the torchrun agent before its worker started: srun ends with
+    # 128 + the signal and this job wrote no summary (an earlier job's is stale)
+    proc, log = _run(tmp_path, tiny_corpus, "", exit_code=status, stale_summary=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (log / "scontrol.calls").read_text().split() == ["requeue", "4242"]
+    assert (f"srun ended by {signal} (exit status {status}) before the run wrote a summary"
+            in proc.stdout)
+
+
+def test_a_step_killed_with_sigkill_keeps_its_status(tmp_path, tiny_corpus):
+    proc, log = _run(tmp_path, tiny_corpus, "", exit_code=137)  # the OOM killer, say
+    assert proc.returncode == 137
+    assert not (log / "scontrol.calls").exists()
