@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,39 @@ def test_nmt_plot_locks_the_folder_it_writes_and_only_reads_the_run(tmp_path):
             other.stop()
     finally:
         trainer.stop()
+
+
+def test_a_lock_naming_a_pid_now_used_by_a_later_process_is_stale(tmp_path, caplog):
+    """The pid a lock names is alive, but its process started after the lock was written: the
+    lock's own process ended and the pid was reused, so the lock is replaced, not obeyed."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (folder / LOCK_NAME).write_text(json.dumps({
+            "command": "nmt-average", "host": socket.gethostname(), "pid": later.pid,
+            "started": time.time() - 3600}))
+        with caplog.at_level(logging.WARNING), folder_lock(folder, "nmt-evaluate") as lock:
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+        assert f"removing the stale lock {folder / LOCK_NAME} of process {later.pid}" in caplog.text
+        # the same pid with a lock written after its process started still holds it
+        (folder / LOCK_NAME).write_text(json.dumps({
+            "command": "nmt-average", "host": socket.gethostname(), "pid": later.pid,
+            "started": time.time()}))
+        with pytest.raises(UserError, match="is in use by another nmt-average"), \
+                folder_lock(folder, "nmt-evaluate"):
+            pass
+    finally:
+        later.kill()
+        later.wait()
+
+
+def test_sigterm_ends_a_lock_holder_through_its_exit_and_removes_the_lock(tmp_path):
+    """SIGTERM (kill, a scheduler's time limit) to a command holding a lock, such as
+    nmt-average, ends it with exit status 143 and removes its lock, as Ctrl-C does."""
+    folder = tmp_path / "run"
+    holder = Holder(folder, "nmt-average")
+    assert (folder / LOCK_NAME).exists()
+    holder.stop(signal.SIGTERM)
+    assert holder.proc.returncode == 143
+    assert not (folder / LOCK_NAME).exists()

@@ -13,7 +13,9 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +33,58 @@ _LOCK_READ_TRIES = 10
 name right after creating the file."""
 _held: dict[Path, int] = {}
 """Lock files this process holds -> nesting depth (a sweep that evaluates inside its run)."""
+
+
+_REUSE_SLACK = 60.0
+"""Seconds a process may seem to start after the lock it wrote (``/proc`` counts from the boot
+time in whole seconds, and the wall clock may have been adjusted since): a pid whose process
+started later than that is another process, the lock's own having ended."""
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch, from ``/proc``), or None where
+    that cannot be read (not Linux, the process gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22: starttime
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _holder_runs(holder: dict[str, Any]) -> bool:
+    """True when the process that wrote ``holder`` still runs on this host: its pid exists and,
+    where the start time can be read, started before the lock was written (a pid reused by a
+    later process does not hold the lock)."""
+    pid = holder["pid"]
+    if not _alive(pid):
+        return False
+    started, began = holder.get("started"), _process_start(pid)
+    if isinstance(started, (int, float)) and began is not None:
+        return began <= started + _REUSE_SLACK
+    return True
+
+
+@contextlib.contextmanager
+def _released_on_sigterm() -> Iterator[None]:
+    """While a lock is held, SIGTERM (``kill``, a job scheduler) ends the command through the
+    normal exit path, exit status 143, so that the lock is removed, where it would otherwise
+    end the process at once. A handler already installed (``nmt-train``'s) is kept."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _alive(pid: int) -> bool:
@@ -72,12 +126,13 @@ def folder_lock(folder: str | os.PathLike, command: str,
     folder, so that a second writer stops instead of interleaving its files with the first's.
 
     The file is created exclusively (``O_EXCL``) and holds the holder's command, host, pid
-    and start time; it is removed on exit (also on an exception or a signal that ends the
-    command). A lock of a process that no longer exists on this host (``kill -9``, a crash)
-    is stale: it is replaced, with a warning. A lock of another host cannot be checked and is
-    refused. The lock is re-entrant within one process (an inner ``folder_lock`` of the same
-    file is a no-op). ``folder`` is created if missing, and removed again if this command
-    leaves it empty.
+    and start time; it is removed on exit (also on an exception, Ctrl-C, or SIGTERM, which
+    ends the command with exit status 143 unless it has a handler of its own). A lock of a
+    process that no longer runs on this host (``kill -9``, a crash; a pid now used by a process
+    that started after the lock was written) is stale: it is replaced, with a warning. A lock
+    of another host cannot be checked and is refused. The lock is re-entrant within one
+    process (an inner ``folder_lock`` of the same file is a no-op). ``folder`` is created if
+    missing, and removed again if this command leaves it empty.
 
     Raises:
         UserError: ``folder`` is a file; another live process holds the lock (its command,
@@ -115,7 +170,7 @@ def folder_lock(folder: str | os.PathLike, command: str,
                         f"project); if no nmt command is running in {folder}, delete it "
                         f"(rm {lock}) and run the command again") from None
                 host, pid = holder["host"], holder["pid"]
-                if host == me["host"] and (pid == me["pid"] or not _alive(pid)):
+                if host == me["host"] and (pid == me["pid"] or not _holder_runs(holder)):
                     log.warning("removing the stale lock %s of process %d, which no longer "
                                 "runs", lock, pid)
                     with contextlib.suppress(FileNotFoundError):
@@ -141,7 +196,8 @@ def folder_lock(folder: str | os.PathLike, command: str,
         raise
     _held[key] = 1
     try:
-        yield lock
+        with _released_on_sigterm():
+            yield lock
     finally:
         del _held[key]
         with contextlib.suppress(OSError, ValueError):
