@@ -21,7 +21,9 @@ WMT14's), with the training loop's own pieces (``train.step.forward_backward``,
    fitted as ``fixed + per_1k x padded tokens / 1000`` GiB: the constants of
    ``trainer.auto_max_tokens`` (:mod:`transformer_nmt.train.batch_size`).
 
-Writes ``<out>/gpu_profile.json`` and prints a table. ``--smoke`` runs every part on the CPU
+Writes ``<out>/gpu_profile.json`` and ``<out>/gpu_profile.md`` (the table and the host's
+time by op) and prints both. Batches are pinned on a GPU, as nmt-train's DataLoader pins
+them. ``--smoke`` runs every part on the CPU
 with a tiny model and ``aot_eager`` (no C++ build), the test suite's check of the script.
 
     python scripts/cluster/gpu_profile.py --out runs/gpu_profile            # on the GPU
@@ -110,16 +112,20 @@ def config_for(size: str, args: argparse.Namespace):
     return cfg, vocab
 
 
-def batches_for(cfg, max_tokens: int, count: int, pad: int, longest: bool = False) -> list:
+def batches_for(cfg, max_tokens: int, count: int, pad: int, longest: bool = False,
+                pin: bool = False) -> list:
     """``count`` training batches of ``max_tokens`` padded tokens in the loop's order (the
-    first ones of epoch 1), or the ``count`` with the most padded tokens (``longest``)."""
+    first ones of epoch 1), or the ``count`` with the most padded tokens (``longest``); in
+    page-locked memory with ``pin``, as nmt-train's DataLoader gives them on a GPU
+    (``pin_memory=True``), so that their copies to the device do not wait for it."""
     data = load_split(cfg, cfg.data.train_split)
     sampler = LengthBucketSampler(data.src_sizes, data.tgt_sizes, max_tokens, shuffle=True,
                                   seed=1, pad_to_multiple=pad)
     index = list(sampler)
     if longest:
         index.sort(key=lambda b: -len(b) * max(int(data.tgt_sizes[j]) for j in b))
-    return [collate([data[j] for j in b], pad_to_multiple=pad) for b in index[:count]]
+    batches = [collate([data[j] for j in b], pad_to_multiple=pad) for b in index[:count]]
+    return [b.pin_memory() for b in batches] if pin else batches
 
 
 class Trainer:
@@ -253,13 +259,15 @@ def profile_steps(tr: Trainer, batches: list) -> dict:
                            sorted(by_name.items(), key=lambda x: -x[1])[:15]],
            "attention_kernels": sorted({n[:120] for n, _ in times
                                         if kind_of(n) == "attention"})[:8]}
-    if cuda:  # where the host's time goes: CPU-side ops and ranges by their own time
-        host: dict[str, float] = {}
-        for e in events:
-            if e.device_type == torch.autograd.DeviceType.CPU:
-                host[e.name] = host.get(e.name, 0.0) + e.self_cpu_time_total
-        out["top_host_ops"] = [[n[:120], round(us / len(batches) / 1e3, 4)] for n, us in
-                               sorted(host.items(), key=lambda x: -x[1])[:25]]
+    # where the host's time goes: CPU-side ops and ranges by their own time (on the CPU the
+    # host does all the work; on a GPU it launches what the GPU runs)
+    host: dict[str, float] = {}
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            host[e.name] = host.get(e.name, 0.0) + e.self_cpu_time_total
+    out["host_ms_per_step"] = round(sum(host.values()) / len(batches) / 1e3, 3)
+    out["top_host_ops"] = [[n[:120], round(us / len(batches) / 1e3, 4)] for n, us in
+                           sorted(host.items(), key=lambda x: -x[1])[:25]]
     if spans:
         window = (min(a for a, _ in spans), max(b for _, b in spans))
         out["gpu_busy_share"] = round(busy_fraction(spans, window), 4)
@@ -286,7 +294,8 @@ def memory_fit(tr: Trainer, cfg, budgets: list[int], steps: int) -> dict:
     over the largest batch's padded tokens (source side, what ``max_tokens`` bounds)."""
     rows = []
     for max_tokens in budgets:
-        batches = batches_for(cfg, max_tokens, steps, tr.pad, longest=True)
+        batches = batches_for(cfg, max_tokens, steps, tr.pad, longest=True,
+                              pin=tr.device.type == "cuda")
         if tr.device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(tr.device)
@@ -320,7 +329,7 @@ def run_size(size: str, args: argparse.Namespace, device: torch.device, result: 
               "precision": args.precision, "compile_backend": backend,
               "sdpa_choice": tr.model.sdpa_kernels(device, dtype)})
     need = args.warmup + args.steps + PROFILER_WARMUP + args.profile_steps
-    batches = batches_for(cfg, args.max_tokens, need, tr.pad)
+    batches = batches_for(cfg, args.max_tokens, need, tr.pad, pin=device.type == "cuda")
     t0 = time.perf_counter()
     timed_end = args.warmup + args.steps
     result["speed"] = measure_speed(tr, batches[: args.warmup], batches[args.warmup:timed_end],
@@ -372,6 +381,21 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def host_table(report: dict, top: int = 12) -> str:
+    """The host's own time by op, per size: the ops that launch (on a GPU) or run (on the CPU)
+    a step, in ms per step, the most expensive first."""
+    lines = []
+    for r in report["sizes"]:
+        ops = (r.get("profile") or {}).get("top_host_ops")
+        if not ops:
+            continue
+        lines += ["", f"host time by op, {r['size']} ({r['profile']['host_ms_per_step']} ms of "
+                  f"host time per step, wall {r['profile']['wall_ms_per_step']} ms):", "",
+                  "| op | ms per step |", "|---|---:|"]
+        lines += [f"| `{name}` | {ms} |" for name, ms in ops[:top]]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/gpu_profile", help="folder for gpu_profile.json")
@@ -406,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         (out / "gpu_profile.json").write_text(json.dumps(report, indent=1))
+        (out / "gpu_profile.md").write_text(f"{table(report)}\n{host_table(report)}\n")
 
     for size in args.sizes:
         result: dict = {"size": size}
@@ -420,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         save()
     print(table(report))
+    print(host_table(report))
     return 1 if report.get("failed") else 0
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts" / "cluster"))
@@ -55,6 +56,11 @@ def test_smoke_run_measures_every_part(tmp_path, synthetic_corpus):
     assert [r["max_tokens"] for r in rows] == [256, 512]
     assert all(0 < r["padded_tokens"] <= r["max_tokens"] for r in rows)
     assert "| base |" in proc.stdout
+    host = size["profile"]["top_host_ops"]
+    assert host and all(ms >= 0 for _, ms in host) and size["profile"]["host_ms_per_step"] > 0
+    markdown = (out / "gpu_profile.md").read_text()
+    assert "| base |" in markdown and "host time by op, base" in markdown
+    assert f"| `{host[0][0]}` |" in markdown
 
 
 def test_without_a_gpu_the_script_says_so_in_one_line(tmp_path):
@@ -63,3 +69,23 @@ def test_without_a_gpu_the_script_says_so_in_one_line(tmp_path):
          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: no CUDA device")
+
+
+def test_batches_are_pinned_on_a_gpu_as_the_loader_pins_them(synthetic_corpus, monkeypatch):
+    """Unpinned batches make every host-to-device copy wait for the GPU; the script pins them
+    as nmt-train's DataLoader does (on a CPU-only torch, pinning itself is counted)."""
+    from transformer_nmt.config import compose
+    from transformer_nmt.data.collate import Batch
+
+    cfg = compose(["experiment=multi30k_en_de", *synthetic_corpus.overrides])
+    if torch.cuda.is_available():
+        batches = gpu_profile.batches_for(cfg, 256, 3, 8, pin=True)
+        assert all(b.src_tokens.is_pinned() and b.tgt_out.is_pinned() for b in batches)
+        return
+    pinned = []
+    monkeypatch.setattr(Batch, "pin_memory", lambda self: pinned.append(self) or self)
+    batches = gpu_profile.batches_for(cfg, 256, 3, 1, pin=True)
+    assert len(batches) == 3 and pinned == batches
+    pinned.clear()
+    gpu_profile.batches_for(cfg, 256, 3, 1)
+    assert pinned == []
