@@ -1045,3 +1045,70 @@ def test_permission_denied_is_one_line_naming_the_path():
     with pytest.raises(_UserExit, match=r"Permission denied: '/data/spm/x/spm.model'"), \
             user_errors():
         raise PermissionError(13, "Permission denied", "/data/spm/x/spm.model")
+
+
+# --- Hydra's flags, override syntax, start-up and closed streams (docs/reliability.md) ----------
+
+
+@pytest.mark.parametrize("flags", [["-m"], ["--cfg", "job"], ["--multirun", "--cfg", "job"]],
+                         ids=["multirun", "cfg_job", "multirun_cfg_job"])
+def test_misspelt_key_with_hydras_flags_is_the_same_one_line(flags, tmp_path):
+    sweep = "-m" in flags or "--multirun" in flags
+    proc = _cli("train", *flags, "experiment=smoke", f"trainer.max_stepz={'3,4' if sweep else 3}",
+                cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == ("error: Could not override 'trainer.max_stepz'. Key 'max_stepz' not "
+                           "in 'TrainerConfig' (did you mean trainer.max_steps?)\n")
+    assert list(tmp_path.iterdir()) == []
+    # a sweep whose keys are right goes on to Hydra: --cfg job prints the first job's config
+    proc = _cli("train", "--cfg", "job", "experiment=smoke", "trainer.max_steps=3", cwd=tmp_path)
+    assert proc.returncode == 0 and "max_steps: 3" in proc.stdout, proc.stderr
+
+
+def test_unquoted_non_ascii_value_says_to_quote_it(tmp_path):
+    proc = _cli("plot", "experiment=smoke", "plot.sentence=Ein Mann fährt", cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: cannot parse the override plot.sentence=Ein Mann fährt: Hydra reads 'ä' "
+        "only inside a quoted value; quote the value inside the shell's quotes: "
+        "'plot.sentence=\"Ein Mann fährt\"'\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_torch_is_imported_is_one_line_exit_130(tmp_path):
+    """Ctrl-C while the console script imports its modules (torch: seconds): the SIGINT is
+    sent from inside ``import torch``, as the ``nmt-translate`` script starts."""
+    code = (
+        "import os, signal, sys\n"
+        "sys.argv = ['nmt-translate', 'experiment=smoke']\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from transformer_nmt.cli.translate import main\n"
+        "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False, preexec_fn=_default_sigint)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert proc.stderr == "interrupted: stopped during start-up, before anything was written\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("closed, message", [
+    ("stdin", "error: standard input is closed (<&-) and translate.input is not set: nothing to "
+              "translate; give translate.input=FILE or pipe the text in"),
+    ("stdout", "error: standard output is closed (>&-) and translate.output is not set: the "
+               "translations would be lost; give translate.output=FILE"),
+])
+def test_translate_with_stdin_or_stdout_closed_is_one_line(closed, message, translate_run,
+                                                           tmp_path):
+    overrides, _ = translate_run
+    fd = 0 if closed == "stdin" else 1
+    proc = subprocess.run(
+        [sys.executable, "-m", "transformer_nmt.cli.translate", *overrides], cwd=tmp_path,
+        stderr=subprocess.PIPE, text=True, timeout=120, check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.close(fd))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr == message + "\n"
+    assert not (tmp_path / "run").exists()

@@ -54,3 +54,24 @@ def test_help_with_a_bad_override_is_one_error_line(tmp_path):
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
     assert "did you mean trainer.max_steps?" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--hel", "error: unrecognized argument --hel (did you mean --help?)"),
+    ("--hydra-h", "error: unrecognized argument --hydra-h (did you mean --hydra-help?)"),
+    ("--help=x", "error: argument --help/-h: ignored explicit argument 'x'"),
+    ("--cfg=jbo", "error: argument --cfg/-c: invalid choice: 'jbo' (choose from 'job', 'hydra', "
+                  "'all')"),
+], ids=["abbreviated", "abbreviated_hydra_help", "help_with_a_value", "cfg_bad_choice"])
+def test_a_flag_abbreviated_or_given_a_value_is_one_error_line(flag, message, tmp_path):
+    proc = _run("table", ["table.output=out.md", flag], tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", message + "\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_hydra_help_beside_overrides_prints_hydras_help(tmp_path):
+    proc = _run("train", ["experiment=smoke", "trainer.max_stepz=3", "--hydra-help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Hydra (") and "--hydra-help" in proc.stdout
+    assert proc.stderr == ""
+    assert list(tmp_path.iterdir()) == []

@@ -13,6 +13,12 @@ command created (or restores the ``.hydra`` files of an existing run). Other exc
 Hydra's report with their traceback. ``cli/check_overrides.py`` runs the same check alone
 (:func:`preflight_config`), for job scripts that must stop on a bad override before they
 start anything.
+
+Hydra's flags are read first, as Hydra reads them but without its abbreviations (``--hel``
+is not ``--help``): an unknown flag or a flag with a wrong value is one ``error:`` line.
+With ``-m`` / ``--cfg`` / ``--info`` the overrides (the first job of a sweep) are composed
+before Hydra starts, so a misspelt key gets the same line as without the flag. Ctrl-C while
+the console script imports its modules (torch takes seconds) is one line and exit 130.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -41,6 +49,34 @@ INTERRUPTED_EXIT = 130
 """Exit status after Ctrl-C (128 + SIGINT), with one line and no traceback (:func:`run_app`)."""
 
 
+START_UP_INTERRUPT = "interrupted: stopped during start-up, before anything was written"
+"""The line printed on Ctrl-C while a console script imports its modules."""
+_starting = True
+
+
+def _interrupted_at_start_up(signum: int, frame: Any) -> None:
+    """SIGINT while a console script imports its modules: one line, exit 130 (the import of
+    torch runs no handler of ours); after :func:`run_app` has started, Python's own."""
+    if not _starting:
+        signal.default_int_handler(signum, frame)
+    with contextlib.suppress(Exception):
+        sys.stderr.write(START_UP_INTERRUPT + "\n")
+        sys.stderr.flush()
+    os._exit(INTERRUPTED_EXIT)
+
+
+def _console_script_starting() -> bool:
+    """Whether this import is a console script's start: ``nmt-<name>``, or ``python -m``
+    locating its module (``sys.argv[0]`` is ``-m`` until it is found)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name == "-m" or name.startswith("nmt-")
+
+
+if _console_script_starting() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGINT, _interrupted_at_start_up)
+
+
 class _UserExit(BaseException):
     """Carries a user error out of the Hydra task (Hydra reports every ``Exception`` itself)."""
 
@@ -48,6 +84,9 @@ class _UserExit(BaseException):
 def error_message(error: BaseException) -> str:
     """The message of ``error`` on one line (its lines joined with ``; ``)."""
     text = str(error) or type(error).__name__
+    unquoted = _unquoted_character(error)
+    if unquoted:
+        return unquoted
     if isinstance(error, FileNotFoundError) and error.filename and str(error.filename) not in text:
         text = f"{text}: {error.filename}"
     cause = error.__cause__
@@ -62,6 +101,28 @@ def error_message(error: BaseException) -> str:
         part.strip() for part in text.splitlines() if part.strip()
     ).replace(":; ", ": ")
     return text + _did_you_mean(text)
+
+
+def _unquoted_character(error: BaseException) -> str:
+    """For Hydra's ``LexerNoViableAltException`` (a character its grammar reads only inside
+    quotes, such as ``ä`` in ``plot.sentence=Ein Mann fährt``): the message that says to
+    quote the value; else ``""``."""
+    text = str(error)
+    override = getattr(error, "override", None)
+    prefix = "LexerNoViableAltException: "
+    if not isinstance(override, str) or not text.startswith(prefix):
+        return ""
+    lines = text.splitlines()
+    at = lines[1].find("^") - len(prefix) if len(lines) > 1 else -1
+    char = override[at] if 0 <= at < len(override) else ""
+    what = f"Hydra reads {char!r}" if char else "Hydra reads a character of it"
+    key, sep, value = override.partition("=")
+    if not sep or (0 <= at < len(key)):
+        return f"cannot parse the override {override}: {what} only inside a quoted value"
+    quote = "'" if '"' in value else '"'
+    quoted = shlex.quote(f"{key}={quote}{value}{quote}")
+    return (f"cannot parse the override {override}: {what} only inside a quoted value; quote "
+            f"the value inside the shell's quotes: {quoted}")
 
 
 def _did_you_mean(text: str) -> str:
@@ -121,18 +182,11 @@ def preflight_config(overrides: Sequence[str]) -> tuple[Any, Path | None, str | 
         the one line a console script prints after ``error:`` (Hydra's advice to add the key
         with ``+`` dropped, the closest valid key named), or for a ``run_dir`` that is a file.
     """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides),
-                                return_hydra_config=True)
-        run_dir = Path(str(OmegaConf.select(cfg, "hydra.run.dir")))
-        OmegaConf.set_struct(cfg, False)
-        cfg.pop("hydra")
+        cfg, run_dir = _compose(overrides)
         typed = typed_config(cfg)
     except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
         # composition (unknown key or group, bad type, bad override) or validation
@@ -194,6 +248,100 @@ def run_dir_error(run_dir: Path) -> str | None:
             why = "is a file, not a folder;"
         return f"{subject} {why} give the run another run_dir="
     return None
+
+
+class _FlagError(Exception):
+    """An argument Hydra's flag parser refuses (argparse's message)."""
+
+
+def parse_flags(args: Sequence[str]) -> Any:
+    """Hydra's flags among ``args``, read by Hydra's own parser but without abbreviations.
+
+    Returns:
+        argparse's namespace (``help``, ``hydra_help``, ``multirun``, ``cfg``, ``info``,
+        ``config_path`` ..., and ``overrides``), or None for ``--version`` (Hydra answers it).
+
+    Raises:
+        ValueError: one line: an unknown flag (``--hel``: ``unrecognized argument --hel (did
+            you mean --help?)``), a flag given a value it takes none of (``--help=x``), a
+            value outside a flag's choices (``--cfg jbo``).
+    """
+    import difflib
+
+    from hydra._internal.utils import get_args_parser
+
+    if "--version" in args:
+        return None
+    parser = get_args_parser()
+    parser.allow_abbrev = False
+
+    def refuse(message: str) -> NoReturn:
+        raise _FlagError(message)
+
+    parser.error = refuse  # type: ignore[method-assign]
+    try:
+        flags, unknown = parser.parse_known_args(list(args))
+    except _FlagError as e:
+        raise ValueError(str(e)) from None
+    if unknown:
+        options = [o for action in parser._actions for o in action.option_strings]
+        bad = unknown[0]
+        close = ([o for o in options if o.startswith(bad.split("=")[0]) and o.startswith("--")]
+                 or difflib.get_close_matches(bad, options, n=1))
+        hint = f" (did you mean {close[0]}?)" if close and bad.startswith("-") else ""
+        if len(unknown) > 1:
+            raise ValueError(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        raise ValueError(f"unrecognized argument {bad}{hint}")
+    return flags
+
+
+def _hydra_mode(flags: Any) -> str:
+    """``"run"`` for a plain run (the pre-flight check with validation), ``"compose"`` for
+    ``-m`` / ``--cfg`` / ``--info`` / ``--resolve`` / ``--package`` (composition checked,
+    values not validated), ``"hydra"`` for what Hydra alone answers (``--hydra-help``,
+    another config path or name, shell completion, a rerun)."""
+    if flags is None or flags.hydra_help or flags.shell_completion or flags.experimental_rerun \
+            or flags.config_path or flags.config_name or flags.config_dir:
+        return "hydra"
+    if flags.multirun or flags.cfg or flags.info or flags.resolve or flags.package:
+        return "compose"
+    return "run"
+
+
+def composition_error(overrides: Sequence[str], multirun: bool = False) -> str | None:
+    """The one-line error of composing ``overrides`` (for ``multirun``, the first job of the
+    sweep, :func:`transformer_nmt.cli.sweep.sweep_jobs`), or a key no field declares
+    (:func:`transformer_nmt.config.check_known_keys`); None when they compose. Values are
+    not validated: ``--cfg job`` shows them, and each job of a sweep checks its own."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from transformer_nmt.config import check_known_keys
+
+    try:
+        if multirun:
+            from transformer_nmt.cli.sweep import sweep_jobs
+
+            overrides = sweep_jobs(overrides)[0]
+        cfg, _ = _compose(overrides)
+        check_known_keys(cfg)
+    except (HydraException, OmegaConfBaseException, ValueError, OSError) as e:
+        return error_message(e)
+    return None
+
+
+def _compose(overrides: Sequence[str]) -> tuple[Any, Path]:
+    """Hydra's composition of ``overrides`` without its ``hydra`` node, and ``hydra.run.dir``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides),
+                            return_hydra_config=True)
+    run_dir = Path(str(OmegaConf.select(cfg, "hydra.run.dir")))
+    OmegaConf.set_struct(cfg, False)
+    cfg.pop("hydra")
+    return cfg, run_dir
 
 
 def _snapshot(run_dir: Path, job: str) -> dict[Path, bytes] | None:
@@ -267,20 +415,36 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
     :class:`transformer_nmt.cli.sweep.SweepStopped`, prints it and exits with its
     ``exit_status``). ``--help`` / ``-h`` prints the command's settings as the other
     arguments compose them, with their descriptions
-    (:func:`transformer_nmt.config.help.help_text`), and exits before Hydra starts; Hydra's
-    other flags (``--cfg``, ``--hydra-help``, ``-m`` ...) skip the checks made before Hydra
-    starts.
+    (:func:`transformer_nmt.config.help.help_text`), and exits before Hydra starts. Hydra's
+    flags are read first (:func:`parse_flags`: an unknown, abbreviated or misused one is one
+    ``error:`` line); ``-m`` and ``--cfg`` check the composition only
+    (:func:`composition_error`), ``--hydra-help`` shows Hydra's page whatever the overrides.
     """
+    global _starting
+    _starting = False
+    if signal.getsignal(signal.SIGINT) is _interrupted_at_start_up:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args = list(sys.argv[1:] if argv is None else argv)
     if help_requested(args):
         _print_help(job, args)
-    run_dir, before = None, None
-    if not any(a.startswith("-") for a in args):
-        run_dir, error = _preflight(args)
-        if error is not None:
-            print(f"error: {error}", file=sys.stderr)
-            sys.exit(USER_EXIT)
+    try:
+        flags = parse_flags(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(USER_EXIT)
+    mode = _hydra_mode(flags)
+    run_dir, before, error = None, None, None
+    if mode == "run":
+        run_dir, error = _preflight(flags.overrides)
+    elif mode == "compose":
+        error = composition_error(flags.overrides, multirun=flags.multirun)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(USER_EXIT)
+    if run_dir is not None:
         before = _snapshot(run_dir, job)
+    if flags is not None and flags.hydra_help:
+        sys.argv[1:] = ["--hydra-help"]  # Hydra's page composes Hydra's config only
     try:
         app()
     except _UserExit as e:

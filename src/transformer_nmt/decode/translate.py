@@ -436,6 +436,22 @@ def translate_file(
     return stats
 
 
+def check_standard_streams(input_path: str | Path | None, output_path: str | Path | None) -> None:
+    """Check that standard input (output) is open where it is read (written): a process
+    started with it closed (``<&-``, ``>&-``) has none.
+
+    Raises:
+        UserError: standard input closed and no ``translate.input``, or standard output closed
+            and no ``translate.output``.
+    """
+    if input_path is None and sys.stdin is None:
+        raise UserError("standard input is closed (<&-) and translate.input is not set: nothing "
+                        "to translate; give translate.input=FILE or pipe the text in")
+    if output_path is None and sys.stdout is None:
+        raise UserError("standard output is closed (>&-) and translate.output is not set: the "
+                        "translations would be lost; give translate.output=FILE")
+
+
 def translate(cfg: Config, engine: EngineFactory | None = None) -> dict[str, Any]:
     """``nmt-translate``: load the run's model and translate ``translate.input`` (a file or
     standard input) to ``translate.output`` (a file or standard output).
@@ -454,11 +470,13 @@ def translate(cfg: Config, engine: EngineFactory | None = None) -> dict[str, Any
             checkpoint whose vocabulary is not the tokenizer's; a model that gives NaN or
             infinite scores (named); ``translate.output`` a folder, the input, the model, the
             tokenizer, any ``.pt``/``.safetensors`` file or a file in a run's ``checkpoints/``
-            (:func:`transformer_nmt.fileio.check_output`); a device not present.
+            (:func:`transformer_nmt.fileio.check_output`); a device not present; standard
+            input or output closed where it is used (:func:`check_standard_streams`).
     """
     if engine is None and cfg.decode.engine != Engine.native:
         raise UserError(f"decode.engine={cfg.decode.engine} is decoded by nmt-translate / "
                         "nmt-evaluate; this call decodes with ours only")
+    check_standard_streams(cfg.translate.input, cfg.translate.output)
     output = cfg.translate.output
     if output is not None:  # found before decoding, not after
         check_output(output, "translate.output",
