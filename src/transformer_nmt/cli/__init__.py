@@ -310,18 +310,17 @@ def _hydra_mode(flags: Any) -> str:
 
 def composition_error(overrides: Sequence[str], multirun: bool = False) -> str | None:
     """The one-line error of composing ``overrides`` (for ``multirun``, the first job of the
-    sweep, :func:`transformer_nmt.cli.sweep.sweep_jobs`), or a key no field declares
+    sweep, :func:`transformer_nmt.config.help.sweep_jobs`), or a key no field declares
     (:func:`transformer_nmt.config.check_known_keys`); None when they compose. Values are
     not validated: ``--cfg job`` shows them, and each job of a sweep checks its own."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from transformer_nmt.config import check_known_keys
+    from transformer_nmt.config.help import sweep_jobs
 
     try:
         if multirun:
-            from transformer_nmt.cli.sweep import sweep_jobs
-
             overrides = sweep_jobs(overrides)[0]
         cfg, _ = _compose(overrides)
         check_known_keys(cfg)

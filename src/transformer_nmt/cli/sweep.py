@@ -17,20 +17,16 @@ this applies.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import signal
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from transformer_nmt.cli import INTERRUPTED_EXIT, USER_ERRORS, error_message
-from transformer_nmt.config import CONFIG_DIR
+from transformer_nmt.config.help import sweep_jobs
 from transformer_nmt.errors import UserError
 
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-_FLAGS_WITH_VALUE = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-                     "--experimental-rerun")
 
 
 class SweepStopped(KeyboardInterrupt):
@@ -44,47 +40,6 @@ class SweepStopped(KeyboardInterrupt):
 
 class SweepError(UserError):
     """A user error that ended a local sweep; the message names the jobs not run."""
-
-
-class _Groups:
-    """What Hydra's override parser asks of a config loader to expand ``glob(...)``: the
-    options of a config group, the YAML files of its folder."""
-
-    def __init__(self, config_dir: str | Path) -> None:
-        self.config_dir = Path(config_dir)
-
-    def get_group_options(self, group: str, results_filter: Any = None) -> list[str]:
-        return sorted(p.stem for p in (self.config_dir / group).glob("*.yaml"))
-
-
-def sweep_jobs(args: Sequence[str], config_dir: str | Path = CONFIG_DIR) -> list[list[str]]:
-    """The jobs of ``nmt-train -m <args>`` in the order Hydra's basic sweeper runs them (the
-    product of every sweep, the first override outermost), each as its overrides
-    (``["experiment=table3_proxy", "table3=A_h1"]``); Hydra's own flags and ``hydra.*``
-    overrides are left out.
-
-    Raises:
-        hydra.errors.HydraException: an override that does not parse.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    overrides, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in _FLAGS_WITH_VALUE:
-            skip = True
-        elif not arg.startswith("-"):
-            overrides.append(arg)
-    parser = OverridesParser.create(config_loader=_Groups(config_dir))  # type: ignore[arg-type]
-    lists: dict[str, list[str]] = {}
-    for o in parser.parse_overrides(overrides):
-        if o.is_hydra_override():
-            continue
-        key = o.get_key_element()
-        lists[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()]
-                      if o.is_sweep_override() else [f"{key}={o.get_value_element_as_str()}"])
-    return [list(job) for job in itertools.product(*lists.values())]
 
 
 def describe(job: Sequence[str], jobs: Sequence[Sequence[str]]) -> str:

@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import functools
 import inspect
+import itertools
 import re
 import shutil
 import textwrap
@@ -363,6 +364,51 @@ def split_sweeps(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
             [o.input_line for o in parsed if o.is_sweep_override()])
 
 
+_FLAGS_WITH_VALUE = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+                     "--experimental-rerun")
+
+
+class _Groups:
+    """What Hydra's override parser asks of a config loader to expand ``glob(...)``: the
+    options of a config group, the YAML files of its folder."""
+
+    def __init__(self, config_dir: str | Path) -> None:
+        self.config_dir = Path(config_dir)
+
+    def get_group_options(self, group: str, results_filter: Any = None) -> list[str]:
+        return sorted(p.stem for p in (self.config_dir / group).glob("*.yaml"))
+
+
+def sweep_jobs(args: Sequence[str], config_dir: str | Path = CONFIG_DIR) -> list[list[str]]:
+    """The jobs of ``nmt-train -m <args>`` in the order Hydra's basic sweeper runs them (the
+    product of every sweep, the first override outermost), each as its overrides
+    (``["experiment=table3_proxy", "table3=A_h1"]``); Hydra's own flags and ``hydra.*``
+    overrides are left out.
+
+    Raises:
+        hydra.errors.HydraException: an override that does not parse.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _FLAGS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            overrides.append(arg)
+    parser = OverridesParser.create(config_loader=_Groups(config_dir))  # type: ignore[arg-type]
+    lists: dict[str, list[str]] = {}
+    for o in parser.parse_overrides(overrides):
+        if o.is_hydra_override():
+            continue
+        key = o.get_key_element()
+        lists[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()]
+                      if o.is_sweep_override() else [f"{key}={o.get_value_element_as_str()}"])
+    return [list(job) for job in itertools.product(*lists.values())]
+
+
 def help_requested(args: Sequence[str]) -> bool:
     """Whether the command line asks for ``--help`` / ``-h`` (Hydra's ``--hydra-help`` is
     Hydra's own)."""
@@ -391,4 +437,4 @@ def help_overrides(args: Sequence[str]) -> list[str]:
 
 __all__ = ["COMMANDS", "CommandHelp", "attribute_docs", "composed", "field_descriptions",
            "first_sentence", "format_value", "group_options", "help_overrides", "help_requested",
-           "help_text", "section_keys", "split_sweeps", "summary"]
+           "help_text", "section_keys", "split_sweeps", "summary", "sweep_jobs"]
