@@ -54,3 +54,16 @@ def test_24_02_16_nmt_import_into_a_trained_run_is_refused(hf_dir, post_norm, tm
              and p.name != "import_model.log"}
     assert after == before
     assert not (tmp_path / "spm").exists()
+
+
+def test_nmt_import_of_a_truncated_config_json_is_one_line_and_leaves_nothing(hf_dir, tmp_path):
+    import shutil
+
+    folder = tmp_path / "src"
+    shutil.copytree(hf_dir, folder)
+    (folder / "config.json").write_text((hf_dir / "config.json").read_text()[:100])
+    run = tmp_path / "run"
+    proc = _cli("import_model", f"export.source={folder}", f"run_dir={run}",
+                f"data.root={tmp_path}", "data.name=imported")
+    assert _one_error_line(proc).startswith(f"error: {folder / 'config.json'}: not valid JSON (")
+    assert not run.exists() and not (tmp_path / "spm").exists()

@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import json
 import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,180 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------
 # Import: Marian folder -> our checkpoint
 # --------------------------------------------------------------------------------------
+
+
+MAX_POSITION_EMBEDDINGS = 65_536
+"""The most positions a config.json may give (``max_position_embeddings``): beyond any
+translation model, and the sinusoid tables built for them are allocated whole."""
+SIZE_KEYS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
+             "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
+             "decoder_ffn_dim", "max_position_embeddings")
+"""The sizes of config.json that say how much memory the model takes."""
+
+
+def _bytes(n: float) -> str:
+    """``n`` bytes in the largest unit of 1000 that keeps a number of at least 1 (``256 TB``)."""
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} PB"
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """The folder's config.json as a dict, its sizes checked before anything is allocated.
+
+    Raises:
+        ExportError: no config.json; not JSON (truncated: the line and column); not an object;
+            a size of :data:`SIZE_KEYS` that is not a whole number, below 1, or (positions)
+            above :data:`MAX_POSITION_EMBEDDINGS`, named with the memory it implies.
+    """
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ExportError(f"{folder}: no config.json (not a transformers model folder)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ExportError(f"{path}: not UTF-8 text ({e}); the file is damaged") from e
+    except ValueError as e:
+        raise ExportError(f"{path}: not valid JSON ({e}); the file is truncated or damaged: "
+                          "copy it again from the model's source") from e
+    if not isinstance(raw, dict):
+        raise ExportError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    problems = []
+    for key in SIZE_KEYS:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not value.is_integer()):
+            problems.append(f"{key}={value!r} is not a whole number")
+        elif key != "max_position_embeddings" and value < 1:
+            problems.append(f"{key}={value!r} must be at least 1")
+        elif key == "max_position_embeddings" and value > MAX_POSITION_EMBEDDINGS:
+            d_model = raw.get("d_model")
+            tables = (f"; its two position tables would take "
+                      f"{_bytes(value * d_model * 4 * 2)} (x d_model={d_model}, float32)"
+                      if isinstance(d_model, int) and d_model > 0 else "")
+            problems.append(f"max_position_embeddings={value:g} is beyond any translation model "
+                            f"(at most {MAX_POSITION_EMBEDDINGS:,} positions){tables}")
+        elif isinstance(value, float):
+            problems.append(f"{key}={value!r} is not an integer (write {int(value)})")
+    if problems:
+        raise ExportError(f"{path}: " + "; ".join(problems) + "; the config is wrong, not the "
+                          "weights")
+    return raw
+
+
+def _pickled_code(error: BaseException) -> str | None:
+    """The global a ``torch.load(weights_only=True)`` refused (``posix.system``), or
+    ``"Python objects"`` when torch names none; None for any other error."""
+    text = str(error)
+    if "Weights only load failed" not in text:
+        return None
+    m = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"global:? ([\w.]+)", text)
+    return m.group(1) if m else "Python objects"
+
+
+def weight_shapes(folder: Path) -> tuple[str, dict[str, tuple[int, ...]]] | None:
+    """The weights file transformers reads (``model.safetensors``, else ``pytorch_model.bin``)
+    and each tensor's shape, read without loading the tensors (the safetensors header; a
+    ``.bin`` through ``torch.load(weights_only=True, mmap=True)``); None when the folder has
+    neither (sharded weights: transformers reports them).
+
+    Raises:
+        ExportError: the file cannot be read (truncated, another format), or holds pickled
+            code, which ``weights_only`` refused and nothing of which ran.
+    """
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        path = folder / name
+        if path.is_file():
+            break
+    else:
+        return None
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                return name, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        from transformer_nmt.fileio import read_checkpoint
+
+        state = read_checkpoint(path, mmap=True)
+        return name, {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
+    except Exception as e:  # safetensors, pickle, torch and OS errors of a damaged file
+        cause = e.__cause__ if e.__cause__ is not None else e
+        code = _pickled_code(cause)
+        if code is not None:
+            raise ExportError(
+                f"{folder}: cannot read the weights ({name}): the file holds pickled Python "
+                f"code ({code}), which was not loaded: torch.load(weights_only=True) refused it, "
+                "and nothing of it ran; get the weights as model.safetensors from a source "
+                "you trust") from e
+        detail = (str(cause).strip().splitlines() or [""])[0][:200]
+        raise ExportError(f"{folder}: cannot read the weights ({name}): "
+                          f"{type(cause).__name__}: {detail}") from e
+
+
+def implied_shape(name: str, mcfg: Any) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+    """The shape config.json gives the Marian tensor ``name`` and the config keys it comes
+    from (``((64, 32), ("encoder_ffn_dim", "d_model"))``); None for a name not of a Marian
+    model (transformers reports it as unexpected)."""
+    d, vocab = mcfg.d_model, mcfg.vocab_size
+    if name in ("model.shared.weight", "model.encoder.embed_tokens.weight",
+                "model.decoder.embed_tokens.weight", "lm_head.weight"):
+        return (vocab, d), ("vocab_size", "d_model")
+    if name == "final_logits_bias":
+        return (1, vocab), ("vocab_size",)
+    if name.endswith("embed_positions.weight"):
+        return (mcfg.max_position_embeddings, d), ("max_position_embeddings", "d_model")
+    m = re.fullmatch(r"model\.(encoder|decoder)\.layers\.\d+\.([\w.]+)\.(weight|bias)", name)
+    if m is None:
+        return ((d,), ("d_model",)) if re.fullmatch(
+            r"model\.(encoder|decoder)\.(layer_norm|layernorm_embedding)\.(weight|bias)",
+            name) else None
+    side, module, kind = m.groups()
+    ffn = f"{side}_ffn_dim"
+    ff = getattr(mcfg, ffn)
+    if module == "fc1":
+        return ((ff, d), (ffn, "d_model")) if kind == "weight" else ((ff,), (ffn,))
+    if module == "fc2":
+        return ((d, ff), ("d_model", ffn)) if kind == "weight" else ((d,), ("d_model",))
+    if module.endswith("_proj") and kind == "weight":
+        return (d, d), ("d_model",)
+    return (d,), ("d_model",)
+
+
+def _check_shapes(mcfg: Any, folder: Path) -> None:
+    """Check config.json's sizes against the shapes of the weights file before a model of
+    that config is built: the layer counts, then every tensor's shape.
+
+    Raises:
+        ExportError: the file cannot be read (:func:`weight_shapes`); a layer count or a
+            tensor's shape that config.json gets wrong, named with the file's shape and
+            the config values.
+    """
+    found = weight_shapes(folder)
+    if found is None:
+        return
+    name, shapes = found
+    for side in ("encoder", "decoder"):
+        layers = {int(m.group(1)) for k in shapes
+                  if (m := re.match(rf"model\.{side}\.layers\.(\d+)\.", k))}
+        want = getattr(mcfg, f"{side}_layers")
+        if layers and max(layers) + 1 != want:
+            raise ExportError(
+                f"{folder}: config.json's {side}_layers={want}, but {name} holds "
+                f"{max(layers) + 1} {side} layers (model.{side}.layers.0-{max(layers)}); "
+                "config.json does not describe these weights")
+    for key, shape in sorted(shapes.items()):
+        implied = implied_shape(key, mcfg)
+        if implied is None or tuple(implied[0]) == tuple(shape):
+            continue
+        values = ", ".join(f"{k}={getattr(mcfg, k)}" for k in implied[1])
+        raise ExportError(
+            f"{folder}: {key} is {list(shape)} in {name}, but config.json implies "
+            f"{list(implied[0])} ({values}); config.json does not describe these weights")
 
 
 def _check_importable(mcfg: MarianConfig, folder: Path) -> None:
@@ -175,17 +350,25 @@ def import_marian(folder: str | Path, run_cfg: Config, checkpoint_out: str | Pat
         ``imported_from``).
 
     Raises:
-        ExportError: a folder that cannot be imported exactly (the reason named): missing,
-            extra or mis-shaped tensors, unreadable weights, a bad transformer_nmt.json.
+        ExportError: a folder that cannot be imported exactly (the reason named): a damaged
+            config.json or one whose sizes the weights contradict (checked before anything
+            of its size is allocated), missing, extra or mis-shaped tensors, unreadable
+            weights or weights that hold pickled code (never run), a bad
+            transformer_nmt.json.
     """
     transformers = require("transformers")
     folder, checkpoint_out, spm_out = Path(folder), Path(checkpoint_out), Path(spm_out)
-    if not (folder / "config.json").is_file():
-        raise ExportError(f"{folder}: no config.json (not a transformers model folder)")
-    mcfg = transformers.AutoConfig.from_pretrained(folder)
-    if mcfg.model_type != "marian":
-        raise ExportError(f"{folder}: model_type={mcfg.model_type!r}, expected 'marian'")
+    raw = read_config(folder)
+    if raw.get("model_type") != "marian":
+        raise ExportError(f"{folder}: model_type={raw.get('model_type')!r}, expected 'marian'")
+    try:
+        mcfg = transformers.AutoConfig.from_pretrained(folder)
+    except Exception as e:  # a value transformers' config refuses (its type, its range)
+        detail = " ".join(str(e).split())[:300]
+        raise ExportError(f"{folder / 'config.json'}: transformers refuses it: "
+                          f"{type(e).__name__}: {detail}") from e
     _check_importable(mcfg, folder)
+    _check_shapes(mcfg, folder)
     mm = _load_exactly(transformers, folder)
     bias = mm.final_logits_bias
     if bool(bias.ne(0).any()):

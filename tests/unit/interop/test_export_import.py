@@ -393,7 +393,8 @@ def _damaged_copy(hf_dir: Path, folder: Path, change) -> Path:
 
 @pytest.mark.parametrize("case,message", [
     ("missing", r"1 tensors missing \(model.encoder.layers.1.fc1.weight\)"),
-    ("one_layer", r"tensors missing \(model.decoder.layers.1.encoder_attn.k_proj.bias, "),
+    ("one_layer", r"config.json's encoder_layers=2, but model.safetensors holds 1 encoder layers "
+                  r"\(model.encoder.layers.0-0\); config.json does not describe these weights"),
     ("extra", r"1 tensors not in the config's model \(extra.weight\)"),
     ("truncated", r"cannot read the weights \(model.safetensors\): SafetensorError"),
     ("pickle", r"cannot read the weights \(model.safetensors\)"),
@@ -432,6 +433,75 @@ def test_24_08_15_import_refuses_a_folder_it_cannot_load_exactly(hf_dir, spm_mod
     with pytest.raises(common.ExportError, match=message):
         marian_import.import_marian(folder, compose(SMALL), out, tmp_path / "spm" / "spm.model")
     assert not out.exists() and not (tmp_path / "spm").exists()
+
+
+class _Payload:
+    """Pickles into a call of ``os.system``: code a weights file must never run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("positions_1e12", r"config.json: max_position_embeddings=1e\+12 is beyond any translation "
+                       r"model \(at most 65,536 positions\); its two position tables would take "
+                       r"256 TB \(x d_model=32, float32\); the config is wrong, not the weights$"),
+    ("positions_int", r"config.json: max_position_embeddings=1e\+12 is beyond any translation "
+                      r"model \(at most 65,536 positions\); its two position tables would take "
+                      r"256 TB"),
+    ("truncated_config", r"config.json: not valid JSON \(.*line \d+ column \d+.*\); the file is "
+                         r"truncated or damaged"),
+    ("ffn_dim", r": model.decoder.layers.0.fc1.bias is \[64\] in model.safetensors, but "
+                r"config.json implies \[128\] \(decoder_ffn_dim=128\); config.json does not "
+                r"describe these weights$"),
+    ("d_model", r": model.decoder.layers.0.encoder_attn.k_proj.bias is \[32\] in "
+                r"model.safetensors, but config.json implies \[64\] \(d_model=64\)"),
+    ("pickled_code", r"cannot read the weights \(pytorch_model.bin\): the file holds pickled "
+                     r"Python code \(posix.system\), which was not loaded: "
+                     r"torch.load\(weights_only=True\) refused it, and nothing of it ran"),
+])
+def test_import_checks_config_json_against_the_weights_before_building_the_model(
+        hf_dir, spm_model, tmp_path, case, message):
+    """config.json's sizes are checked before a model of them is allocated (1e12 positions:
+    256 TB), against the weights' shapes, which name the tensor; a pickle payload in the
+    weights file is named as code that was not run."""
+    import json
+    import shutil
+
+    folder = tmp_path / "src"
+    shutil.copytree(hf_dir, folder)
+    config = folder / "config.json"
+    data = json.loads(config.read_text())
+    marker = tmp_path / "payload_ran"
+    if case == "positions_1e12":
+        config.write_text(json.dumps(data).replace('"max_position_embeddings": 1024',
+                                                   '"max_position_embeddings": 1e12'))
+    elif case == "positions_int":
+        data["max_position_embeddings"] = 10**12
+        config.write_text(json.dumps(data))
+    elif case == "truncated_config":
+        config.write_text(config.read_text()[:100])
+    elif case == "ffn_dim":
+        data["encoder_ffn_dim"] = data["decoder_ffn_dim"] = 128
+        config.write_text(json.dumps(data))
+    elif case == "d_model":
+        data["d_model"] = 64
+        config.write_text(json.dumps(data))
+    elif case == "pickled_code":
+        from safetensors.torch import load_file
+
+        state = load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        torch.save({**state, "payload": _Payload(marker)}, folder / "pytorch_model.bin")
+    out = tmp_path / "run" / "averaged.pt"
+    with pytest.raises(common.ExportError, match=message):
+        marian_import.import_marian(folder, compose(SMALL), out, tmp_path / "spm" / "spm.model")
+    assert not out.exists() and not (tmp_path / "spm").exists() and not marker.exists()
 
 
 def test_24_08_imported_checkpoint_records_its_vocabulary_and_init_from_checks_it(
