@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import os
+import re
 import resource
 import shutil
 import tempfile
@@ -108,11 +109,17 @@ WRITE_ERRNOS = {
 """The causes of a failed write that are the user's to fix, by errno, and their words."""
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)|\bOs \{ code: (\d+)")
+"""An errno as Rust's ``std::io::Error`` writes it into a message (``File too large (os error
+27)``, ``Os { code: 28, kind: StorageFull, ... }``): safetensors' ``SafetensorError``."""
+
+
 def write_errno(e: BaseException, folder: Path | None = None, tmp: Path | None = None
                 ) -> int | None:
     """The cause of a failed write as an errno of :data:`WRITE_ERRNOS`, else None.
 
-    By the errno of ``e`` or of an ``OSError`` in its chain of causes; for a ``RuntimeError``
+    By the errno of ``e`` or of an ``OSError`` in its chain of causes, or the one a Rust
+    library writes into its message (:data:`_OS_ERROR`: safetensors); for a ``RuntimeError``
     that hides the errno (torch's C++ writer says ``file write failed`` or ``basic_ios::clear:
     iostream error``, whatever the cause), by the state after the failed write: ENOSPC when
     ``folder``'s device has less than 1 MiB free, EFBIG when the partly written ``tmp``
@@ -126,6 +133,11 @@ def write_errno(e: BaseException, folder: Path | None = None, tmp: Path | None =
     for link in chain:
         if isinstance(link, OSError) and link.errno is not None:
             return link.errno if link.errno in WRITE_ERRNOS else None
+    for link in chain:  # a Rust library's io::Error in its message (safetensors)
+        m = None if isinstance(link, UserError) else _OS_ERROR.search(str(link))
+        if m is not None:
+            code = int(m.group(1) or m.group(2))
+            return code if code in WRITE_ERRNOS else None
     if not isinstance(chain[0], RuntimeError) or isinstance(chain[0], UserError):
         return None  # only a library's own write error hides the errno
     if folder is not None:

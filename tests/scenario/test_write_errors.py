@@ -186,3 +186,45 @@ def test_file_size_limit_in_nmt_prepare_is_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
     leftovers = [p for p in (tmp_path / "data").rglob("*") if p.name.endswith(".tmp")]
     assert not leftovers
+
+
+def test_file_size_limit_in_nmt_export_is_one_line_naming_the_folder(run):
+    """safetensors hides the errno in its own error's text (``Os { code: 27, ... }``): the
+    Hugging Face export under a file-size limit below its weights is one line, no folder
+    left."""
+    overrides, _, _ = run
+    out = Path(overrides[1].split("=", 1)[1]) / "export" / "hf"
+    limit = 20_000  # below model.safetensors, above Hydra's files
+    proc = _cli("export", *overrides, limit=limit)
+    _one_error_line(proc, f"file too large for the file-size limit of {limit:,} bytes "
+                          f"(ulimit -f): {out}")
+    assert not out.parent.exists() or not list(out.parent.iterdir())  # no temporary folder
+
+
+@pytest.mark.parametrize("message", [
+    "Error while serializing: I/O error: No space left on device (os error 28)",
+    'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
+    'left on device" })'], ids=["safetensors_0_8", "rust_debug"])
+def test_safetensors_wording_of_a_full_disk_is_one_error(tmp_path, message):
+    """The errno safetensors writes into its message (Rust's ``std::io::Error``) is the
+    cause, as an OSError's errno is."""
+    pytest.importorskip("safetensors")
+    from safetensors import SafetensorError
+
+    error = fileio.write_error(SafetensorError(message), tmp_path / "hf")
+    assert isinstance(error, NoSpaceError)
+    assert str(error) == f"no space left on device: {tmp_path / 'hf'}"
+    other = SafetensorError("Error while serializing: I/O error: Input/output error (os error 5)")
+    assert fileio.write_error(other, tmp_path / "hf") is None
+
+
+def test_file_size_limit_while_hydra_writes_its_config_files_is_one_line(tmp_path):
+    """Hydra writes ``.hydra/<job>/config.yaml`` before the command starts; a file-size
+    limit below it is one line naming that file, and no run folder is left."""
+    run_dir = tmp_path / "run"
+    limit = 1_000
+    proc = _cli("table", f"run_dir={run_dir}", f"table.output={tmp_path / 'out.md'}",
+                "table.results_glob=none/*.json", limit=limit, cwd=tmp_path)
+    _one_error_line(proc, f"file too large for the file-size limit of {limit:,} bytes "
+                          f"(ulimit -f): {run_dir / '.hydra' / 'table' / 'config.yaml'}")
+    assert not run_dir.exists()

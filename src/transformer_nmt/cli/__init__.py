@@ -376,6 +376,34 @@ def _undo_hydra_files(run_dir: Path, job: str, before: dict[Path, bytes] | None)
                 p.write_bytes(data)
 
 
+@contextlib.contextmanager
+def hydra_write_errors() -> Iterator[None]:
+    """While Hydra starts a job: a failed write of its own files (``.hydra/<job>/config.yaml``,
+    ``hydra.yaml``, ``overrides.yaml``) for a cause the user fixes (full disk, quota,
+    file-size limit, read-only file system: :func:`transformer_nmt.fileio.write_error`) is a
+    user error naming the file, which :func:`run_app` reports as one line."""
+    import hydra.core.utils as hydra_utils
+
+    from transformer_nmt.fileio import write_error
+
+    save = hydra_utils._save_config
+
+    def save_config(cfg: Any, filename: str, output_dir: Path) -> None:
+        try:
+            save(cfg, filename, output_dir)
+        except OSError as e:
+            error = write_error(e, Path(output_dir) / filename)
+            if error is None:
+                raise
+            raise _UserExit(one_line(error)) from e
+
+    hydra_utils._save_config = save_config
+    try:
+        yield
+    finally:
+        hydra_utils._save_config = save
+
+
 def _print_help(job: str, args: list[str]) -> NoReturn:
     """Print the ``--help`` page of ``job`` on standard output and exit 0 (2 with one line
     when the other arguments do not compose); writes no file."""
@@ -445,7 +473,8 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
     if flags is not None and flags.hydra_help:
         sys.argv[1:] = ["--hydra-help"]  # Hydra's page composes Hydra's config only
     try:
-        app()
+        with hydra_write_errors():
+            app()
     except _UserExit as e:
         if run_dir is not None:
             _undo_hydra_files(run_dir, job, before)
