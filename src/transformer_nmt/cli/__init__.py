@@ -343,6 +343,57 @@ def _compose(overrides: Sequence[str]) -> tuple[Any, Path]:
     return cfg, run_dir
 
 
+def not_writable(folder: str | os.PathLike) -> str | None:
+    """Why nothing can be written into ``folder`` (or, when it does not exist yet, into its
+    nearest existing parent, where it would be created): ``"a read-only file system"`` or
+    ``"no write permission"``; None when it can be written. ``os.access`` answers for the
+    process's user (root too, on a read-only mount)."""
+    path = _existing(Path(folder))
+    if os.access(path, os.W_OK | os.X_OK):
+        return None
+    with contextlib.suppress(OSError):
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "a read-only file system"
+    return "no write permission"
+
+
+READ_ONLY_RUN = ("hydra.output_subdir=null", "~hydra.job_logging.handlers.file",
+                 "hydra.job_logging.root.handlers=[console]")
+"""Hydra's overrides for a run folder that cannot be written: no ``.hydra`` files, no log
+file (the log goes to the console only)."""
+
+
+def _existing(folder: Path) -> Path:
+    """``folder``, or its nearest parent that exists."""
+    path = Path(os.path.abspath(folder))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _read_only_run(run_dir: Path, job: str, writes_run: bool) -> None:
+    """Before Hydra starts, for a run folder that cannot be written (:func:`not_writable`):
+    a command that writes into it exits with one line saying so; one that only reads it
+    (``nmt-translate``) runs without Hydra's files there (:data:`READ_ONLY_RUN`), logging to
+    the console only. Nothing happens for a writable folder."""
+    why = not_writable(run_dir)
+    if why is None:
+        return
+    from transformer_nmt.config.help import COMMANDS
+
+    command = COMMANDS[job].command if job in COMMANDS else job
+    if writes_run:
+        print(f"error: the run folder {run_dir} is read-only ({why}): {command} writes into "
+              "it; copy the run to a writable place and give that run_dir=, or make the folder "
+              "writable", file=sys.stderr)
+        sys.exit(USER_EXIT)
+    overrides = list(READ_ONLY_RUN)
+    if not run_dir.exists():  # Hydra creates hydra.run.dir: point it at a folder that is there
+        folder = str(_existing(run_dir)).replace("\\", "\\\\").replace("'", "\\'")
+        overrides.append(f"hydra.run.dir='{folder}'")
+    sys.argv.extend(overrides)
+
+
 def _snapshot(run_dir: Path, job: str) -> dict[Path, bytes] | None:
     """The run directory's ``.hydra/<job>`` files before Hydra rewrites them; None when the
     run directory does not exist yet."""
@@ -427,7 +478,8 @@ def _print_help(job: str, args: list[str]) -> NoReturn:
     sys.exit(0)
 
 
-def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None) -> None:
+def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None,
+            writes_run: bool = True) -> None:
     """Run a ``@hydra.main`` app as a console script with one-line user errors.
 
     Args:
@@ -436,6 +488,10 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
         job: Hydra's job name for that module (its file name: ``train``, ``prepare`` ...),
             which names ``.hydra/<job>`` and ``<job>.log`` in the run directory.
         argv: the command-line arguments (default ``sys.argv[1:]``).
+        writes_run: whether the command writes into the run folder (``run_dir``): then a
+            folder that cannot be written is one ``error:`` line before Hydra starts; else
+            (``nmt-translate``, ``nmt-table``, ``nmt-prepare``) the command runs without
+            Hydra's ``.hydra`` files and log file there (:func:`_read_only_run`).
 
     Exits with status 2 after printing ``error: <message>`` on a user error, with 130 after
     one line on Ctrl-C (a KeyboardInterrupt that reaches it; one with a message, such as
@@ -469,6 +525,7 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
         print(f"error: {error}", file=sys.stderr)
         sys.exit(USER_EXIT)
     if run_dir is not None:
+        _read_only_run(run_dir, job, writes_run)
         before = _snapshot(run_dir, job)
     if flags is not None and flags.hydra_help:
         sys.argv[1:] = ["--hydra-help"]  # Hydra's page composes Hydra's config only

@@ -32,7 +32,7 @@ def app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
-    run_app(app, "prepare")
+    run_app(app, "prepare", writes_run=False)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
-    run_app(app, "table")
+    run_app(app, "table", writes_run=False)
 
 
 if __name__ == "__main__":

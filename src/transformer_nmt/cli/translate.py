@@ -16,9 +16,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from transformer_nmt.cli import run_app, user_errors
+from transformer_nmt.cli import not_writable, run_app, user_errors
 from transformer_nmt.config import CONFIG_DIR, Config, typed_config
 from transformer_nmt.decode.translate import translate
+from transformer_nmt.errors import UserError
 from transformer_nmt.interop.ctranslate2 import decode_engine
 from transformer_nmt.run.lock import folder_lock
 from transformer_nmt.runtime import retain_freed_memory
@@ -50,10 +51,23 @@ def app(cfg: DictConfig) -> None:
 def _run_lock(cfg: Config) -> contextlib.AbstractContextManager:
     """The run folder's lock (:func:`transformer_nmt.run.lock.folder_lock`) when this
     translation writes into the run: ``translate.output`` inside ``run_dir``, or a CTranslate2
-    engine, whose converted model is cached under the run's ``checkpoints/``."""
+    engine, whose converted model is cached under the run's ``checkpoints/``. None for a run
+    folder that cannot be written (a published model on a read-only mount: the CTranslate2
+    cache then goes elsewhere).
+
+    Raises:
+        UserError: ``translate.output`` inside a run folder that cannot be written.
+    """
     run_dir = Path(cfg.run_dir).resolve()
     output = cfg.translate.output
     inside = output is not None and run_dir in Path(output).resolve().parents
+    why = not_writable(run_dir)
+    if why is not None:
+        if inside:
+            raise UserError(f"translate.output={output} is inside the run folder {run_dir}, "
+                            f"which cannot be written ({why}); write the translations "
+                            "elsewhere")
+        return contextlib.nullcontext()
     if inside or str(cfg.decode.engine) != "native":
         return folder_lock(cfg.run_dir, "nmt-translate")
     return contextlib.nullcontext()
@@ -73,7 +87,7 @@ def _quiet_stdout() -> None:
 
 def main() -> None:
     """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
-    run_app(app, "translate")
+    run_app(app, "translate", writes_run=False)
 
 
 if __name__ == "__main__":
