@@ -118,5 +118,5 @@ def test_writers_into_a_read_only_run_folder_are_one_line(mode, module, command,
     assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr[-3000:]
     assert proc.stderr == (
         f"error: the run folder {run} is read-only ({why}): {command} writes into it; copy the "
-        "run to a writable place and give that run_dir=, or make the folder writable\n")
+        "run to a writable folder and give that as run_dir=\n")
     assert _files(run.parent) == before

@@ -384,8 +384,8 @@ def _read_only_run(run_dir: Path, job: str, writes_run: bool) -> None:
     command = COMMANDS[job].command if job in COMMANDS else job
     if writes_run:
         print(f"error: the run folder {run_dir} is read-only ({why}): {command} writes into "
-              "it; copy the run to a writable place and give that run_dir=, or make the folder "
-              "writable", file=sys.stderr)
+              "it; copy the run to a writable folder and give that as run_dir=",
+              file=sys.stderr)
         sys.exit(USER_EXIT)
     overrides = list(READ_ONLY_RUN)
     if not run_dir.exists():  # Hydra creates hydra.run.dir: point it at a folder that is there
