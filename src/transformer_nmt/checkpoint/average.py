@@ -24,6 +24,7 @@ from transformer_nmt.checkpoint.core import (
 )
 from transformer_nmt.checkpoint.read import checkpoint_step, read_checkpoint
 from transformer_nmt.config import Config
+from transformer_nmt.data.bpe import same_vocabulary
 from transformer_nmt.errors import MissingFileError, UserError
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,6 @@ def check_same_run(paths: Sequence[Path], metas: Sequence[dict[str, Any]]) -> No
     Raises:
         UserError: naming the two files and the keys and values that differ.
     """
-    from transformer_nmt.data.bpe import same_vocabulary
-
     ref = next((i for i, m in enumerate(metas) if m.get("config") is not None), None)
     vref = next((i for i, m in enumerate(metas) if m.get("vocab") is not None), None)
     for i, meta in enumerate(metas):

@@ -17,6 +17,7 @@ from transformer_nmt.checkpoint.read import (
     unreadable_checkpoint,
 )
 from transformer_nmt.config import Config, ModelConfig, to_plain
+from transformer_nmt.data.bpe import describe_vocabulary, file_only_note, same_vocabulary
 from transformer_nmt.errors import UnreadableCheckpointError, UserError
 from transformer_nmt.fileio import atomic_path, remove_dead_temps
 from transformer_nmt.model.transformer import Transformer
@@ -457,8 +458,6 @@ def load_initial_weights(model: Any, path: str | Path, vocab: dict | None = None
         UserError: another vocabulary (size, or identity where both are known), or
             parameters missing, extra or of another shape (named).
     """
-    from transformer_nmt.data.bpe import describe_vocabulary, file_only_note, same_vocabulary
-
     ckpt = load_checkpoint(path)
     if int(ckpt["vocab_size"]) != model.vocab_size:
         raise UserError(f"trainer.init_from={path}: vocabulary of {ckpt['vocab_size']} pieces, "

@@ -37,9 +37,17 @@ from typing import Any, NoReturn
 from omegaconf import OmegaConf
 
 from transformer_nmt import config as _config  # registers the schema
-from transformer_nmt.config import CONFIG_DIR, typed_config
-from transformer_nmt.config.help import help_requested
+from transformer_nmt.config import CONFIG_DIR, check_known_keys, typed_config
+from transformer_nmt.config.help import (
+    COMMANDS,
+    help_overrides,
+    help_requested,
+    help_text,
+    sweep_jobs,
+)
+from transformer_nmt.config.validate import NAME_MAX_BYTES, PATH_MAX_BYTES
 from transformer_nmt.errors import UserError
+from transformer_nmt.fileio import write_error
 
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError, PermissionError)
 """Exceptions reported as ``error: ...`` with exit status 2 (``DataError`` is a UserError;
@@ -148,8 +156,6 @@ def user_errors() -> Iterator[None]:
     """Inside a Hydra task: turn :data:`USER_ERRORS`, and an ``OSError`` whose errno is a
     write's cause the user fixes (full disk, quota, file-size limit, read-only file system:
     :func:`transformer_nmt.fileio.write_error`), into an exit that :func:`run_app` reports."""
-    from transformer_nmt.fileio import write_error
-
     try:
         yield
     except USER_ERRORS as e:
@@ -211,8 +217,6 @@ def run_dir_error(run_dir: Path) -> str | None:
     def shown(path: Path | str) -> str:
         text = str(path)
         return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]}"
-
-    from transformer_nmt.config.validate import NAME_MAX_BYTES, PATH_MAX_BYTES
 
     parts = run_dir.parts
     longest = max((len(os.fsencode(part)) for part in parts), default=0)
@@ -316,9 +320,6 @@ def composition_error(overrides: Sequence[str], multirun: bool = False) -> str |
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from transformer_nmt.config import check_known_keys
-    from transformer_nmt.config.help import sweep_jobs
-
     try:
         if multirun:
             overrides = sweep_jobs(overrides)[0]
@@ -379,7 +380,6 @@ def _read_only_run(run_dir: Path, job: str, writes_run: bool) -> None:
     why = not_writable(run_dir)
     if why is None:
         return
-    from transformer_nmt.config.help import COMMANDS
 
     command = COMMANDS[job].command if job in COMMANDS else job
     if writes_run:
@@ -435,8 +435,6 @@ def hydra_write_errors() -> Iterator[None]:
     user error naming the file, which :func:`run_app` reports as one line."""
     import hydra.core.utils as hydra_utils
 
-    from transformer_nmt.fileio import write_error
-
     save = hydra_utils._save_config
 
     def save_config(cfg: Any, filename: str, output_dir: Path) -> None:
@@ -446,7 +444,7 @@ def hydra_write_errors() -> Iterator[None]:
             error = write_error(e, Path(output_dir) / filename)
             if error is None:
                 raise
-            raise _UserExit(one_line(error)) from e
+            raise _UserExit(error_message(error)) from e
 
     hydra_utils._save_config = save_config
     try:
@@ -460,8 +458,6 @@ def _print_help(job: str, args: list[str]) -> NoReturn:
     when the other arguments do not compose); writes no file."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from transformer_nmt.config.help import help_overrides, help_text
 
     try:
         text = help_text(job, help_overrides(args))

@@ -36,7 +36,12 @@ from transformer_nmt.config import (
 
 if TYPE_CHECKING:
     from transformers import MarianConfig
-from transformer_nmt.checkpoint import AVERAGED_NAME, checkpoint_dir, save_checkpoint
+from transformer_nmt.checkpoint import (
+    AVERAGED_NAME,
+    checkpoint_dir,
+    read_checkpoint,
+    save_checkpoint,
+)
 from transformer_nmt.config import UnicodeForm
 from transformer_nmt.data.bpe import meta_path, vocab_identity
 from transformer_nmt.fileio import atomic_write, spm_model_path
@@ -147,7 +152,6 @@ def weight_shapes(folder: Path) -> tuple[str, dict[str, tuple[int, ...]]] | None
 
             with safe_open(str(path), framework="pt") as f:
                 return name, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        from transformer_nmt.fileio import read_checkpoint
 
         state = read_checkpoint(path, mmap=True)
         return name, {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}

@@ -30,6 +30,7 @@ from transformer_nmt.checkpoint import (
     training_checkpoint,
 )
 from transformer_nmt.config import Config, to_plain
+from transformer_nmt.data.bpe import describe_vocabulary, file_only_note, same_vocabulary
 from transformer_nmt.errors import UserError
 from transformer_nmt.run.lock import folder_lock
 from transformer_nmt.runtime import rng_state, seed_everything, set_rng_state
@@ -304,8 +305,6 @@ def check_same_settings(saved: dict[str, Any], path: str | Path, config: Config 
         UserError: one line naming the run, every key that differs with both values, and the
             override.
     """
-    from transformer_nmt.data.bpe import describe_vocabulary, file_only_note, same_vocabulary
-
     run_dir = Path(path).parent.parent
     theirs = saved.get("vocab")
     if (vocab is not None and isinstance(theirs, dict) and not same_vocabulary(theirs, vocab)
