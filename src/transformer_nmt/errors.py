@@ -42,6 +42,18 @@ class MissingDataError(MissingFileError):
     """The prepared data training reads (SentencePiece model, binarized splits) is missing."""
 
 
+class JsonFileError(UserError):
+    """A JSON file of the project (results.json, train_summary.json, a stamp or cache) that
+    cannot be read as one: not a regular file, too large, not UTF-8, not JSON, nested too
+    deeply or holding a number too large for a float; the message is ``<file>: <problem>``
+    (``problem`` holds the part after the file name, for callers that add their advice)."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
 class UnreadableCheckpointError(UserError, RuntimeError):
     """A checkpoint file that ``torch.load(weights_only=True)`` cannot read (empty, truncated,
     another format, or Python objects that are refused); the message names the file and its

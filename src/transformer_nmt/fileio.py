@@ -35,6 +35,7 @@ import os
 import re
 import resource
 import shutil
+import stat
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
@@ -44,7 +45,13 @@ from typing import IO, Any
 from omegaconf import DictConfig
 
 from transformer_nmt.config import DataConfig
-from transformer_nmt.errors import DataError, NoSpaceError, UserError, WriteError  # noqa: F401  (DataError: re-exported)
+from transformer_nmt.errors import (  # noqa: F401  (DataError: re-exported)
+    DataError,
+    JsonFileError,
+    NoSpaceError,
+    UserError,
+    WriteError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -398,6 +405,67 @@ def require_file(path: Path, what: str) -> Path:
     if not path.is_file():
         raise DataError(f"{what}: file not found: {path}")
     return path
+
+
+JSON_MAX_BYTES, JSON_MAX_DEPTH = 64 << 20, 64
+"""The most bytes and the deepest nesting :func:`read_json` accepts (far above our files')."""
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def _int(text: str) -> int:
+    if len(text) > 308 and math.isinf(float(text)):
+        raise OverflowError(f"holds a number too large for a float ({len(text)} characters)")
+    return int(text)
+
+
+def read_json(path: str | os.PathLike, max_bytes: int = JSON_MAX_BYTES, text: str | None = None
+              ) -> Any:
+    """The one reader of the project's JSON files (results.json, train_summary.json, caches;
+    ``text``: a JSON text read from ``path`` already, e.g. one line): a regular file only,
+    opened without blocking (never a FIFO or ``/dev/zero``), of at most ``max_bytes``; JSON
+    nested deeper than :data:`JSON_MAX_DEPTH` or holding an integer too large for a float is
+    refused here, before a reader's arithmetic or recursion fails on it.
+
+    Raises:
+        JsonFileError: ``<path>: <problem>``: ``not a regular file (a FIFO)``, ``larger than N
+            bytes``, ``not UTF-8 text (…)``, ``not valid JSON (line N: …)``, ``nested deeper
+            than 64 levels``, ``holds a number too large for a float (N characters)``.
+    """
+    if text is None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as e:
+            raise JsonFileError(path, f"cannot be read ({e.strerror or e})") from None
+        if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+            os.close(fd)
+            raise JsonFileError(path, f"not a regular file ({_KINDS.get(stat.S_IFMT(mode))})")
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise JsonFileError(path, f"larger than {max_bytes:,} bytes, not a file of ours")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise JsonFileError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        obj = json.loads(text, parse_int=_int)
+        stack = [(obj, 1)]
+        while stack:
+            item, depth = stack.pop()
+            if isinstance(item, (dict, list)):
+                if depth > JSON_MAX_DEPTH:
+                    raise RecursionError
+                stack += [(x, depth + 1) for x in (item.values() if isinstance(item, dict)
+                                                   else item)]
+    except json.JSONDecodeError as e:
+        raise JsonFileError(path, f"not valid JSON (line {e.lineno}: {e.msg})") from None
+    except RecursionError:
+        raise JsonFileError(path, f"nested deeper than {JSON_MAX_DEPTH} levels") from None
+    except (OverflowError, ValueError) as e:  # _int, the 4,300-digit limit of int()
+        raise JsonFileError(path, str(e) if str(e).startswith("holds") else
+                            f"holds a number that cannot be read ({e})") from None
+    return obj
 
 
 def open_binary(path: str | os.PathLike) -> IO[bytes]:

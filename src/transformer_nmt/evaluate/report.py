@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import glob
 import logging
 from collections import Counter
 from collections.abc import Iterable
@@ -55,6 +54,7 @@ from transformer_nmt.evaluate.paper import (
     SETTING_KEYS,
     TABLE2_TEST_SET,
 )
+from transformer_nmt.evaluate.results_glob import find_results_files
 from transformer_nmt.evaluate.table3_groups import (
     Table3Line,
     base_line,
@@ -88,15 +88,17 @@ MMT_KIND = "paper_bleu:mmt"
 
 
 def load_results(pattern: str) -> list[dict[str, Any]]:
-    """All results.json files matching ``pattern``, sorted by experiment name.
+    """All results.json files matching ``pattern``, each real file once
+    (:func:`find_results_files`), sorted by experiment name.
 
     Each is read and checked by :func:`transformer_nmt.run.results.read_results`, the
-    check of every reader; a file that fails it is left out with one warning naming it and
-    the field at fault, and the tables are built from the rest. Each dict returned carries
-    its file (``_path``) and its typed record (``_record``, :class:`Results`).
+    check of every reader (a regular file only: never a FIFO or a device); a file that fails
+    it is left out with one warning naming it and the field at fault, and the tables are built
+    from the rest. Each dict returned carries its file (``_path``) and its typed record
+    (``_record``, :class:`Results`).
     """
     out = []
-    for path in sorted(glob.glob(pattern, recursive=True)):
+    for path in find_results_files(pattern):
         try:
             record = read_results(path)
         except ResultsError as e:
@@ -548,7 +550,7 @@ def write_report(cfg: Config, results: list[dict[str, Any]] | None = None) -> Pa
     """
     t = cfg.table
     out = Path(t.output)
-    check_output(out, "table.output", inputs=glob.glob(t.results_glob, recursive=True))
+    check_output(out, "table.output", inputs=find_results_files(t.results_glob))
     if results is None:
         results = load_results(t.results_glob)
     if not results:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformer_nmt.errors import UserError
+from transformer_nmt.errors import JsonFileError, UserError
+from transformer_nmt.fileio import read_json
 from transformer_nmt.run.summary import TrainSummary
 
 log = logging.getLogger(__name__)
@@ -293,17 +294,16 @@ def read_results(path: str | Path) -> Results:
     """Read and check one results.json (:meth:`Results.parse`).
 
     Raises:
-        ResultsError: the file cannot be read, is not UTF-8 JSON, or is not as
+        ResultsError: the file cannot be read, is not a regular file (a FIFO, a device), is
+            larger than :data:`transformer_nmt.fileio.JSON_MAX_BYTES`, is not UTF-8 JSON
+            (:func:`transformer_nmt.fileio.read_json`), or is not as
             :mod:`transformer_nmt.evaluate.evaluate` writes it (names the file and field).
     """
     try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ResultsError(f"{path}: cannot be read ({e.strerror or e})") from None
-    except UnicodeDecodeError as e:
-        raise ResultsError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); evaluate "
-                           "the run again (nmt-evaluate) or move the file away") from None
-    except json.JSONDecodeError as e:
-        raise ResultsError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); evaluate the "
-                           "run again (nmt-evaluate) or move the file away") from None
+        obj = read_json(path)
+    except JsonFileError as e:
+        if e.problem.startswith("cannot be read"):
+            raise ResultsError(str(e)) from None
+        raise ResultsError(f"{e}; evaluate the run again (nmt-evaluate) or move the file "
+                           "away") from None
     return Results.parse(obj, path)

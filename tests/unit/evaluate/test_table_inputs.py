@@ -1,0 +1,81 @@
+"""What nmt-table reads: each real results.json once, however many paths reach it (a
+`runs/latest` symlink, a link loop, a link to the parent); only regular files (a FIFO or
+/dev/zero named results.json is skipped with one line, never read)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from tests.unit.evaluate.test_results_readers import _good
+
+from transformer_nmt.evaluate.report import load_results
+from transformer_nmt.evaluate.results_glob import find_results_files
+
+
+@pytest.fixture
+def alarm():
+    """Fail a test that blocks (a FIFO opened for reading, a walk around a link loop) instead of
+    hanging the suite."""
+    def fire(*_):
+        raise TimeoutError("blocked reading the results files")
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def _write(path: Path, name: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_good(name)))
+    return path
+
+
+def test_each_real_results_file_is_counted_once_and_loops_are_not_followed(
+        tmp_path, monkeypatch, alarm, caplog):
+    monkeypatch.chdir(tmp_path)
+    smoke = _write(Path("runs/smoke/results.json"), "smoke")
+    deep = _write(Path("runs/a/b/results.json"), "deep")
+    _write(Path("elsewhere/results.json"), "outside")
+    os.symlink("smoke", "runs/latest")  # a second path to one run
+    os.symlink(".", "runs/loop")  # a link loop
+    os.symlink("..", "runs/a/back")  # a loop one level down
+    os.symlink("..", "runs/up")  # a link to the parent: outside runs/
+    os.link(smoke, "runs/a/hard.json")
+    with caplog.at_level(logging.INFO):
+        results = load_results("runs/**/results.json")
+    assert [r["_path"] for r in results] == [str(deep), str(smoke)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sorted(warnings) == [
+        f"not following runs/a/back: a link to {tmp_path / 'runs'}, which holds runs/a (a loop)",
+        f"not following runs/loop: a link to {tmp_path / 'runs'}, which holds runs (a loop)",
+        f"not following runs/up: a link to {tmp_path}, which holds runs (a loop)",
+    ]
+    # One level of wildcard reaches the run through both names: counted once, by its own.
+    assert find_results_files("runs/*/results.json") == [str(smoke)]
+    # A hard link: one file, the first of its names.
+    assert find_results_files("runs/**/*.json") == [str(deep), "runs/a/hard.json"]
+
+
+def test_a_fifo_or_device_named_results_json_is_skipped_not_read(tmp_path, alarm, caplog):
+    good = _write(tmp_path / "runs" / "good" / "results.json", "good")
+    fifo = tmp_path / "runs" / "fifo" / "results.json"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    zero = tmp_path / "runs" / "zero" / "results.json"
+    zero.parent.mkdir()
+    os.symlink("/dev/zero", zero)
+    with caplog.at_level(logging.WARNING):
+        results = load_results(str(tmp_path / "runs" / "**" / "results.json"))
+    assert [r["_path"] for r in results] == [str(good)]
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        f"skipping {fifo}: not a regular file (a FIFO); evaluate the run again (nmt-evaluate) "
+        "or move the file away",
+        f"skipping {zero}: not a regular file (a character device); evaluate the run again "
+        "(nmt-evaluate) or move the file away",
+    ]
