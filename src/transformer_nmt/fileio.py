@@ -414,8 +414,8 @@ _KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a cha
 
 
 def _int(text: str) -> int:
-    if len(text) > 308 and math.isinf(float(text)):
-        raise OverflowError(f"holds a number too large for a float ({len(text)} characters)")
+    if (digits := len(text.lstrip("-"))) > 308 and math.isinf(float(text)):
+        raise OverflowError(f"holds a number too large for a float ({digits} digits)")
     return int(text)
 
 
@@ -430,7 +430,7 @@ def read_json(path: str | os.PathLike, max_bytes: int = JSON_MAX_BYTES, text: st
     Raises:
         JsonFileError: ``<path>: <problem>``: ``not a regular file (a FIFO)``, ``larger than N
             bytes``, ``not UTF-8 text (…)``, ``not valid JSON (line N: …)``, ``nested deeper
-            than 64 levels``, ``holds a number too large for a float (N characters)``.
+            than 64 levels``, ``holds a number too large for a float (N digits)``.
     """
     if text is None:
         try:

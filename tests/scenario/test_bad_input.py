@@ -891,6 +891,15 @@ def test_24_15_evaluate_checks_train_summary_before_decoding(tmp_path, tiny_run,
         evaluate_mod.evaluate(tiny_run(run_dir, "data.test_splits=[test]"))
     assert str(e.value).startswith(f"{summary}: not valid JSON (line ")
     assert str(e.value).endswith("; train again or delete it")
+    # What would crash only later (deep nesting, an integer too large for a float) is refused
+    # here too, before decoding.
+    for text, problem in (("[" * 100_000 + "]" * 100_000, "nested deeper than 64 levels"),
+                          ('{"steps": 1, "cpu_seconds": ' + "9" * 400 + "}",
+                           "holds a number too large for a float (400 digits)")):
+        summary.write_text(text)
+        with pytest.raises(UserError) as e:
+            evaluate_mod.evaluate(tiny_run(run_dir, "data.test_splits=[test]"))
+        assert str(e.value) == f"{summary}: {problem}; train again or delete it"
 
 
 def test_24_15_table_skips_a_truncated_or_mistyped_results_file(tmp_path, caplog):

@@ -37,7 +37,12 @@ from transformer_nmt.data import moses
 from transformer_nmt.data.clean import normalize, text_steps
 from transformer_nmt.data.corpora import read_lines
 from transformer_nmt.errors import DataError
-from transformer_nmt.fileio import atomic_write, file_digest, spm_model_path
+from transformer_nmt.fileio import (
+    atomic_write,
+    file_digest,
+    read_json,
+    spm_model_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +323,7 @@ class SentencePieceTokenizer:
         self.model_path = path
         self.sp = spm.SentencePieceProcessor(model_file=str(path))
         meta = meta_path(path)
-        params = json.loads(meta.read_text())["params"] if meta.is_file() else {}
+        params = read_json(meta)["params"] if meta.is_file() else {}
         self.unicode_form = params.get("unicode_form")
         self.lowercase = bool(params.get("lowercase", False))
         self.pretokenize = params.get("pretokenize")

@@ -30,8 +30,9 @@ from transformer_nmt.checkpoint import (
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.data.bpe import load_tokenizer
 from transformer_nmt.decode.translate import translate_lines
+from transformer_nmt.errors import JsonFileError
 from transformer_nmt.evaluate.bleu import sacrebleu_score
-from transformer_nmt.fileio import atomic_write, raw_path, read_lines
+from transformer_nmt.fileio import atomic_write, raw_path, read_json, read_lines
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,9 @@ def _read_cache(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        log.warning("%s: not valid JSON (line %d: %s); decoding again", path, e.lineno, e.msg)
+        data = read_json(path)
+    except JsonFileError as e:
+        log.warning("%s; decoding again", e)
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -9,7 +9,6 @@ d_v other than d_model / heads, untied embeddings for Marian.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import tempfile
@@ -123,7 +122,9 @@ def unicode_form_of(spm_path: Path) -> str | None:
     """The Unicode normalization recorded beside a SentencePiece model (``spm.json``), or None."""
     meta = meta_path(spm_path)
     if meta.is_file():
-        return json.loads(meta.read_text(encoding="utf-8"))["params"].get("unicode_form")
+        from transformer_nmt.fileio import read_json
+
+        return read_json(meta)["params"].get("unicode_form")
     return None
 
 

@@ -10,7 +10,6 @@ the skipped steps, one colour per run.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -24,8 +23,8 @@ matplotlib.use("Agg")  # before pyplot: files only, never a window
 import matplotlib.pyplot as plt
 import numpy as np
 
-from transformer_nmt.errors import DataError
-from transformer_nmt.fileio import invalid_utf8
+from transformer_nmt.errors import DataError, JsonFileError
+from transformer_nmt.fileio import invalid_utf8, read_json
 from transformer_nmt.plot.common import save_figure
 
 log = logging.getLogger(__name__)
@@ -78,13 +77,13 @@ def read_metrics(path: str | Path) -> dict[str, list[dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
+                rec = read_json(f"{path}, line {n}", text=line)
+            except JsonFileError as e:
                 if not line.endswith("\n"):  # a write cut short by a kill
                     log.warning("%s, line %d: incomplete last line ignored", path, n)
                     break
-                raise DataError(
-                    f"{path}, line {n}: not JSON ({e.msg}): {line.strip()[:80]!r}") from e
+                problem = e.problem.replace("not valid JSON (line 1: ", "not JSON (")
+                raise DataError(f"{e.path}: {problem}: {line.strip()[:80]!r}") from None
             if not isinstance(rec, dict) or not isinstance(rec.get("split"), str):
                 raise DataError(
                     f"{path}, line {n}: expected an object with a 'split', got "

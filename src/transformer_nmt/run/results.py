@@ -8,7 +8,6 @@ each part with the checkpoint and decode settings it was computed with.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -125,10 +124,10 @@ def read_previous_results(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        old = read_json(path)
+    except JsonFileError as e:
         log.warning("%s cannot be read (%s); it is replaced by this evaluation's results",
-                    path, e)
+                    path, e.problem)
         return None
     if not isinstance(old, dict):
         log.warning("%s is not a results object; it is replaced by this evaluation's results",

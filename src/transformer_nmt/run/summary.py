@@ -9,14 +9,13 @@ for the training cost in ``results.json``, a resumed run for its previous figure
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformer_nmt.errors import UserError
-from transformer_nmt.fileio import write_json
+from transformer_nmt.errors import JsonFileError, UserError
+from transformer_nmt.fileio import read_json, write_json
 
 SUMMARY_NAME = "train_summary.json"
 """The file name of the summary in a run folder."""
@@ -87,20 +86,17 @@ def read_train_summary(run_dir: str | Path) -> dict[str, Any] | None:
     the run has none.
 
     Raises:
-        UserError: the file is not UTF-8, not JSON or not a training summary (names the file,
-            and the line or field at fault).
+        UserError: the file is not a regular file, not UTF-8, not JSON, nested too deeply,
+            holds a number too large for a float (:func:`transformer_nmt.fileio.read_json`),
+            or is not a training summary (names the file, and the line or field at fault).
     """
     path = summary_path(run_dir)
     if not path.is_file():
         return None
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); train again or "
-                        "delete it") from e
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); train again or "
-                        "delete it") from e
+        summary = read_json(path)
+    except JsonFileError as e:
+        raise JsonFileError(path, f"{e.problem}; train again or delete it") from None
     try:
         TrainSummary.parse(summary)
     except ValueError as e:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tests.unit.evaluate.test_results_readers import _good
 
-from transformer_nmt.evaluate.report import load_results
+from transformer_nmt.evaluate.report import build_report, load_results
 from transformer_nmt.evaluate.results_glob import find_results_files
 
 
@@ -79,3 +79,27 @@ def test_a_fifo_or_device_named_results_json_is_skipped_not_read(tmp_path, alarm
         f"skipping {zero}: not a regular file (a character device); evaluate the run again "
         "(nmt-evaluate) or move the file away",
     ]
+
+
+def test_deep_nesting_or_a_huge_number_skips_that_file_not_the_table(tmp_path, caplog):
+    good = _write(tmp_path / "runs" / "good" / "results.json", "good")
+    huge = _good("huge")
+    huge["model"]["params"] = 10 ** 400  # too large for a float: p / 1e6 overflows
+    files = {"deep": "[" * 100_000 + "]" * 100_000, "huge": json.dumps(huge),
+             "beyond_int": json.dumps(_good("x")).replace('"steps": 10', '"steps": ' + "9" * 5000)}
+    for name, text in files.items():
+        (tmp_path / "runs" / name).mkdir()
+        (tmp_path / "runs" / name / "results.json").write_text(text)
+    with caplog.at_level(logging.WARNING):
+        results = load_results(str(tmp_path / "runs" / "*" / "results.json"))
+    assert [r["_path"] for r in results] == [str(good)]
+    runs = tmp_path / "runs"
+    advice = "; evaluate the run again (nmt-evaluate) or move the file away"
+    assert sorted(caplog.messages) == [
+        f"skipping {runs}/beyond_int/results.json: holds a number too large for a float (5000 "
+        f"digits){advice}",
+        f"skipping {runs}/deep/results.json: nested deeper than 64 levels{advice}",
+        f"skipping {runs}/huge/results.json: holds a number too large for a float (401 digits)"
+        f"{advice}",
+    ]
+    assert "| good |" in build_report(results)
