@@ -20,8 +20,9 @@ def app(cfg: DictConfig) -> None:
     draw Table 3's figures (:func:`transformer_nmt.plot.table3.plot_table3`)."""
     with user_errors():
         cfg = typed_config(cfg)
-        results = load_results(cfg.table.results_glob)
-        print(write_report(cfg, results))
+        skipped: list[tuple[str, str]] = []
+        results = load_results(cfg.table.results_glob, skipped)
+        print(write_report(cfg, results, skipped))
         if cfg.table.table3_plot:
             # late: matplotlib, which the tables alone never need
             from transformer_nmt.plot.table3 import plot_table3

@@ -87,7 +87,8 @@ MMT_KIND = "paper_bleu:mmt"
 """results.json key of the Multi30k papers' BLEU (lowercased, Moses-tokenized, multi-bleu -lc)."""
 
 
-def load_results(pattern: str) -> list[dict[str, Any]]:
+def load_results(pattern: str, skipped: list[tuple[str, str]] | None = None
+                 ) -> list[dict[str, Any]]:
     """All results.json files matching ``pattern``, each real file once
     (:func:`find_results_files`), sorted by experiment name.
 
@@ -95,7 +96,8 @@ def load_results(pattern: str) -> list[dict[str, Any]]:
     check of every reader (a regular file only: never a FIFO or a device); a file that fails
     it is left out with one warning naming it and the field at fault, and the tables are built
     from the rest. Each dict returned carries its file (``_path``) and its typed record
-    (``_record``, :class:`Results`).
+    (``_record``, :class:`Results`); ``skipped`` gets ``(file, problem)`` of each file left
+    out.
     """
     out = []
     for path in find_results_files(pattern):
@@ -103,6 +105,8 @@ def load_results(pattern: str) -> list[dict[str, Any]]:
             record = read_results(path)
         except ResultsError as e:
             log.warning("skipping %s", e)
+            if skipped is not None:
+                skipped.append((path, e.problem))
             continue
         out.append({**record.raw, "_path": path, "_record": record})
     return sorted(out, key=lambda r: (str(r.get("experiment")), r["_path"]))
@@ -173,9 +177,20 @@ def _params(result: dict[str, Any]) -> str:
     return "–" if p is None else f"{p / 1e6:.1f}M"
 
 
+def md_line(text: Any) -> str:
+    """``text`` on one markdown line: each line break (``\\n``, ``\\r``, U+2028, ...) a
+    space, so that a name from a results file cannot start a heading, list or table row."""
+    return " ".join(str(text).splitlines())
+
+
+def md_cell(text: Any) -> str:
+    """``text`` as one markdown table cell: on one line (:func:`md_line`), ``|`` escaped."""
+    return md_line(text).replace("|", "\\|")
+
+
 def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["| " + " | ".join(md_cell(cell) for cell in row) + " |" for row in rows]
     return lines
 
 
@@ -394,14 +409,15 @@ def table3_section(results: list[dict[str, Any]]) -> list[str]:
         noise = "" if base_std is None else f"; seed noise of the base row: ± {base_std:.2f} BLEU"
         missing = rows_not_run(lines)
         repeats = [p for x in lines for p in x.repeats]
-        out += [f"### {exp} (dev set: {', '.join(splits)}{noise})", "", *_table(header, rows), ""]
+        out += [md_line(f"### {exp} (dev set: {', '.join(splits)}{noise})"), "",
+                *_table(header, rows), ""]
         if base is None:
             out += ["No base row trained to its step target: no Δ.", ""]
         if missing:
-            out += [f"Not run (no results.json): {', '.join(missing)}.", ""]
+            out += [md_line(f"Not run (no results.json): {', '.join(missing)}."), ""]
         if repeats:
-            out += ["Left out as older results of a seed already in its row: "
-                    f"{', '.join(repeats)}.", ""]
+            out += [md_line("Left out as older results of a seed already in its row: "
+                            f"{', '.join(repeats)}."), ""]
     return out
 
 
@@ -475,7 +491,8 @@ def others_section(results: list[dict[str, Any]]) -> list[str]:
     others = [r for r in results if not is_table2_run(r) and not is_table3_run(r)]
     if not others:
         return []
-    excluded = [f"- {_name(r)} ({r.get('_path', '–')}): " + "; ".join(table2_exclusions(r))
+    excluded = [md_line(f"- {_name(r)} ({r.get('_path', '–')}): "
+                        + "; ".join(table2_exclusions(r)))
                 for r in others if is_table2_candidate(r)]
     return [
         "## Other runs",
@@ -501,7 +518,7 @@ def signatures_section(results: list[dict[str, Any]]) -> list[str]:
                 seen[(entry.label, entry.signature)] = None
     if not seen:
         return []
-    return ["## Score signatures", "", *[f"- {label}: `{sig}`" for label, sig in seen], ""]
+    return ["## Score signatures", "", *[md_line(f"- {label}: `{sig}`") for label, sig in seen], ""]
 
 
 ELSEWHERE = [
@@ -525,7 +542,7 @@ def build_report(results: list[dict[str, Any]],
         "# Results",
         "",
         "Built by `nmt-table` from "
-        + (", ".join(sorted(r["_path"] for r in results if "_path" in r))
+        + (md_line(", ".join(sorted(r["_path"] for r in results if "_path" in r)))
            or "no results.json files")
         + ".",
         "",
@@ -539,9 +556,18 @@ def build_report(results: list[dict[str, Any]],
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(cfg: Config, results: list[dict[str, Any]] | None = None) -> Path:
-    """``nmt-table``: read ``cfg.table.results_glob`` (or take its ``results``, as
-    :func:`load_results` gives them), write ``cfg.table.output``
+def _kind_of_problem(problem: str) -> str:
+    """A skipped file's problem without its values, to count files by it
+    (``test_sets.x.bleu.sacrebleu.score is -50.0, outside 0 to 100`` -> ``outside 0 to 100``)."""
+    if " is " in problem and ", " in problem:
+        problem = problem.rsplit(", ", 1)[1]
+    return problem.split(" (")[0]
+
+
+def write_report(cfg: Config, results: list[dict[str, Any]] | None = None,
+                 skipped: list[tuple[str, str]] | None = None) -> Path:
+    """``nmt-table``: read ``cfg.table.results_glob`` (or take its ``results`` and the files
+    ``skipped`` as :func:`load_results` gives them), write ``cfg.table.output``
     (:func:`transformer_nmt.fileio.write_output`: atomically for a regular file, in place for a
     FIFO or device, through symlinks; never over a results file or a model).
 
@@ -552,8 +578,15 @@ def write_report(cfg: Config, results: list[dict[str, Any]] | None = None) -> Pa
     out = Path(t.output)
     check_output(out, "table.output", inputs=find_results_files(t.results_glob))
     if results is None:
-        results = load_results(t.results_glob)
-    if not results:
+        skipped = []
+        results = load_results(t.results_glob, skipped)
+    skipped = skipped or []
+    if not results and skipped:
+        why = Counter(_kind_of_problem(problem) for _, problem in skipped)
+        log.warning("%d results files match %s, and every one was skipped (%s; each named "
+                    "above); writing the paper's numbers only", len(skipped), t.results_glob,
+                    "; ".join(f"{kind}: {n} file{'s' * (n > 1)}" for kind, n in why.most_common()))
+    elif not results:
         log.warning("no results files match %s; writing the paper's numbers only", t.results_glob)
     with write_output(out, what="table.output") as f:
         f.write(build_report(results, t.tables))

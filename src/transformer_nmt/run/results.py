@@ -139,7 +139,16 @@ def read_previous_results(path: Path) -> dict[str, Any] | None:
 # --- the one check of every reader -------------------------------------------------------------
 
 class ResultsError(UserError):
-    """A results.json that its readers cannot use; the message names the file and the field."""
+    """A results.json that its readers cannot use; the message names the file and the field
+    (``problem``: the part between the file's name and :data:`ADVICE`)."""
+
+    def __init__(self, message: str, problem: str | None = None) -> None:
+        super().__init__(message)
+        self.problem = problem or message
+
+
+ADVICE = "evaluate the run again (nmt-evaluate) or move the file away"
+"""What a :class:`ResultsError` advises."""
 
 
 class _Problem(Exception):
@@ -148,6 +157,37 @@ class _Problem(Exception):
 
 def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+MAX_COUNT = 10 ** 15
+"""Above any count of steps, sentences or checkpoints a results.json can hold."""
+
+
+def _shown(value: Any) -> str:
+    """A value as a problem names it: a number of many digits cut to its first ones."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:12]}… ({len(text)} characters)"
+
+
+def _count(value: Any, where: str) -> None:
+    """Refuse a count (steps, sentences, checkpoints) that is not a whole number in
+    [0, :data:`MAX_COUNT`]."""
+    if value is None:
+        return
+    if not (isinstance(value, int) and not isinstance(value, bool)):
+        raise _Problem(f"{where} is {_shown(value)}, not a whole number")
+    if not 0 <= value <= MAX_COUNT:
+        raise _Problem(f"{where} is {_shown(value)}, not a count (0 to {MAX_COUNT:.0e})")
+
+
+def _amount(value: Any, where: str) -> None:
+    """Refuse an amount (parameters, hours, FLOPs) that is not a finite number >= 0."""
+    if value is None:
+        return
+    if not _number(value):
+        raise _Problem(f"{where} is {_shown(value)}, not a number")
+    if value < 0:
+        raise _Problem(f"{where} is {_shown(value)}, below 0")
 
 
 @dataclass(frozen=True)
@@ -203,14 +243,15 @@ class Results:
             ResultsError: ``<path>: <what is wrong>; evaluate the run again (nmt-evaluate) or
                 move the file away``: not an object; no experiment name; a group that is not an
                 object; a test set without a bleu object, without ``chrf``, with a null score
-                or one without a numeric score, a label or a signature; a non-numeric
-                ``model.params``, ``steps``, training cost or train summary field.
+                or one without a numeric score, a label or a signature; a score outside 0 to
+                100; a non-numeric or negative ``model.params`` or training cost; a ``steps``,
+                ``num_checkpoints_averaged`` or ``sentences`` that is not a count (0 to
+                :data:`MAX_COUNT`); a non-numeric train summary field.
         """
         try:
             return cls._parse(obj, str(path))
         except _Problem as e:
-            raise ResultsError(f"{path}: {e}; evaluate the run again (nmt-evaluate) or move "
-                               "the file away") from None
+            raise ResultsError(f"{path}: {e}; {ADVICE}", str(e)) from None
 
     @classmethod
     def _parse(cls, obj: Any, path: str) -> Results:
@@ -226,16 +267,11 @@ class Results:
         if model.get("config") is not None and not isinstance(model["config"], dict):
             raise _Problem(f"model.config is a {type(model['config']).__name__}, not an object")
         params = model.get("params")
-        if params is not None and not _number(params):
-            raise _Problem(f"model.params is {params!r}, not a number")
+        _amount(params, "model.params")
         for key in ("steps", "num_checkpoints_averaged"):
-            value = obj.get(key)
-            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)):
-                raise _Problem(f"{key} is {value!r}, not a whole number")
+            _count(obj.get(key), key)
         for key in ("gpu_hours", "flops"):
-            value = (obj.get("training_cost") or {}).get(key)
-            if value is not None and not _number(value):
-                raise _Problem(f"training_cost.{key} is {value!r}, not a number")
+            _amount((obj.get("training_cost") or {}).get(key), f"training_cost.{key}")
         summary = None
         if obj.get("train_summary") is not None:
             try:
@@ -246,6 +282,8 @@ class Results:
         for name, part in (obj.get("engines") or {}).items():
             if not isinstance(part, dict):
                 raise _Problem(f"engines.{name} is a {type(part).__name__}, not an object")
+            for key in ("steps", "num_checkpoints_averaged"):
+                _count(part.get(key), f"engines.{name}.{key}")
             engines[str(name)] = _test_sets(part.get("test_sets"), f"engines.{name}.test_sets")
         return cls(path=path, experiment=obj["experiment"],
                    test_sets=_test_sets(obj.get("test_sets"), "test_sets"), engines=engines,
@@ -268,9 +306,7 @@ def _test_sets(tests: Any, where: str) -> dict[str, TestSet]:
         scores = {kind: _score(entry, kind, f"{where}.{split}.bleu.{kind}")
                   for kind, entry in test["bleu"].items()}
         sentences = test.get("sentences")
-        if sentences is not None and not (isinstance(sentences, int)
-                                          and not isinstance(sentences, bool)):
-            raise _Problem(f"{where}.{split}.sentences is {sentences!r}, not a whole number")
+        _count(sentences, f"{where}.{split}.sentences")
         out[str(split)] = TestSet(split=str(split), sentences=sentences, bleu=scores,
                                   chrf=_score(test["chrf"], "chrf", f"{where}.{split}.chrf"),
                                   raw=test)
@@ -282,6 +318,8 @@ def _score(entry: Any, kind: str, where: str) -> Score:
         raise _Problem(f"{where} is null")
     if not isinstance(entry, dict) or not _number(entry.get("score")):
         raise _Problem(f"{where} has no numeric score")
+    if not 0 <= entry["score"] <= 100:
+        raise _Problem(f"{where}.score is {_shown(entry['score'])}, outside 0 to 100")
     for key in ("label", "signature"):
         if not isinstance(entry.get(key), str) or not entry[key]:
             raise _Problem(f"{where} has no {key}")
@@ -302,7 +340,6 @@ def read_results(path: str | Path) -> Results:
         obj = read_json(path)
     except JsonFileError as e:
         if e.problem.startswith("cannot be read"):
-            raise ResultsError(str(e)) from None
-        raise ResultsError(f"{e}; evaluate the run again (nmt-evaluate) or move the file "
-                           "away") from None
+            raise ResultsError(str(e), e.problem) from None
+        raise ResultsError(f"{e}; {ADVICE}", e.problem) from None
     return Results.parse(obj, path)

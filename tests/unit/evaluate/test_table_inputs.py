@@ -103,3 +103,80 @@ def test_deep_nesting_or_a_huge_number_skips_that_file_not_the_table(tmp_path, c
         f"{advice}",
     ]
     assert "| good |" in build_report(results)
+
+
+def _impossible(how: str) -> tuple[dict, str]:
+    r = _good(how)
+    test = r["test_sets"]["test"]
+    if how == "bleu -50":
+        test["bleu"]["sacrebleu"]["score"] = -50
+        return r, "test_sets.test.bleu.sacrebleu.score is -50, outside 0 to 100"
+    if how == "bleu 250":
+        test["bleu"]["paper_bleu"]["score"] = 250.0
+        return r, "test_sets.test.bleu.paper_bleu.score is 250.0, outside 0 to 100"
+    if how == "chrf 101":
+        test["chrf"]["score"] = 101
+        return r, "test_sets.test.chrf.score is 101, outside 0 to 100"
+    if how == "steps -1":
+        r["steps"] = -1
+        return r, "steps is -1, not a count (0 to 1e+15)"
+    if how == "steps 300 digits":
+        r["steps"] = 10 ** 299
+        return r, "steps is 100000000000… (300 characters), not a count (0 to 1e+15)"
+    if how == "params -5":
+        r["model"]["params"] = -5
+        return r, "model.params is -5, below 0"
+    if how == "sentences -3":
+        test["sentences"] = -3
+        return r, "test_sets.test.sentences is -3, not a count (0 to 1e+15)"
+    raise AssertionError(how)
+
+
+IMPOSSIBLE = ["bleu -50", "bleu 250", "chrf 101", "steps -1", "steps 300 digits", "params -5",
+              "sentences -3"]
+
+
+def test_impossible_values_skip_their_file_naming_it_and_the_value(tmp_path, caplog):
+    good = _write(tmp_path / "runs" / "good" / "results.json", "good")
+    for how in IMPOSSIBLE:
+        path = tmp_path / "runs" / how.replace(" ", "_") / "results.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(_impossible(how)[0]))
+    with caplog.at_level(logging.WARNING):
+        results = load_results(str(tmp_path / "runs" / "*" / "results.json"))
+    assert [r["_path"] for r in results] == [str(good)]
+    advice = "; evaluate the run again (nmt-evaluate) or move the file away"
+    assert sorted(caplog.messages) == sorted(
+        f"skipping {tmp_path}/runs/{how.replace(' ', '_')}/results.json: "
+        f"{_impossible(how)[1]}{advice}" for how in IMPOSSIBLE)
+
+
+def test_names_with_a_pipe_or_a_line_break_stay_in_their_cell(tmp_path):
+    path = _write(tmp_path / "runs" / "x" / "results.json", "a|b\n# injected\r\n| c")
+    obj = json.loads(path.read_text())
+    obj["test_sets"] = {"te|st\nx": obj["test_sets"]["test"]}
+    obj["data"]["name"] = "d|\u2028e"
+    path.write_text(json.dumps(obj))
+    report = build_report(load_results(str(tmp_path / "runs" / "*" / "results.json")))
+    rows = [line for line in report.splitlines() if line.startswith("| a")]
+    assert rows == [r"| a\|b # injected \| c | d\| e (en-de) | tiny | 0.0M | 10 | none | te\|st x "
+                    "| 30.00 | – | 31.50 | 30.00 | – | – |"]
+    assert not any(line.startswith(("# injected", "| c")) for line in report.splitlines())
+
+
+def test_when_every_file_is_skipped_the_table_says_how_many_and_why(tmp_path, caplog):
+    from transformer_nmt.config import compose
+    from transformer_nmt.evaluate.report import write_report
+
+    for how in ("bleu -50", "bleu 250", "steps -1"):
+        path = tmp_path / "runs" / how.replace(" ", "_") / "results.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(_impossible(how)[0]))
+    cfg = compose([f"table.results_glob={tmp_path}/runs/**/results.json",
+                   f"table.output={tmp_path}/results.md"])
+    with caplog.at_level(logging.WARNING):
+        write_report(cfg)
+    assert caplog.messages[-1] == (
+        f"3 results files match {tmp_path}/runs/**/results.json, and every one was skipped "
+        "(outside 0 to 100: 2 files; not a count: 1 file; each named above); writing the "
+        "paper's numbers only")
