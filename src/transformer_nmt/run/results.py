@@ -318,7 +318,7 @@ def _score(entry: Any, kind: str, where: str) -> Score:
         raise _Problem(f"{where} is null")
     if not isinstance(entry, dict) or not _number(entry.get("score")):
         raise _Problem(f"{where} has no numeric score")
-    if not 0 <= entry["score"] <= 100:
+    if not -1e-6 <= entry["score"] <= 100 + 1e-6:  # beyond rounding (100.00000000000004)
         raise _Problem(f"{where}.score is {_shown(entry['score'])}, outside 0 to 100")
     for key in ("label", "signature"):
         if not isinstance(entry.get(key), str) or not entry[key]:
