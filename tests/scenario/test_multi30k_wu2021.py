@@ -13,7 +13,8 @@ from transformer_nmt.config import compose
 from transformer_nmt.data import moses
 from transformer_nmt.data.bpe import load_tokenizer, spm_params
 from transformer_nmt.data.clean import clean_params, preprocess_pair
-from transformer_nmt.evaluate.bleu import PAPER_LABELS
+from transformer_nmt.evaluate.bleu import PAPER_LABELS, SACREBLEU_LABEL, SACREBLEU_LC_LABEL
+from transformer_nmt.evaluate.report import build_report, load_results
 from transformer_nmt.fileio import raw_path
 from transformer_nmt.train.optim import inverse_sqrt_lr
 
@@ -129,8 +130,20 @@ def test_tiny_end_to_end_run_with_the_options(tmp_path, multi30k_mirror, tiny_mo
     assert json.loads((run_dir / "train_summary.json").read_text())["steps"] == 4
     average_run(cfg)
     results = evaluate(cfg)
-    assert f"  {PAPER_LABELS['mmt']}: " in capsys.readouterr().out  # the nmt-evaluate printout
+    printed = capsys.readouterr().out  # the nmt-evaluate printout
+    assert f"  {PAPER_LABELS['mmt']}: " in printed
     bleu = results["test_sets"]["test_2016_flickr"]["bleu"]
+    # Lowercased data: the headline sacreBLEU is lowercased (case:lc), the cased one beside it,
+    # both labelled, printed and in the table.
+    assert "|case:lc|" in bleu["sacrebleu"]["signature"]
+    assert bleu["sacrebleu"]["label"] == SACREBLEU_LC_LABEL
+    assert "|case:mixed|" in bleu["sacrebleu:cased"]["signature"]
+    assert bleu["sacrebleu:cased"]["label"] == SACREBLEU_LABEL
+    assert f"  {SACREBLEU_LC_LABEL}: {bleu['sacrebleu']['score']:.2f}  (" in printed
+    assert f"  {SACREBLEU_LABEL}: {bleu['sacrebleu:cased']['score']:.2f}  (" in printed
+    report = build_report(load_results(str(run_dir / "results.json")))
+    assert (f"| {bleu['sacrebleu']['score']:.2f} (lowercased; mixed case "
+            f"{bleu['sacrebleu:cased']['score']:.2f}) |") in report
     assert bleu["paper_bleu:mmt"]["form"] == "mmt"
     assert 0.0 <= bleu["paper_bleu:mmt"]["score"] <= 100.0
     hyps = (run_dir / "translations" / "test_2016_flickr.de").read_text(encoding="utf-8")

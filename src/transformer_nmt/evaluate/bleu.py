@@ -7,7 +7,10 @@ Two different numbers, never to be mixed up; every result carries its ``label`` 
   reference text exactly as distributed, sacreBLEU's ``13a`` tokenizer, mixed case.
   :func:`read_text_lines` reads a file the way the ``sacrebleu`` command line does, so the
   number equals ``sacrebleu REF -i HYP`` on the same two files. chrF (Popović 2015) is
-  reported beside it.
+  reported beside it. A model of lowercased data (``data.lowercase``) writes lowercased text,
+  which a cased reference scores far below its quality: its headline is sacreBLEU with
+  ``lowercase=True`` (``sacrebleu REF -i HYP -lc``, signature ``case:lc``), its mixed-case
+  score beside it (``sacrebleu:cased``), each labelled.
 * **paper BLEU** (the paper's Table 2, section 6.1), :func:`paper_bleu`, in one of the
   historical forms of :data:`PAPER_LABELS` (docs/paper_bleu.md has the evidence for each):
 
@@ -63,6 +66,12 @@ from transformer_nmt.data.moses import MOSES_COMMIT
 from transformer_nmt.fileio import iter_lines
 
 SACREBLEU_LABEL = "sacreBLEU (detokenized, 13a, mixed case)"
+SACREBLEU_LC_LABEL = ("sacreBLEU (detokenized, 13a, lowercased: the run's data is lowercased, "
+                      "so is the reference)")
+"""The headline of a run on lowercased data (``data.lowercase``): sacreBLEU with
+``lowercase=True`` (signature ``case:lc``); its mixed-case score is ``sacrebleu:cased``."""
+CASED_KIND = "sacrebleu:cased"
+"""results.json key of a lowercased run's mixed-case sacreBLEU, beside its headline."""
 CHRF_LABEL = "chrF (detokenized, sacreBLEU)"
 TOKENIZED_LABEL = "tokenized BLEU (Moses tokenizer, multi-bleu)"
 TOKENIZED_SPLIT_LABEL = "tokenized BLEU (Moses tokenizer, compound-split, multi-bleu)"
@@ -173,12 +182,15 @@ def _check_lengths(hypotheses: Sequence[str], references: Sequence[str]) -> None
         )
 
 
-def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str],
+                    lowercase: bool = False) -> dict[str, Any]:
     """sacreBLEU on detokenized text (13a tokenizer, mixed case, one reference).
 
     Args:
         hypotheses: detokenized translations, one per line.
         references: the raw reference lines, same count.
+        lowercase: both sides lowercased (sacreBLEU's ``lowercase=True``, signature
+            ``case:lc``, label :data:`SACREBLEU_LC_LABEL`), for a model of lowercased data.
 
     Returns:
         ``{"type": "sacrebleu", "label", "score", "signature", "precisions" (1-4-gram, %),
@@ -188,9 +200,10 @@ def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> dic
         ValueError: when the line counts differ.
     """
     _check_lengths(hypotheses, references)
-    metric = BLEU(tokenize="13a", lowercase=False)
+    metric = BLEU(tokenize="13a", lowercase=lowercase)
     result = metric.corpus_score(list(hypotheses), [list(references)])
-    return _bleu_dict("sacrebleu", SACREBLEU_LABEL, result, str(metric.get_signature()))
+    return _bleu_dict("sacrebleu", SACREBLEU_LC_LABEL if lowercase else SACREBLEU_LABEL, result,
+                      str(metric.get_signature()))
 
 
 def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
@@ -436,7 +449,8 @@ def paper_bleu(
 
 
 def score_all(
-    hypotheses: Sequence[str], references: Sequence[str], lang: str, form: str | None = None
+    hypotheses: Sequence[str], references: Sequence[str], lang: str, form: str | None = None,
+    lowercase: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """sacreBLEU (the headline), the paper's BLEU in every form, the Multi30k papers' BLEU
     (form ``mmt``) and chrF of one test set.
@@ -448,6 +462,10 @@ def score_all(
         form: the form under ``paper_bleu`` (an experiment scored another paper's way, e.g.
             ``ott2018``); None = the default of ``lang``. The forms of :func:`paper_forms`
             are then beside it.
+        lowercase: the run's data is lowercased (``data.lowercase``): the headline
+            ``sacrebleu`` is then scored lowercased (``case:lc``), and its mixed-case score
+            against the cased reference goes beside it as ``sacrebleu:cased``
+            (:data:`CASED_KIND`), so that neither is read for the other.
 
     Returns:
         ``{"sacrebleu": ..., "paper_bleu": ..., "paper_bleu:<form>": ..., "chrf": ...}``:
@@ -457,10 +475,10 @@ def score_all(
     """
     default = check_form(lang, form)
     others = [f for f in paper_forms(lang) if f != default]
-    scores = {
-        "sacrebleu": sacrebleu_score(hypotheses, references),
-        "paper_bleu": paper_bleu(hypotheses, references, lang, default),
-    }
+    scores = {"sacrebleu": sacrebleu_score(hypotheses, references, lowercase)}
+    if lowercase:
+        scores[CASED_KIND] = sacrebleu_score(hypotheses, references)
+    scores["paper_bleu"] = paper_bleu(hypotheses, references, lang, default)
     for other in (*others, MMT_FORM):
         if other != default:
             scores[f"paper_bleu:{other}"] = paper_bleu(hypotheses, references, lang, other)

@@ -11,6 +11,8 @@ scored against the official reference exactly as distributed,
 * sacreBLEU (detokenized, 13a, mixed case), the headline, and chrF: both files are read as
   the ``sacrebleu`` command line reads them, so the score equals
   ``sacrebleu data/raw/<data>/ref/<split>.<tgt> -i runs/<name>/translations/<split>.<tgt>``;
+  for a run on lowercased data (``data.lowercase``) the headline is lowercased (``-lc``,
+  signature ``case:lc``) and the mixed-case score is beside it (``sacrebleu:cased``);
 * the paper's BLEU (tensor2tensor's ``get_ende_bleu.sh`` for German, Moses tokenizer +
   multi-bleu otherwise) in its default form, or in ``decode.paper_bleu_form`` (the Ott et al.
   2018 preset: ``ott2018``), with the other historical forms beside it (``t2t-2018``,
@@ -33,7 +35,8 @@ scored against the official reference exactly as distributed,
       "decode": the whole decode config (beam_size, lenpen, max_len_a, precision, engine, ...),
       "test_sets": {split: {"sentences", "source", "reference", "translations",
                     "translations_sha256", "checkpoint_sha256", "decode", "date",
-                    "bleu": {"sacrebleu": {...}, "paper_bleu": {...},
+                    "bleu": {"sacrebleu": {...}, "sacrebleu:cased": {...} (lowercased data),
+                             "paper_bleu": {...},
                              "paper_bleu:<other form>": {...}, "paper_bleu:mmt": {...}},
                     "chrf": {...},
                     "speed": {...}}},
@@ -178,6 +181,8 @@ def _evaluate(cfg: Config, run_dir: Path, engine_factory: EngineFactory | None
     model, model_cfg = load_model(ckpt_path, device)
     tokenizer = load_tokenizer(data)
     check_vocab(ckpt_path, tokenizer)
+    # a model of lowercased data writes lowercased text: its headline sacreBLEU is lowercased
+    lowercased = bool(model_cfg.data.lowercase or tokenizer.lowercase)
     params = int(model.num_parameters())
     # the model itself unless decode.engine says otherwise
     engine = model if engine_factory is None else engine_factory(model, ckpt_path, cfg, device)
@@ -224,7 +229,7 @@ def _evaluate(cfg: Config, run_dir: Path, engine_factory: EngineFactory | None
             write_lines(hypotheses, out_file)
             # Score the two files as written, as `sacrebleu REF -i HYP` reads them.
             scores = score_all(read_text_lines(out_file), references, data.tgt_lang,
-                               cfg.decode.paper_bleu_form)
+                               cfg.decode.paper_bleu_form, lowercase=lowercased)
             print(f"{cfg.name} {split} ({len(sources)} sentences, {data.src_lang}->"
                   f"{data.tgt_lang}{'' if engine_name == NATIVE else ', ' + engine_name}):")
             for result in scores.values():

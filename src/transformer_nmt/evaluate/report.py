@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_nmt.config import Config, to_plain
+from transformer_nmt.evaluate.bleu import CASED_KIND
 from transformer_nmt.evaluate.gate import paper_bleu_of_form, preset_for, recipe_differences
 from transformer_nmt.evaluate.paper import (
     PAPER_TABLE2,
@@ -69,6 +70,7 @@ from transformer_nmt.run.results import (
     NATIVE,
     Results,
     ResultsError,
+    TestSet,
     engine_results,
     format_value,
     read_results,
@@ -122,6 +124,29 @@ def record(result: dict[str, Any]) -> Results:
 def _score(result: dict[str, Any], split: str, kind: str) -> float | None:
     test = record(result).test_sets.get(split)
     return None if test is None else test.score(kind)
+
+
+LOWERCASED = "lowercased"
+"""How a sacreBLEU cell marks a lowercased headline (a run on ``data.lowercase`` data)."""
+
+
+def is_lowercased(test: TestSet | None) -> bool:
+    """A test set whose headline sacreBLEU is lowercased (signature ``case:lc``)."""
+    entry = test.bleu.get("sacrebleu") if test is not None else None
+    return entry is not None and "case:lc" in entry.signature
+
+
+def sacre_cell(test: TestSet | None, digits: int = 2) -> str:
+    """A test set's headline sacreBLEU for a table cell; a lowercased one is marked, with its
+    mixed-case score beside it: ``40.66 (lowercased; mixed case 8.02)``."""
+    if test is None:
+        return "–"
+    text = format_value(test.score("sacrebleu"), digits)
+    if not is_lowercased(test):
+        return text
+    cased = test.score(CASED_KIND)
+    return f"{text} ({LOWERCASED}" + ("" if cased is None else
+                                      f"; mixed case {cased:.{digits}f}") + ")"
 
 
 LEGACY_MARK = " (†)"
@@ -287,7 +312,7 @@ def table2_section(results: list[dict[str, Any]]) -> list[str]:
             flops, hours = _cost(r)
             bleu = ((r.get("test_sets") or {}).get(TABLE2_TEST_SET) or {}).get("bleu") or {}
             tok = format_value(paper_bleu_of_form(bleu, TABLE2_FORMS.get(tgt, "moses")), 1)
-            sacre = format_value(_score(r, TABLE2_TEST_SET, "sacrebleu"), 1)
+            sacre = sacre_cell(record(r).test_sets.get(TABLE2_TEST_SET), 1)
             de = tgt == "de"
             rows.append([
                 f"Transformer ({size}), ours: {_name(r)}",
@@ -364,7 +389,11 @@ def _table3_row(x: Table3Line, base: Table3Line | None) -> list[str]:
         _setting_text(r0), str(len(x.runs)), str(r0.get("steps", "–")), _params(r0),
         f"{p.params:g}M" if p and p.params else "–",
         _fmt_ms(ppl, ppl_std, 2), format_value(p.ppl, 2) if p else "–",
-        _fmt_ms(bleu, std, 2), _fmt_ms(sacre, sacre_std, 2), format_value(p.bleu, 1) if p else "–",
+        _fmt_ms(bleu, std, 2),
+        _fmt_ms(sacre, sacre_std, 2) + (f" ({LOWERCASED})" if sacre is not None and any(
+            is_lowercased(record(r).test_sets.get(dev_split(r) or "")) for r in x.runs)
+            else ""),
+        format_value(p.bleu, 1) if p else "–",
         "0 (base)" if x.is_base else _fmt_delta(delta, 2),
         "0 (base)" if p is base_paper
         else (_fmt_delta(p.bleu - base_paper.bleu) if p else "–"),
@@ -438,7 +467,7 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
                     str(part.get("steps", "–")), str(n_avg) if n_avg else "none",
                     split if engine == NATIVE else f"{split} ({ENGINE_LABELS.get(engine, engine)})",
                     format_value(test.score(PAPER_KIND), 2), format_value(test.score(MMT_KIND), 2),
-                    format_value(test.score("sacrebleu"), 2),
+                    sacre_cell(test),
                     format_value(test.score("chrf"), 2), format_value(hours, 2), _fmt_e(flops),
                 ])
     return rows
@@ -456,7 +485,9 @@ _PER_TEST_SET_LEGEND = (
     f"{TOK}: the paper's way (German targets: t2t get_ende_bleu.sh, 2017 form; others: Moses "
     f"tokenizer, multi-bleu); {MMT}: the Multi30k papers' way (lowercased, Moses "
     "normalize-punctuation and tokenizer, multi-bleu -lc; Elliott et al. 2016, Wu et al. 2021); "
-    f"{SACRE}: detokenized, 13a, mixed case, official reference; chrF: sacreBLEU's chrF."
+    f"{SACRE}: detokenized, 13a, mixed case, official reference (a run on lowercased data, "
+    "`data.lowercase`: lowercased, `case:lc`, marked (lowercased; mixed case X) with its "
+    "mixed-case score beside it); chrF: sacreBLEU's chrF."
 )
 ENGINE_NOTE = (
     "A test set followed by (CTranslate2) was decoded by CTranslate2 (`decode.engine=ctranslate2`: "

@@ -19,6 +19,7 @@ from transformer_nmt.evaluate.bleu import (
     PAPER_LABEL,
     PAPER_LABELS,
     SACREBLEU_LABEL,
+    SACREBLEU_LC_LABEL,
     TOKENIZED_LABEL,
     TOKENIZED_SPLIT_LABEL,
     format_score,
@@ -135,6 +136,22 @@ def test_every_score_is_labelled_with_signature():
     # Identical text scores 100 on every metric.
     perfect = score_all(REFS, REFS, lang="en")
     assert all(r["score"] == pytest.approx(100.0) for r in perfect.values())
+
+
+def test_lowercased_data_gets_a_lowercased_headline_with_the_cased_score_beside_it():
+    refs = ["Ein Mann fährt Fahrrad in Berlin.", "Zwei Hunde spielen im Schnee am Fluss."]
+    hyps = [r.lower() for r in refs]  # a perfect translation by a model of lowercased data
+    cased = score_all(hyps, refs, lang="de")
+    assert cased["sacrebleu"]["score"] < 50.0  # scored against the cased reference
+    results = score_all(hyps, refs, lang="de", lowercase=True)
+    assert list(results)[:2] == ["sacrebleu", "sacrebleu:cased"]
+    head, beside = results["sacrebleu"], results["sacrebleu:cased"]
+    assert head["score"] == pytest.approx(100.0)
+    assert head["label"] == SACREBLEU_LC_LABEL and "|case:lc|" in head["signature"]
+    assert beside == cased["sacrebleu"]
+    assert beside["label"] == SACREBLEU_LABEL and "|case:mixed|" in beside["signature"]
+    # The same number as the command line's -lc.
+    assert head == sacrebleu_score(hyps, refs, lowercase=True)
 
 
 def test_line_count_mismatch_raises():
