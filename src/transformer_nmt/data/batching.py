@@ -193,6 +193,28 @@ def _rounded(lengths: np.ndarray, multiple: int, max_tokens: int) -> np.ndarray:
     return np.maximum(np.minimum(-(-lengths // multiple) * multiple, max_tokens), lengths)
 
 
+def _length_order(src_len: np.ndarray, tgt_len: np.ndarray, keep: np.ndarray,
+                  rng: np.random.Generator | None) -> np.ndarray:
+    """(M,) int64 the indices ``keep`` sorted by source length, then target length; ties
+    broken by a random permutation from ``rng`` (permute first, then sort stably), by index
+    when None. Radix sort when the key fits in 16 bits."""
+    m = len(keep)
+    if m == 0:
+        return np.zeros(0, np.int64)
+    key = src_len * (int(tgt_len.max()) + 1) + tgt_len  # (N,)
+    if int(key.max()) < 2**16:
+        key = key.astype(np.uint16)
+    subset = m < len(key)
+    if subset:
+        key = key[keep]  # (M,)
+    if rng is None:
+        local = np.argsort(key, kind="stable")
+    else:
+        perm = rng.permutation(m)
+        local = perm[np.argsort(key[perm], kind="stable")]
+    return keep[local] if subset else local.astype(np.int64)  # (M,)
+
+
 def _bucket(
     src_len: np.ndarray,
     tgt_len: np.ndarray,
@@ -215,25 +237,11 @@ def _bucket(
     m = len(keep)
     if m == 0:
         return np.zeros(0, np.int64), np.zeros(1, np.int64)
-    # Sort key: source length, then target length; ties broken by a random permutation
-    # (permute first, then sort stably). Radix sort when the key fits in 16 bits.
-    key = src_len * (int(tgt_len.max()) + 1) + tgt_len  # (N,)
-    if int(key.max()) < 2**16:
-        key = key.astype(np.uint16)
+    order = _length_order(src_len, tgt_len, keep, rng)  # (M,)
     # Sources ascend in the sorted order, so the padded cost of a run of k sentences on
     # either side is at most k x (running max of max(source, target) length); with one
     # budget for both sides the run fits iff that product is <= max_tokens.
-    longer = np.maximum(src_len, tgt_len)  # (N,)
-    subset = m < len(key)
-    if subset:
-        key, longer = key[keep], longer[keep]  # (M,)
-    if rng is None:
-        local = np.argsort(key, kind="stable")
-    else:
-        perm = rng.permutation(m)
-        local = perm[np.argsort(key[perm], kind="stable")]
-    order = keep[local] if subset else local.astype(np.int64)  # (M,)
-    longer = longer[local]  # (M,) in batch order
+    longer = np.maximum(src_len, tgt_len)[order]  # (M,) in batch order
 
     count = np.arange(1, min(max_tokens, m) + 1, dtype=np.int64)  # candidate batch sizes
     bounds = [0]
@@ -406,18 +414,22 @@ class LengthBucketSampler:
         # still fits alone)
         budget_src, budget_tgt = (_rounded(x, self.pad_to_multiple, self.max_tokens)
                                   for x in (src_len, tgt_len))
-        self._order, self._bounds = _bucket(
-            budget_src, budget_tgt, keep, self.max_tokens, rng, size_multiple
-        )
         self._src_len = src_len
         self._tgt_len = tgt_len
         self._budget = (budget_src, budget_tgt)
         self._keep = keep
+        self._order, self._bounds = self._compose(keep, rng)
         self.epoch = 0
         self._position = 0
         self._resume = False
         self._rest: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         # (epoch, sentences consumed before it, order, bounds) of a resumed epoch's rest
+
+    def _compose(self, keep: np.ndarray,
+                 rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        """``(order, bounds)`` of the batches of the sentences ``keep`` (:func:`_bucket`
+        with this sampler's budget); ``rng`` breaks ties among equal lengths."""
+        return _bucket(*self._budget, keep, self.max_tokens, rng, self.size_multiple)
 
     # -- sizes and statistics -----------------------------------------------------
     @property
@@ -560,7 +572,7 @@ class LengthBucketSampler:
         keep = np.setdiff1d(self._keep, consumed, assume_unique=True)
         rng = (np.random.default_rng([_COMPOSE_TAG, self.seed, epoch, len(consumed)])
                if self.shuffle else None)
-        order, bounds = _bucket(*self._budget, keep, self.max_tokens, rng, self.size_multiple)
+        order, bounds = self._compose(keep, rng)
         self._rest = (epoch, consumed, order, bounds)
         self.epoch = epoch
         self._position = 0

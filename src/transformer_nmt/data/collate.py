@@ -27,6 +27,11 @@ class Batch:
         tgt_out: (B, T) long, ``tgt + [eos]`` (decoder output); None without target.
         ntokens: non-pad target tokens (``tgt_out != PAD_ID``); 0 without target.
         nsentences: B.
+
+    A packed batch (:func:`transformer_nmt.data.packing.collate_packed`) holds its B
+    sentences in R rows of L positions: ``src_tokens``, ``tgt_in``, ``tgt_out`` are (R, L),
+    and it also has ``tgt_lengths`` (B,) and the (R, L) ``src_segments``, ``src_positions``,
+    ``tgt_segments``, ``tgt_positions``; these are None in a padded batch.
     """
 
     ids: torch.Tensor
@@ -36,6 +41,16 @@ class Batch:
     tgt_out: torch.Tensor | None
     ntokens: int
     nsentences: int
+    tgt_lengths: torch.Tensor | None = None
+    src_segments: torch.Tensor | None = None
+    src_positions: torch.Tensor | None = None
+    tgt_segments: torch.Tensor | None = None
+    tgt_positions: torch.Tensor | None = None
+
+    @property
+    def packed(self) -> bool:
+        """True for a packed batch (segments and positions per sentence)."""
+        return self.src_segments is not None
 
     def _map(self, fn) -> Batch:
         values = {}
