@@ -17,7 +17,8 @@ Shape legend (used in every shape comment below):
 
 Masks: boolean, True = may attend (the convention of
 ``torch.nn.functional.scaled_dot_product_attention``). Every attention mask is built by
-:func:`key_padding_attn_mask` or :func:`causal_attn_mask`, nowhere else. A mask is only
+:func:`key_padding_attn_mask`, :func:`causal_attn_mask` or (packed batches)
+:func:`segment_attn_mask`, nowhere else. A mask is only
 materialised when it masks something: a batch without padding attends with
 ``attn_mask=None``, and full-prefix decoder self-attention uses SDPA's ``is_causal``.
 Target padding needs no mask of its own: targets are right-padded, so the causal mask
@@ -41,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -136,6 +138,63 @@ def causal_attn_mask(t: int, offset: int, device: torch.device) -> Tensor:
     return k_pos[None, :] <= q_pos[:, None]  # (t, offset + t)
 
 
+PACKED_ATTENTION = ("dense", "flex")
+"""How a packed batch attends (:meth:`Transformer.set_packed_attention`): ``dense``: a
+(B, 1, Tq, Tk) boolean mask with SDPA (any device, attention dropout included); ``flex``:
+``torch.nn.attention.flex_attention`` with a block mask that skips the blocks no query of it
+may see (compiled, CUDA for training: torch 2.13 has no flex backward on a CPU; no attention
+dropout)."""
+
+
+def _segment_rule(q_seg: Tensor, k_seg: Tensor, q_idx: Tensor, k_idx: Tensor,
+                  causal: bool) -> Tensor:
+    """Who may attend whom in a packed row: a query sees the keys of its own segment (and,
+    ``causal``, only those at or before it); a padding query (segment 0) sees every key, so
+    that no row of the softmax is empty (no NaN) while no real query ever sees padding."""
+    allowed = q_seg == k_seg
+    if causal:
+        allowed = allowed & (k_idx <= q_idx)
+    return allowed | (q_seg == 0)
+
+
+def segment_attn_mask(q_segments: Tensor, k_segments: Tensor, causal: bool,
+                      kind: str = "dense") -> Any:
+    """Attention mask of a packed batch: each query attends only within its own sentence.
+
+    Encoder self-attention: ``(src, src, False)``; decoder self-attention: ``(tgt, tgt,
+    True)``; cross-attention: ``(tgt, src, False)`` (target segment k sees source segment k,
+    the same pair). Padding queries see every key (:func:`_segment_rule`).
+
+    Args:
+        q_segments: (B, Tq) integer segment ids of the queries (0 = padding, k >= 1 the
+            row's k-th pair); k_segments: (B, Tk) of the keys.
+        causal: also hide the keys after each query (decoder self-attention, Tq == Tk).
+        kind: ``dense`` or ``flex`` (:data:`PACKED_ATTENTION`).
+
+    Returns:
+        ``dense``: (B, 1, Tq, Tk) bool, True = may attend; ``flex``: a
+        ``torch.nn.attention.flex_attention.BlockMask`` of the same rule.
+    """
+    if kind == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return _segment_rule(q_segments[b, q_idx], k_segments[b, kv_idx], q_idx, kv_idx,
+                                 causal)
+
+        return create_block_mask(mask_mod, q_segments.size(0), None, q_segments.size(1),
+                                 k_segments.size(1), device=q_segments.device)
+    q_idx = torch.arange(q_segments.size(1), device=q_segments.device)
+    k_idx = torch.arange(k_segments.size(1), device=k_segments.device)
+    allowed = _segment_rule(q_segments[:, :, None], k_segments[:, None, :],
+                            q_idx[None, :, None], k_idx[None, None, :], causal)  # (B, Tq, Tk)
+    return allowed[:, None]  # (B, 1, Tq, Tk)
+
+
+def _is_block_mask(mask: Any) -> bool:
+    return type(mask).__name__ == "BlockMask"
+
+
 # --------------------------------------------------------------------------------------
 # Positions (section 3.5)
 # --------------------------------------------------------------------------------------
@@ -177,6 +236,11 @@ class SinusoidalPositions(nn.Module):
             self.table = grown.to(self.table)  # keep device and dtype
         return self.table[offset:end]
 
+    def at(self, position_ids: Tensor, width: int) -> Tensor:
+        """Encodings of the positions ``position_ids`` (B, n), each below ``width``:
+        (B, n, D)."""
+        return self.forward(width)[position_ids]
+
 
 class LearnedPositions(nn.Module):
     """Learned positional embeddings (paper Table 3 row E), one vector per position."""
@@ -198,6 +262,11 @@ class LearnedPositions(nn.Module):
                 f"model.max_positions={self.weight.size(0)}; raise model.max_positions"
             )
         return self.weight[offset:end]
+
+    def at(self, position_ids: Tensor, width: int) -> Tensor:
+        """Embeddings of the positions ``position_ids`` (B, n), each below
+        ``model.max_positions`` (``width`` is not used): (B, n, D)."""
+        return self.weight[position_ids]
 
 
 # --------------------------------------------------------------------------------------
@@ -355,7 +424,13 @@ class MultiHeadAttention(nn.Module):
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None,
               is_causal: bool) -> Tensor:
         """SDPA with attention dropout in training:
-        (B, H, t, Dk), (B, H, S, Dk|Dv) -> (B, H, t, Dv)."""
+        (B, H, t, Dk), (B, H, S, Dk|Dv) -> (B, H, t, Dv). A block mask
+        (:func:`segment_attn_mask`, ``kind="flex"``) runs flex attention instead (no
+        dropout: the flex path is chosen only without attention dropout)."""
+        if _is_block_mask(attn_mask):
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention(q, k, v, block_mask=attn_mask)  # (B, H, t, Dv)
         with sdpa_context(self.sdpa_backends):
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal,
@@ -622,6 +697,9 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(d_model) if pre else None
         self.decoder_norm = nn.LayerNorm(d_model) if pre else None
 
+        self.packed_attention = "dense"
+        """How packed batches attend (:meth:`set_packed_attention`)."""
+
         self.reset_parameters()
         logger.info("%s", self.summary())
 
@@ -667,6 +745,21 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, MultiHeadAttention):
                 module.sdpa_backends = backends
+
+    def set_packed_attention(self, kind: str) -> None:
+        """How packed batches attend: ``dense`` or ``flex`` (:data:`PACKED_ATTENTION`).
+
+        Raises:
+            ValueError: another name, or ``flex`` with attention dropout (flex attention
+                has none).
+        """
+        if kind not in PACKED_ATTENTION:
+            raise ValueError(f"packed attention {kind!r}: choose from "
+                             f"{', '.join(PACKED_ATTENTION)}")
+        if kind == "flex" and float(self.cfg.attention_dropout) > 0:
+            raise ValueError("flex attention has no attention dropout; use dense with "
+                             f"model.attention_dropout={self.cfg.attention_dropout}")
+        self.packed_attention = kind
 
     def sdpa_kernels(self, device: torch.device, dtype: torch.dtype) -> dict[str, str]:
         """The SDPA backend each kind of attention of this model runs on ``device`` with
@@ -806,8 +899,46 @@ class Transformer(nn.Module):
                 x = x.flatten(0, 1).index_select(0, output_mask)  # (B*t, D) -> (N, D)
         return self.output_projection(x)  # (B, t, V), or (N, V) with output_mask
 
+    def forward_packed(self, src_tokens: Tensor, tgt_in: Tensor, src_segments: Tensor,
+                       src_positions: Tensor, tgt_segments: Tensor,
+                       tgt_positions: Tensor) -> Tensor:
+        """Teacher-forced logits of a packed batch (:mod:`transformer_nmt.data.packing`):
+        several sentence pairs per row, each attending only within itself
+        (:func:`segment_attn_mask`: encoder, causal decoder and cross-attention by segment,
+        ``packed_attention`` dense or flex), positions restarting at every sentence. Every
+        real position gets the logits the padded forward gives the same pair.
+
+        Args:
+            src_tokens, tgt_in: (R, L) long, padding only at row tails.
+            src_segments, tgt_segments: (R, L) integer segment ids (0 = padding).
+            src_positions, tgt_positions: (R, L) long position of each token in its sentence.
+
+        Returns:
+            logits (R, L, V); those of padding positions are finite and meaningless.
+        """
+        kind = self.packed_attention
+        enc_mask = segment_attn_mask(src_segments, src_segments, False, kind)
+        self_mask = segment_attn_mask(tgt_segments, tgt_segments, True, kind)
+        cross_mask = segment_attn_mask(tgt_segments, src_segments, False, kind)
+        width = src_tokens.size(1)
+        x = self.embed_tokens(src_tokens) * self.embed_scale  # (R, L, D)
+        x = self.embed_dropout(x + self.src_positions.at(src_positions, width))
+        for layer in self.encoder_layers:
+            x = layer(x, enc_mask)
+        memory = self.encoder_norm(x) if self.encoder_norm is not None else x
+        width = tgt_in.size(1)
+        y = self.tgt_embed_tokens(tgt_in) * self.embed_scale  # (R, L, D)
+        y = self.embed_dropout(y + self.tgt_positions.at(tgt_positions, width))
+        for i, layer in enumerate(self.decoder_layers):
+            y = layer(y, memory, self_mask, False, cross_mask, None, i)
+        if self.decoder_norm is not None:
+            y = self.decoder_norm(y)
+        return self.output_projection(y)  # (R, L, V)
+
     def forward(
-        self, src_tokens: Tensor, tgt_in: Tensor, output_mask: Tensor | None = None
+        self, src_tokens: Tensor, tgt_in: Tensor, output_mask: Tensor | None = None,
+        src_segments: Tensor | None = None, src_positions: Tensor | None = None,
+        tgt_segments: Tensor | None = None, tgt_positions: Tensor | None = None,
     ) -> Tensor:
         """Teacher-forced logits.
 
@@ -820,9 +951,18 @@ class Transformer(nn.Module):
                 product for every padding position). Indices, computed on the host, avoid
                 the device synchronisation and ``torch.compile`` graph break of a bool mask.
 
+            src_segments, src_positions, tgt_segments, tgt_positions: (B, S) / (B, T) of a
+                packed batch (:meth:`forward_packed`, which then runs; ``output_mask`` must
+                be None), or None.
+
         Returns:
             logits (B, T, V), or (N, V) for the N True positions of ``output_mask`` in
             row-major order (for indices: in their order).
         """
+        if src_segments is not None:
+            if output_mask is not None:
+                raise ValueError("a packed batch takes no output_mask")
+            return self.forward_packed(src_tokens, tgt_in, src_segments, src_positions,
+                                       tgt_segments, tgt_positions)
         memory, _, attn_mask = self._encode(src_tokens)
         return self._decode(tgt_in, memory, attn_mask, None, output_mask)
