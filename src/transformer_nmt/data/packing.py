@@ -14,18 +14,24 @@ Layout
     every sentence; the model's attention stays within a segment
     (:func:`transformer_nmt.model.transformer.segment_attn_mask`).
 
-Which pairs go together (:meth:`PackedSampler._compose`)
-    The sentences are sorted by length as for padded batches (same key, same random
-    tie-break from ``seed``) and laid into rows *next-fit*: a pair joins the current row when
-    both its source and its target still fit, else it opens the next row; ``R`` rows make a
-    batch. :func:`next_fit_rows` is that rule; :func:`collate_packed` applies it again to a
-    batch's indices in the order the sampler gives them and finds the same rows. Everything
-    else (the epoch's batch order, the round robin over ranks, the resumable position, the
-    consumed-sentence set across GPU counts) is :class:`LengthBucketSampler`'s.
+Which pairs go together (:meth:`PackedSampler._compose`, :func:`best_fit_rows`)
+    Each row is filled *best-fit decreasing* on a pair's longer side (``max(source,
+    target)`` with eos / bos): it starts with the longest pair left, then takes, while one
+    fits, the longest pair left that fits the room that remains; so long pairs share their
+    rows with short ones. Among pairs of one length the order is the padded sampler's random
+    tie-break from ``seed``. ``R`` consecutive rows make a batch, and the batch gives its
+    pairs row by row. :func:`collate_packed` lays a batch's pairs into rows *next-fit* in
+    that order (:func:`next_fit_rows`: a pair joins the current row while both its source
+    and target fit); greedy filling of a sequence is never worse than any split of it into
+    consecutive rows, so the batch's pairs fit its ``R`` rows. Everything else (the
+    composition fixed from ``seed``, each epoch's batch order, the round robin over ranks,
+    the resumable position, the consumed-sentence set across GPU counts) is
+    :class:`LengthBucketSampler`'s.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,8 +41,8 @@ from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
 from transformer_nmt.data.batching import LengthBucketSampler, _length_order
 from transformer_nmt.data.collate import Batch
 
-__all__ = ["PackLengthError", "PackedSampler", "collate_packed", "next_fit_rows",
-           "packed_rows"]
+__all__ = ["PackLengthError", "PackedSampler", "best_fit_rows", "collate_packed",
+           "next_fit_rows", "packed_rows"]
 
 
 class PackLengthError(ValueError):
@@ -86,6 +92,50 @@ def next_fit_rows(src_len: Sequence[int] | np.ndarray, tgt_len: Sequence[int] | 
     return rows
 
 
+def best_fit_rows(longer: np.ndarray, order: np.ndarray, length: int) -> tuple[np.ndarray,
+                                                                               np.ndarray]:
+    """Rows of at most ``length`` positions, filled best-fit decreasing (module docstring).
+
+    Args:
+        longer: (N,) each pair's longer side (eos / bos included), each at most ``length``.
+        order: (M,) the pairs to lay out; among equal lengths, taken in this order.
+        length: positions per row.
+
+    Returns:
+        ``(laid, starts)``: ``laid`` (M,) int64 the pairs row by row, ``starts`` (rows + 1,)
+        int64 offsets into it (row ``r`` is ``laid[starts[r]:starts[r+1]]``).
+    """
+    if len(order) == 0:
+        return np.zeros(0, np.int64), np.zeros(1, np.int64)
+    by_length = order[np.argsort(longer[order], kind="stable")]  # ascending, ties in order
+    values, first, counts = np.unique(longer[by_length], return_index=True, return_counts=True)
+    values = values.tolist()
+    next_of = dict(zip(values, first.tolist(), strict=True))  # next pair of each length
+    end_of = dict(zip(values, (first + counts).tolist(), strict=True))
+    available = list(values)  # ascending lengths with pairs left
+    pairs = by_length.tolist()
+    laid: list[int] = []
+    starts = [0]
+
+    def take(j: int) -> int:
+        value = available[j]
+        laid.append(pairs[next_of[value]])
+        next_of[value] += 1
+        if next_of[value] == end_of[value]:
+            del available[j]
+        return value
+
+    while available:
+        room = length - take(len(available) - 1)  # the longest pair left opens the row
+        while True:
+            j = bisect.bisect_right(available, room) - 1  # the longest pair that fits
+            if j < 0:
+                break
+            room -= take(j)
+        starts.append(len(laid))
+    return np.asarray(laid, dtype=np.int64), np.asarray(starts, dtype=np.int64)
+
+
 class PackedSampler(LengthBucketSampler):
     """Batch sampler of packed micro-batches: each batch is the pairs of ``rows`` rows of
     ``pack_length`` positions (module docstring), in row order.
@@ -118,8 +168,9 @@ class PackedSampler(LengthBucketSampler):
 
     def _compose(self, keep: np.ndarray,
                  rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
-        """Sort ``keep`` by length, lay the pairs into rows next-fit and cut every ``rows``
-        rows: ``(order, bounds)`` as :func:`~transformer_nmt.data.batching._bucket`."""
+        """Lay ``keep`` into rows (:func:`best_fit_rows`, ties broken by ``rng``) and cut
+        every ``rows`` rows: ``(order, bounds)`` as
+        :func:`~transformer_nmt.data.batching._bucket`."""
         longer = np.maximum(self._src_len, self._tgt_len)
         too_long = keep[longer[keep] > self.pack_length]
         if len(too_long):
@@ -130,12 +181,11 @@ class PackedSampler(LengthBucketSampler):
                 f"than pack_length={self.pack_length} ({len(too_long)} such pair(s); the "
                 f"longest is {longest})", first, longest)
         order = _length_order(self._src_len, self._tgt_len, keep, rng)
-        if len(order) == 0:
-            return order, np.zeros(1, np.int64)
-        row_of = next_fit_rows(self._src_len[order], self._tgt_len[order], self.pack_length)
-        firsts = np.arange(0, int(row_of[-1]) + 1, self.rows)  # first row of each batch
-        bounds = np.append(np.searchsorted(row_of, firsts, side="left"), len(order))
-        return order, bounds.astype(np.int64)
+        laid, starts = best_fit_rows(longer, order, self.pack_length)
+        bounds = starts[::self.rows]  # every rows-th row starts a batch
+        if bounds[-1] != starts[-1]:
+            bounds = np.append(bounds, starts[-1])
+        return laid, bounds.astype(np.int64)
 
     @property
     def padding_efficiency(self) -> float:

@@ -10,6 +10,7 @@ from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
 from transformer_nmt.data.packing import (
     PackedSampler,
     PackLengthError,
+    best_fit_rows,
     collate_packed,
     next_fit_rows,
 )
@@ -31,6 +32,16 @@ def test_next_fit_rows_fill_each_row_while_both_sides_fit():
     # lengths with eos: (3, 4) (3, 4) (5, 1) (2, 2): 3+3 <= 8 and 4+4 <= 8; then 5 > 8-6
     assert next_fit_rows([3, 3, 5, 2], [4, 4, 1, 2], 8).tolist() == [0, 0, 1, 1]
     assert next_fit_rows([], [], 8).tolist() == []
+
+
+def test_best_fit_puts_short_pairs_beside_long_ones():
+    longer = np.array([10, 2, 7, 3, 8, 2])
+    laid, starts = best_fit_rows(longer, np.arange(6), 10)
+    rows = [laid[a:b].tolist() for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    assert rows == [[0], [4, 1], [2, 3], [5]]  # 10 | 8 + 2 | 7 + 3 | 2
+    # among equal lengths the given order (the seed's tie-break) decides
+    laid, _ = best_fit_rows(longer, np.array([5, 0, 1, 2, 3, 4]), 10)
+    assert laid.tolist() == [0, 4, 5, 2, 3, 1]
 
 
 def test_collated_rows_hold_whole_pairs_with_segments_and_positions():
