@@ -259,6 +259,17 @@ class TrainerConfig:
     this (tensor-core-sized matrices, fewer shapes for the compiled step); 1 = no rounding;
     None (default): 8 when training on CUDA, 1 elsewhere (on a CPU the extra padding is
     only extra work)."""
+    packing: bool = False
+    """Train on packed micro-batches (:mod:`transformer_nmt.data.packing`): whole sentence
+    pairs laid end to end in ``max_tokens // pack_length`` rows of ``pack_length`` positions,
+    each attending only within itself, positions restarting at every sentence; one static
+    shape for the whole run, padding only at row tails. Off (padded length buckets) for every
+    preset until a GPU measures it (docs/training.md, Packed batches). Validation and
+    decoding are not packed."""
+    pack_length: int | None = None
+    """Positions per packed row (``packing`` only), at least the longest training pair in
+    pieces with eos or bos (one ``error:`` line names both otherwise); None: that longest pair,
+    from the prepared data's ``.idx`` lengths."""
     max_bad_steps: int = 10
     """Stop after this many consecutive steps with a non-finite loss or gradient (fp16
     loss-scaler overflows do not count: they stop training only when the scale falls

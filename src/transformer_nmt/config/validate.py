@@ -173,6 +173,10 @@ def validate(cfg: Config) -> None:
     for key in ("weight_decay", "clip_norm", "num_workers"):
         if getattr(t, key) < 0:
             errors.append(f"trainer.{key}={getattr(t, key)} must be >= 0")
+    if t.pack_length is not None and not 0 < t.pack_length <= t.max_tokens:
+        errors.append(f"trainer.pack_length={t.pack_length} must be positive and at most "
+                      f"trainer.max_tokens={t.max_tokens} (a packed micro-batch is "
+                      "max_tokens // pack_length rows), or null")
     if t.patience is not None and t.patience <= 0:
         errors.append(f"trainer.patience={t.patience} must be positive (or null)")
     elif (t.patience is not None and t.validate_every_steps is None

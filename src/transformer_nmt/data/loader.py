@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import functools
 import signal
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -23,10 +25,13 @@ def build_dataloader(
     pad_to_multiple: int = 1,
     max_length: int | None = None,
     prefetch_factor: int | None = None,
+    collate_fn: Callable[..., Any] | None = None,
 ) -> DataLoader:
     """A ``DataLoader`` over ``dataset`` with ``sampler`` as its batch sampler.
 
-    ``pad_to_multiple`` and ``max_length`` go to :func:`collate`; ``prefetch_factor``:
+    ``pad_to_multiple`` and ``max_length`` go to :func:`collate`; ``collate_fn`` replaces
+    it (packed batches: :func:`~transformer_nmt.data.packing.collate_packed` with the
+    sampler's shape); ``prefetch_factor``:
     batches each worker prepares ahead (``num_workers > 0`` only; None = PyTorch's 2). The
     workers persist across epochs (``persistent_workers``): they are forked once, before the
     compile and TensorBoard threads exist, not again at every epoch; the batch sampler runs
@@ -49,7 +54,8 @@ def build_dataloader(
     return DataLoader(
         dataset,
         batch_sampler=sampler,
-        collate_fn=(collate if pad_to_multiple <= 1 and max_length is None else
+        collate_fn=(collate_fn if collate_fn is not None else
+                    collate if pad_to_multiple <= 1 and max_length is None else
                     functools.partial(collate, pad_to_multiple=pad_to_multiple,
                                       max_length=max_length)),
         num_workers=num_workers,

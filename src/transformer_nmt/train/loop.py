@@ -202,7 +202,8 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
             out = forward_backward(run.train_model, micro_batches, epsilon=epsilon,
                                    device=run.device, world_size=info.world_size,
                                    autocast=run.autocast, scaler=run.scaler,
-                                   pad_to_multiple=run.pad_to_multiple)
+                                   pad_to_multiple=run.pad_to_multiple,
+                                   packed_shape=run.packed_shape)
             # decisions every rank must agree on (time is read on rank 0), summed over the
             # ranks in the step's own all-reduce: no collective or host read of their own
             flags = [*(int(stop_flag.requested == sig) for sig in stop_signals),

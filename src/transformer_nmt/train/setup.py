@@ -5,12 +5,14 @@ schedule and grad scaler, as one :class:`Setup`."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -20,8 +22,9 @@ from transformer_nmt.config import Config, Positions, to_plain
 from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset
 from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
 from transformer_nmt.data.loader import build_dataloader
+from transformer_nmt.data.packing import PackedSampler, PackLengthError, collate_packed
 from transformer_nmt.data.prepare import training_data_identity
-from transformer_nmt.errors import UserError
+from transformer_nmt.errors import ConfigError, UserError
 from transformer_nmt.fileio import spm_model_path
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.runtime import (
@@ -67,6 +70,9 @@ class Setup:
     saved in checkpoints and compared on resume."""
     pad_to_multiple: int = 1
     """The batches' length multiple (``trainer.pad_to_multiple`` resolved for the device)."""
+    packed_shape: tuple[int, int] | None = None
+    """``(rows, pack_length)`` of every packed training micro-batch (``trainer.packing``);
+    None for padded batches."""
     grads_in_buckets: bool = False
     """The gradients are views of DDP's buckets (``gradient_as_bucket_view``): they are
     zeroed in place, never set to None (which would detach them from the buckets)."""
@@ -105,14 +111,27 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     max_positions = cfg.model.max_positions
     pad_to_multiple = resolve_pad_to_multiple(t_cfg.pad_to_multiple, device)
 
+    pack_length = (resolve_pack_length(cfg, train_set) if t_cfg.packing else None)
+
     def make_sampler(max_tokens: int) -> LengthBucketSampler:
         try:
+            if pack_length is not None:
+                return PackedSampler(
+                    train_set.src_sizes, train_set.tgt_sizes, max_tokens,
+                    pack_length=pack_length, shuffle=True, seed=seed, rank=info.rank,
+                    world_size=info.world_size, skip_too_long=t_cfg.too_long == "skip",
+                    max_positions=max_positions)
             return LengthBucketSampler(
                 train_set.src_sizes, train_set.tgt_sizes, max_tokens, shuffle=True,
                 seed=seed, rank=info.rank, world_size=info.world_size,
                 skip_too_long=t_cfg.too_long == "skip", max_positions=max_positions,
                 pad_to_multiple=pad_to_multiple,
             )
+        except PackLengthError as e:
+            raise ConfigError(
+                f"trainer.pack_length={pack_length} is shorter than the longest training pair "
+                f"of {cfg.data.name} ({e.longest} pieces with eos; pair {e.index} is the first "
+                f"too long): set trainer.pack_length={e.longest} or more, or null") from e
         except ValueError as e:  # a pair alone longer than max_tokens, too_long=error
             raise UserError(f"training split {cfg.data.train_split!r} of {cfg.data.name}: {e} "
                             "(trainer.too_long=skip leaves such pairs out)") from e
@@ -146,11 +165,15 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
             f"validate on: {_left_out(valid_sampler, len(valid_set), cfg)}")
     pin = device.type == "cuda"
     # Private generators: creating a loader iterator must not draw from the global torch RNG.
+    packed_shape = sampler.shape if isinstance(sampler, PackedSampler) else None
     train_loader = build_dataloader(
         train_set, sampler, loader_workers(t_cfg.num_workers), pin,
         generator=torch.Generator().manual_seed(seed),
         pad_to_multiple=pad_to_multiple, max_length=_max_length(cfg),
-        prefetch_factor=t_cfg.prefetch_factor)
+        prefetch_factor=t_cfg.prefetch_factor,
+        collate_fn=(None if packed_shape is None else
+                    functools.partial(collate_packed, rows=packed_shape[0],
+                                      length=packed_shape[1])))
     valid_loader = build_dataloader(valid_set, valid_sampler, 0, pin,
                                     generator=torch.Generator().manual_seed(seed))
     steps_per_epoch = math.ceil(len(sampler) / t_cfg.update_freq)
@@ -169,11 +192,17 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     log.info("attention kernels (trainer.sdpa_backends=%s): masked encoder and cross "
              "attention %s, causal decoder self-attention %s", ",".join(t_cfg.sdpa_backends),
              kernels["masked"], kernels["causal"])
+    compiled = compile_enabled(t_cfg.compile, device)
+    if packed_shape is not None:
+        model.set_packed_attention(packed_attention_kind(cfg, device, compiled))
+        log.info("packed batches: %d rows x %d positions (trainer.pack_length), %.3f of the "
+                 "positions real; attention by segment: %s", *packed_shape,
+                 sampler.padding_efficiency, model.packed_attention)
     optimizer = build_optimizer(model, t_cfg)
     scheduler = build_scheduler(optimizer, cfg.model.d_model, t_cfg)
     scaler = grad_scaler(precision == "fp16")
     train_model = wrap_model(
-        model, info, compile=compile_enabled(t_cfg.compile, device),
+        model, info, compile=compiled,
         grad_compression=resolve_grad_compression(str(t_cfg.grad_compression), device),
         bucket_cap_mb=t_cfg.bucket_cap_mb)
     seed_everything(seed + info.rank)
@@ -186,7 +215,33 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         params=[p for p in model.parameters() if p.requires_grad],
         pad_to_multiple=pad_to_multiple,
         grads_in_buckets=info.distributed,
+        packed_shape=packed_shape,
     )
+
+
+def resolve_pack_length(cfg: Config, train_set: ParallelDataset) -> int:
+    """``trainer.pack_length``, or when it is None the longest training pair the run keeps
+    (either side, eos or bos included; pairs beyond ``model.max_positions``, and with
+    ``trainer.too_long=skip`` beyond ``max_tokens``, are left out by the sampler and do not
+    count), from the prepared data's lengths."""
+    if cfg.trainer.pack_length is not None:
+        return int(cfg.trainer.pack_length)
+    longer = np.maximum(train_set.src_sizes, train_set.tgt_sizes) + 1
+    limit = int(cfg.model.max_positions)
+    if cfg.trainer.too_long == "skip":
+        limit = min(limit, int(cfg.trainer.max_tokens))
+    kept = longer[longer <= limit]
+    return max(int(kept.max(initial=1)), 1)
+
+
+def packed_attention_kind(cfg: Config, device: torch.device, compiled: bool) -> str:
+    """How packed batches attend (:meth:`Transformer.set_packed_attention`): ``flex`` when the
+    model is compiled on CUDA without attention dropout (flex attention's block mask skips
+    the blocks between sentences), else ``dense`` (a boolean mask with SDPA: torch 2.13 has
+    no flex backward on a CPU, and flex attention has no dropout)."""
+    if compiled and device.type == "cuda" and float(cfg.model.attention_dropout) == 0.0:
+        return "flex"
+    return "dense"
 
 
 def _activation_dtype(precision: str) -> torch.dtype:

@@ -59,6 +59,18 @@ def _dummy_batch(pad_to_multiple: int = 8) -> Batch:
     return batch
 
 
+def _dummy_packed_batch(shape: tuple[int, int]) -> Batch:
+    """The zero-weight batch of a rank without data for a micro-step with packed batches:
+    the run's one (rows, pack_length) shape, all padding (its loss is 0 before the zero
+    weight: every target is padding)."""
+    grid = torch.full(shape, PAD_ID, dtype=torch.long)
+    zeros = torch.zeros(shape, dtype=torch.long)
+    return Batch(ids=torch.zeros(0, dtype=torch.long), src_tokens=grid, src_lengths=zeros[0, :0],
+                 tgt_in=grid.clone(), tgt_out=grid.clone(), ntokens=0, nsentences=0,
+                 tgt_lengths=zeros[0, :0], src_segments=zeros.int(), src_positions=zeros,
+                 tgt_segments=zeros.int(), tgt_positions=zeros.clone())
+
+
 def mark_dynamic_batch(src_tokens: torch.Tensor, tgt_in: torch.Tensor,
                        keep: torch.Tensor) -> None:
     """Mark the batch and length dimensions of the model's inputs (B, S), (B, T) and the
@@ -103,6 +115,7 @@ def forward_backward(
     autocast: Any = contextlib.nullcontext,
     scaler: Any = None,
     pad_to_multiple: int = 1,
+    packed_shape: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Accumulate the gradient of one optimizer step over its micro-batches.
 
@@ -119,6 +132,10 @@ def forward_backward(
         scaler: an fp16 GradScaler (or None / a disabled one).
         pad_to_multiple: the batches' length multiple (``trainer.pad_to_multiple``), which
             shapes the dummy batch.
+        packed_shape: ``(rows, pack_length)`` when the batches are packed
+            (``trainer.packing``): the model runs :meth:`Transformer.forward_packed` on every
+            position of the one static shape and the loss ignores the padding (no selection
+            of real positions, whose count varies); None for padded batches.
 
     Returns:
         ``counts``: (5,) float64 on ``device``, global sums over all ranks in the order of
@@ -133,7 +150,8 @@ def forward_backward(
     # Host-side counts (the batches are still on the CPU): no device synchronisation.
     if real:
         src_lens = torch.cat([b.src_lengths for b in real]).to(torch.float64)  # (sum B,)
-        tgt_lens = torch.cat([b.tgt_out.ne(PAD_ID).sum(1) for b in real]).to(torch.float64)
+        tgt_lens = torch.cat([b.tgt_lengths if b.packed else b.tgt_out.ne(PAD_ID).sum(1)
+                              for b in real]).to(torch.float64)  # (sum B,) per sentence
         counts = torch.stack([tgt_lens.sum(), src_lens.sum(), (src_lens * src_lens).sum(),
                               (tgt_lens * tgt_lens).sum(), (src_lens * tgt_lens).sum()])
     else:
@@ -150,7 +168,27 @@ def forward_backward(
     for i, batch in enumerate(micro_batches):
         dummy = batch is None
         if dummy:
-            batch = _dummy_batch(pad_to_multiple)
+            batch = (_dummy_batch(pad_to_multiple) if packed_shape is None
+                     else _dummy_packed_batch(packed_shape))
+        last = i == len(micro_batches) - 1
+        sync_ctx = contextlib.nullcontext() if (last or no_sync is None) else no_sync()
+        if batch.packed:
+            target = to_device(batch.tgt_out.reshape(-1), device)  # (R*L,) padding ignored
+            batch = batch.to(device)
+            with sync_ctx:
+                with autocast():
+                    logits = model(batch.src_tokens, batch.tgt_in, None, batch.src_segments,
+                                   batch.src_positions, batch.tgt_segments,
+                                   batch.tgt_positions).flatten(0, 1)  # (R*L, V)
+                loss, nll = loss_fn(logits, target, epsilon, PAD_ID)
+                scaled = loss * (0.0 if dummy else factor)
+                if scaler is not None:
+                    scaled = scaler.scale(scaled)
+                scaled.backward()
+            if not dummy:
+                loss_total += loss.detach()
+                nll_total += nll.detach()
+            continue
         # real target positions as flat indices, found on the host (a bool mask on the
         # device would be read back to size the selection)
         keep = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
@@ -161,8 +199,6 @@ def forward_backward(
         target = target.to(device, non_blocking=True)
         batch = batch.to(device)
         mark_dynamic_batch(batch.src_tokens, batch.tgt_in, keep)
-        last = i == len(micro_batches) - 1
-        sync_ctx = contextlib.nullcontext() if (last or no_sync is None) else no_sync()
         with sync_ctx:
             with autocast():
                 logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V), N real
