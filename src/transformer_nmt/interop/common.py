@@ -34,7 +34,7 @@ from transformer_nmt.config import (
 )
 from transformer_nmt.data.bpe import SentencePieceTokenizer, meta_path
 from transformer_nmt.errors import ExportError, NotWritableError
-from transformer_nmt.fileio import umask, write_error
+from transformer_nmt.fileio import read_json, umask, write_error
 from transformer_nmt.run.results import format_value
 
 SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
@@ -122,8 +122,6 @@ def unicode_form_of(spm_path: Path) -> str | None:
     """The Unicode normalization recorded beside a SentencePiece model (``spm.json``), or None."""
     meta = meta_path(spm_path)
     if meta.is_file():
-        from transformer_nmt.fileio import read_json
-
         return read_json(meta)["params"].get("unicode_form")
     return None
 
