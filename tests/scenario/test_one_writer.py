@@ -207,3 +207,38 @@ def test_sigterm_ends_a_lock_holder_through_its_exit_and_removes_the_lock(tmp_pa
     holder.stop(signal.SIGTERM)
     assert holder.proc.returncode == 143
     assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_command_refused_by_the_lock_leaves_no_hydra_folder_or_log_in_the_run(tmp_path):
+    """An existing run (a trainer's .hydra and log in it) and an nmt-evaluate refused by the
+    lock: its .hydra/evaluate/ and its empty evaluate.log are not left behind; the run's own
+    files stay as they were."""
+    run_dir = tmp_path / "runs" / "x"
+    (run_dir / ".hydra" / "train").mkdir(parents=True)
+    (run_dir / ".hydra" / "train" / "config.yaml").write_text("name: x\n")
+    (run_dir / "train.log").write_text("trained\n")
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    holder = Holder(run_dir, "nmt-train")
+    try:
+        r = _cli("evaluate", f"run_dir={run_dir}", "name=x", f"data.root={tmp_path / 'data'}",
+                 cwd=tmp_path)
+        assert r.returncode == 2 and "is in use by another nmt-train" in r.stderr, r.stderr
+        after = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")
+                       if p.name != LOCK_NAME)
+        assert after == before
+        assert (run_dir / "train.log").read_text() == "trained\n"
+    finally:
+        holder.stop()
+
+
+def test_nmt_table_creates_no_run_folder(tmp_path):
+    """nmt-table writes its table and nothing else: no runs/no_experiment/ with Hydra's files
+    and a log, in the folder it runs from."""
+    out = tmp_path / "out" / "results.md"
+    out.parent.mkdir()
+    r = _cli("table", f"table.output={out}", f"table.results_glob={tmp_path}/none/*.json",
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert out.is_file()
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [
+        out.parent.relative_to(tmp_path), out.relative_to(tmp_path)]

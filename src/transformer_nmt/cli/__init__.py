@@ -387,6 +387,13 @@ def _read_only_run(run_dir: Path, job: str, writes_run: bool) -> None:
               "it; copy the run to a writable folder and give that as run_dir=",
               file=sys.stderr)
         sys.exit(USER_EXIT)
+    _hydra_writes_nothing(run_dir)
+
+
+def _hydra_writes_nothing(run_dir: Path) -> None:
+    """Let Hydra write nothing for this command: no ``.hydra`` files, no log file (the log
+    goes to the console only, :data:`READ_ONLY_RUN`), and no run folder created (Hydra's
+    folder pointed at the nearest one that exists)."""
     overrides = list(READ_ONLY_RUN)
     if not run_dir.exists():  # Hydra creates hydra.run.dir: point it at a folder that is there
         folder = str(_existing(run_dir)).replace("\\", "\\\\").replace("'", "\\'")
@@ -395,18 +402,23 @@ def _read_only_run(run_dir: Path, job: str, writes_run: bool) -> None:
 
 
 def _snapshot(run_dir: Path, job: str) -> dict[Path, bytes] | None:
-    """The run directory's ``.hydra/<job>`` files before Hydra rewrites them; None when the
-    run directory does not exist yet."""
+    """The run directory's ``.hydra/<job>`` files before Hydra rewrites them, and its
+    ``<job>.log`` when there is one; None when the run directory does not exist yet."""
     if not run_dir.exists():
         return None
     folder = run_dir / ".hydra" / job
-    return {p: p.read_bytes() for p in folder.glob("*") if p.is_file()} if folder.is_dir() else {}
+    files = {p: p.read_bytes() for p in folder.glob("*") if p.is_file()} if folder.is_dir() else {}
+    log_file = run_dir / f"{job}.log"
+    if log_file.is_file():
+        files[log_file] = b""  # kept as it is: only its presence is recorded
+    return files
 
 
 def _undo_hydra_files(run_dir: Path, job: str, before: dict[Path, bytes] | None) -> None:
     """Remove what Hydra wrote for a command that failed on a user error: for a new run
     directory its ``.hydra`` folder, its log and the directory itself when nothing else is
-    in it; for an existing one, the ``.hydra/<job>`` files as they were."""
+    in it; for an existing one, the ``.hydra/<job>`` files as they were, the folders this
+    command made when they are left empty, and an empty log that it created."""
     hydra_dir = run_dir / ".hydra"
     with contextlib.suppress(OSError):
         if before is None:
@@ -420,11 +432,19 @@ def _undo_hydra_files(run_dir: Path, job: str, before: dict[Path, bytes] | None)
             with contextlib.suppress(OSError):
                 run_dir.rmdir()  # only when empty
         else:
+            log_file = run_dir / f"{job}.log"
             for p in (hydra_dir / job).glob("*"):
                 if p.is_file() and p not in before:
                     p.unlink()
             for p, data in before.items():
-                p.write_bytes(data)
+                if p != log_file:
+                    p.write_bytes(data)
+            with contextlib.suppress(OSError):
+                (hydra_dir / job).rmdir()  # only when empty: this command made it
+            with contextlib.suppress(OSError):
+                hydra_dir.rmdir()
+            if log_file not in before and log_file.is_file() and log_file.stat().st_size == 0:
+                log_file.unlink()
 
 
 @contextlib.contextmanager
@@ -475,7 +495,7 @@ def _print_help(job: str, args: list[str]) -> NoReturn:
 
 
 def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None,
-            writes_run: bool = True) -> None:
+            writes_run: bool = True, run_folder: bool = True) -> None:
     """Run a ``@hydra.main`` app as a console script with one-line user errors.
 
     Args:
@@ -488,6 +508,9 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
             folder that cannot be written is one ``error:`` line before Hydra starts; else
             (``nmt-translate``, ``nmt-table``, ``nmt-prepare``) the command runs without
             Hydra's ``.hydra`` files and log file there (:func:`_read_only_run`).
+        run_folder: False for a command that keeps nothing in a run folder (``nmt-table``):
+            Hydra then creates none and writes no ``.hydra`` files or log file
+            (:func:`_hydra_writes_nothing`).
 
     Exits with status 2 after printing ``error: <message>`` on a user error, with 130 after
     one line on Ctrl-C (a KeyboardInterrupt that reaches it; one with a message, such as
@@ -520,6 +543,9 @@ def run_app(app: Callable[[], None], job: str, argv: Sequence[str] | None = None
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(USER_EXIT)
+    if run_dir is not None and not run_folder:
+        _hydra_writes_nothing(run_dir)
+        run_dir = None
     if run_dir is not None:
         _read_only_run(run_dir, job, writes_run)
         before = _snapshot(run_dir, job)

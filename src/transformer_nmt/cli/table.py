@@ -34,7 +34,7 @@ def app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point: :func:`app` with one-line user errors (exit status 2)."""
-    run_app(app, "table", writes_run=False)
+    run_app(app, "table", writes_run=False, run_folder=False)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ d_v other than d_model / heads, untied embeddings for Marian.
 from __future__ import annotations
 
 import errno
+import glob
+import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -36,6 +39,8 @@ from transformer_nmt.data.bpe import SentencePieceTokenizer, meta_path
 from transformer_nmt.errors import ExportError, NotWritableError
 from transformer_nmt.fileio import read_json, umask, write_error
 from transformer_nmt.run.results import format_value
+
+log = logging.getLogger(__name__)
 
 SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
 """Pieces of our special ids in the shared SentencePiece model (bpe.py trains it so)."""
@@ -251,11 +256,36 @@ def check_tokenizer(checkpoint: str | Path, spm_path: Path) -> None:
     check_vocab(checkpoint, SentencePieceTokenizer(spm_path))
 
 
+_KILLED_EXPORT = re.compile(r"^(?:[a-z0-9_]{8}|old\.\d+)$")
+"""What follows ``.<name>.`` in the temporary folders of an export (``tempfile.mkdtemp``'s
+eight characters) and in the folder it replaces (``old.<pid>``)."""
+
+
+def remove_killed_exports(out_dir: Path) -> list[Path]:
+    """Remove the temporary folders that an export of ``out_dir`` killed before its end left
+    beside it (``.<name>.<random>/``, ``.<name>.old.<pid>/``), each holding
+    :data:`EXPORT_MARKER` or nothing but files an export writes; returns them. Called by the
+    export that holds ``out_dir``'s lock (``nmt-export``), so none is another export's."""
+    removed = []
+    prefix = f".{out_dir.name}."
+    for p in out_dir.parent.glob(f"{glob.escape(prefix)}*"):
+        rest = p.name[len(prefix):]
+        if p.is_dir() and not p.is_symlink() and _KILLED_EXPORT.match(rest):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    if removed:
+        log.warning("removed %d folder(s) left by an export killed before its end: %s",
+                    len(removed), ", ".join(str(p) for p in removed))
+    return removed
+
+
 def atomic_export_folder(out_dir: Path, overwrite: bool):
     """Context: a temporary folder beside ``out_dir``, renamed to it on success.
 
     The folder gets :data:`EXPORT_MARKER` and the umask's permissions (not the temporary
-    folder's 0700). An existing ``out_dir`` is replaced only when it
+    folder's 0700). An ``out_dir`` that is a symlink is replaced where it points, the link
+    kept; the folders an earlier export killed before its end left beside it are removed
+    first (:func:`remove_killed_exports`). An existing ``out_dir`` is replaced only when it
     holds that marker (an earlier export) and ``overwrite`` is true: an export never removes a
     folder it did not write.
 
@@ -269,9 +299,13 @@ def atomic_export_folder(out_dir: Path, overwrite: bool):
     @contextlib.contextmanager
     def ctx():
         _refuse_output(out_dir, overwrite)
+        # an export folder reached through a symlink is replaced where the link points, and
+        # the link kept
+        target = out_dir.resolve() if out_dir.is_symlink() else out_dir
         try:
-            out_dir.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            remove_killed_exports(target)
+            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
         except OSError as e:
             if isinstance(e, PermissionError) or e.errno == errno.EROFS:
                 raise NotWritableError(
@@ -285,13 +319,13 @@ def atomic_export_folder(out_dir: Path, overwrite: bool):
             (tmp / EXPORT_MARKER).write_bytes(b"")
             _umask_permissions(tmp)
             _refuse_output(out_dir, True)  # written meanwhile by someone else?
-            if out_dir.exists():
-                old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
-                os.replace(out_dir, old)
-                os.replace(tmp, out_dir)
+            if target.exists():
+                old = target.with_name(f".{target.name}.old.{os.getpid()}")
+                os.replace(target, old)
+                os.replace(tmp, target)
                 shutil.rmtree(old, ignore_errors=True)
             else:
-                os.replace(tmp, out_dir)
+                os.replace(tmp, target)
         except BaseException as e:
             error = write_error(e, out_dir) if isinstance(e, Exception) else None
             shutil.rmtree(tmp, ignore_errors=True)
