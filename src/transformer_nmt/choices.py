@@ -129,6 +129,9 @@ class DecodePrecision(Choice):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
+    int8 = "int8"
+    """the linear layers' weights in int8, one scale per output channel (our engine, on a CPU:
+    :mod:`transformer_nmt.decode.quantize`)"""
 
 
 class LenpenForm(Choice):

@@ -32,7 +32,7 @@ HANDED_OVER_SIGNALS = ("SIGUSR2",)
 (:meth:`StopFlag.hand_over`): submitit's SIGUSR2 handler requeues the job."""
 INTERRUPT_EXIT = 130
 """Exit status after a second Ctrl-C (128 + SIGINT, what shells report for an interrupt)."""
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -94,12 +94,13 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def autocast_context(precision: str, device: torch.device):
-    """Autocast for ``bf16``/``fp16`` on ``device``; a no-op for ``fp32``.
+    """Autocast for ``bf16``/``fp16`` on ``device``; a no-op for ``fp32`` and for ``int8``
+    (the quantized layers carry it: :mod:`transformer_nmt.decode.quantize`).
 
     Raises:
         ValueError: for an unknown precision.
     """
-    if precision == "fp32":
+    if precision in ("fp32", "int8"):
         return contextlib.nullcontext()
     if precision not in _DTYPES:
         raise ValueError(f"decode.precision={precision!r} is not one of {list(PRECISIONS)}")

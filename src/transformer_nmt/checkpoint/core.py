@@ -213,9 +213,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def non_finite_parameters(state: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the floating-point tensors of a state dict that hold NaN or inf values."""
+    """Names of the floating-point tensors of a state dict that hold NaN or inf values (other
+    entries, such as a quantized layer's packed weights, are passed over)."""
     return [k for k, v in state.items()
-            if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+            if isinstance(v, torch.Tensor) and v.is_floating_point()
+            and not bool(torch.isfinite(v).all())]
 
 
 def latest_finite_checkpoint(run_dir: str | Path) -> Path | None:

@@ -357,7 +357,8 @@ class DecodeConfig:
     max_input_tokens: int = 1000
     """Longer inputs are truncated (with a warning)."""
     precision: DecodePrecision = DecodePrecision.fp32
-    """fp32, bf16 or fp16."""
+    """fp32, bf16 or fp16 (autocast), or int8: the linear layers' weights in int8 with one
+    scale per output channel, on a CPU (:mod:`transformer_nmt.decode.quantize`)."""
     engine: Engine = Engine.native
     """``native`` (our beam search), ``ctranslate2`` or ``ctranslate2_int8``
     (transformer_nmt.interop)."""

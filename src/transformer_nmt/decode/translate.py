@@ -46,6 +46,7 @@ from transformer_nmt.decode.beam_search import (
     greedy_search,
 )
 from transformer_nmt.decode.progress import decode_progress
+from transformer_nmt.decode.quantize import INT8, check_int8_device, decoding_model, is_quantized
 from transformer_nmt.errors import UserError
 from transformer_nmt.fileio import (
     check_output,
@@ -248,6 +249,11 @@ def translate_lines(
         ``(outputs, stats)``: one output per input line; stats has ``sentences``,
         ``empty``, ``truncated``, ``target_tokens``, ``seconds``, ``sentences_per_second``,
         ``target_tokens_per_second``, ``batches``, ``device``, ``precision``, ``beam_size``.
+
+    Raises:
+        ValueError: ``decode_cfg.precision`` int8 with a model that is not quantized, or
+            another precision with one that is (:func:`transformer_nmt.decode.quantize.
+            decoding_model` makes the model for a precision).
     """
     detokenize = getattr(tokenizer, "detokenize", None) or list  # data.pretokenize=moses
     # decode.engine=ctranslate2 (interop/ctranslate2.py)
@@ -258,6 +264,10 @@ def translate_lines(
                     for h in outputs], stats
         return detokenize(outputs), stats
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    if (str(decode_cfg.precision) == INT8) != is_quantized(model):
+        raise ValueError(f"decode.precision={decode_cfg.precision} with a model "
+                         f"{'not ' if str(decode_cfg.precision) == INT8 else ''}quantized to "
+                         "int8; decoding_model() gives the model for a precision")
     start = time.perf_counter()
     limit, why = input_limit(decode_cfg, getattr(model, "cfg", None))
     empty = truncated = 0
@@ -471,7 +481,8 @@ def translate(cfg: Config, engine: EngineFactory | None = None) -> dict[str, Any
             infinite scores (named); ``translate.output`` a folder, the input, the model, the
             tokenizer, any ``.pt``/``.safetensors`` file or a file in a run's ``checkpoints/``
             (:func:`transformer_nmt.fileio.check_output`); a device not present; standard
-            input or output closed where it is used (:func:`check_standard_streams`).
+            input or output closed where it is used (:func:`check_standard_streams`);
+            ``decode.precision=int8`` on a GPU or with a model it cannot quantize.
     """
     if engine is None and cfg.decode.engine != Engine.native:
         raise UserError(f"decode.engine={cfg.decode.engine} is decoded by nmt-translate / "
@@ -482,6 +493,8 @@ def translate(cfg: Config, engine: EngineFactory | None = None) -> dict[str, Any
         check_output(output, "translate.output",
                      inputs=(cfg.translate.input, spm_model_path(cfg.data)))
     device = resolve_device(cfg.decode.device)
+    if cfg.decode.precision == INT8 and cfg.decode.engine == Engine.native:
+        check_int8_device(device)  # before the model is read
     path = resolve_checkpoint(cfg)
     if output is not None:
         check_output(output, "translate.output", inputs=(path,))
@@ -490,6 +503,7 @@ def translate(cfg: Config, engine: EngineFactory | None = None) -> dict[str, Any
     model, _ = load_model(path, device)
     if engine is not None:
         model = engine(model, path, cfg, device)  # itself unless decode.engine says otherwise
+    model = decoding_model(model, cfg.decode, device, path)  # int8: quantized, once
     log.info("decoding with %s on %s", path, device)
     with non_finite_scores_named(path, model, cfg.decode.precision):
         stats = translate_file(model, tokenizer, cfg.decode, device, cfg.translate.input,

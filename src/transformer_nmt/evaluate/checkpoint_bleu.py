@@ -29,6 +29,7 @@ from transformer_nmt.checkpoint import (
 )
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.data.bpe import load_tokenizer
+from transformer_nmt.decode.quantize import decoding_model
 from transformer_nmt.decode.translate import translate_lines
 from transformer_nmt.errors import JsonFileError
 from transformer_nmt.evaluate.bleu import sacrebleu_score
@@ -152,6 +153,7 @@ def checkpoint_bleu(
             step, names = meta["step"], meta["averaged_from"]
             if names is None and m["averaged"]:
                 names = [m["files"][0].name]
+        model = decoding_model(model, decode_cfg, device, m["files"][0])  # int8: quantized
         log.info("decoding %d validation sentences with %s", len(sources), m["label"])
         hyps, _ = translate_lines(model, tokenizer, sources, decode_cfg, device)
         # the validation file is the prepared text: Moses-tokenized under data.pretokenize=moses,

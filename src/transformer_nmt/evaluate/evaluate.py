@@ -71,6 +71,7 @@ from transformer_nmt.checkpoint import check_vocab, checkpoint_metadata, load_mo
 from transformer_nmt.config import Config, Engine, as_plain, to_plain
 from transformer_nmt.data.bpe import file_digest, load_tokenizer
 from transformer_nmt.data.corpora import official_lines, orig_dir, reference_path
+from transformer_nmt.decode.quantize import INT8, check_int8_device, decoding_model
 from transformer_nmt.decode.translate import (
     EngineFactory,
     non_finite_scores_named,
@@ -151,9 +152,11 @@ def evaluate(cfg: Config, engine: EngineFactory | None = None) -> dict[str, Any]
             test file (named).
         UserError: another ``decode.engine`` than ``native`` without an ``engine``;
             ``data.test_splits`` empty; a damaged ``train_summary.json`` (found
-            before decoding); a test source and reference with different line counts;
-            another command holds the run folder; invalid UTF-8 in a reference under
-            ``data.encoding_errors=strict`` (a DataError naming file, line and bytes).
+            before decoding); ``decode.precision=int8`` on a GPU or with a model it cannot
+            quantize (:mod:`transformer_nmt.decode.quantize`); a test source and reference
+            with different line counts; another command holds the run folder; invalid
+            UTF-8 in a reference under ``data.encoding_errors=strict`` (a DataError naming
+            file, line and bytes).
     """
     run_dir = Path(cfg.run_dir)
     if engine is None and cfg.decode.engine != Engine.native:
@@ -176,6 +179,8 @@ def _evaluate(cfg: Config, run_dir: Path, engine_factory: EngineFactory | None
     except ValueError as e:
         raise UserError(f"decode.paper_bleu_form: {e}") from e
     device = resolve_device(cfg.decode.device)
+    if cfg.decode.precision == INT8 and cfg.decode.engine == Engine.native:
+        check_int8_device(device)  # before the model is read
     ckpt_path = resolve_checkpoint(cfg)
     meta = checkpoint_metadata(ckpt_path)
     model, model_cfg = load_model(ckpt_path, device)
@@ -186,6 +191,7 @@ def _evaluate(cfg: Config, run_dir: Path, engine_factory: EngineFactory | None
     params = int(model.num_parameters())
     # the model itself unless decode.engine says otherwise
     engine = model if engine_factory is None else engine_factory(model, ckpt_path, cfg, device)
+    engine = decoding_model(engine, cfg.decode, device, ckpt_path)  # int8: quantized, once
     engine_name = str(cfg.decode.engine)
     log.info("evaluating %s (%s, %d parameters, step %s) on %s",
              ckpt_path, model_cfg.model.name, params, meta["step"], device)

@@ -386,8 +386,9 @@ def decode_engine(model: Any, checkpoint: str | Path, cfg: Config, device: Any) 
     ``ctranslate2_int8`` with int8 weights and products.
 
     Raises:
-        ExportError: an unknown engine, the export extra missing, or ``decode.precision``
-            bf16 / fp16 with ``ctranslate2`` on a CPU (it would run float32).
+        ExportError: an unknown engine, the export extra missing, ``decode.precision``
+            bf16 / fp16 with ``ctranslate2`` on a CPU (it would run float32), or int8 with
+            ``ctranslate2`` (CTranslate2's int8 is ``decode.engine=ctranslate2_int8``).
     """
     engine = str(field_value(cfg.decode, "engine", "native") or "native")
     if engine == "native":
@@ -398,6 +399,11 @@ def decode_engine(model: Any, checkpoint: str | Path, cfg: Config, device: Any) 
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     if engine == "ctranslate2_int8":
         compute = "int8"
+    elif cfg.decode.precision == "int8":
+        raise ExportError(
+            f"decode.engine={engine} decode.precision=int8: decode.precision=int8 quantizes "
+            "our engine's model; for CTranslate2's int8 use decode.engine=ctranslate2_int8 "
+            "(with decode.precision=fp32)")
     else:
         compute = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cfg.decode.precision]
         if dev == "cpu" and compute != "float32":

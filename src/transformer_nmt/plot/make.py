@@ -21,6 +21,7 @@ from transformer_nmt.checkpoint import load_model
 from transformer_nmt.choices import PlotKind
 from transformer_nmt.config import Config
 from transformer_nmt.data.bpe import load_tokenizer
+from transformer_nmt.decode.quantize import check_int8_device
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.evaluate.checkpoint_bleu import checkpoint_bleu
 from transformer_nmt.plot.attention import attention_maps, plot_attention
@@ -115,6 +116,8 @@ def _draw(cfg: Config, kinds: list[PlotKind], run_dirs: list[Path], out_dir: Pat
 
     if "bleu" in kinds or "attention" in kinds:
         device = resolve_device(cfg.decode.device)
+        if "bleu" in kinds and cfg.decode.precision == "int8":
+            check_int8_device(device)  # before any checkpoint is read
     if "bleu" in kinds:
         results = {
             d.name: checkpoint_bleu(d, cfg.decode, device, p.bleu_sentences,

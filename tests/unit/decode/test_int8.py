@@ -1,0 +1,204 @@
+"""decode.precision=int8 (transformer_nmt.decode.quantize): the linear layers quantized to int8
+with one scale per output channel, its scores close to fp32's, nmt-translate and nmt-evaluate
+through it, results.json labelling it, and its refusals."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import new_model, sentences, write_checkpoint
+from torch import nn
+
+from transformer_nmt.config import BOS_ID, EOS_ID, DecodeConfig
+from transformer_nmt.decode import quantize
+from transformer_nmt.decode.beam_search import beam_search
+from transformer_nmt.decode.quantize import (
+    check_int8_device,
+    decoding_model,
+    is_quantized,
+    quantize_int8,
+)
+from transformer_nmt.decode.translate import translate, translate_lines
+from transformer_nmt.errors import UserError
+from transformer_nmt.evaluate.evaluate import evaluate
+
+
+def _int8_model(cfg, vocab_size: int, seed: int):
+    """(the fp32 model, an int8 copy of it)."""
+    model = new_model(cfg, vocab_size, seed)
+    return model, quantize_int8(copy.deepcopy(model))
+
+
+def test_int8_quantizes_every_linear_layer_per_output_channel(workspace, tokenizer):
+    _, cfg = workspace
+    model, q = _int8_model(cfg, tokenizer.vocab_size, 1)
+    float_linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    # encoder: W^Q|W^K|W^V, W^O, W_1, W_2; decoder: those and cross-attention's W^Q, W^K|W^V,
+    # W^O; the pre-softmax map
+    assert len(float_linears) == 4 + 7 + 1
+    for name, float_linear in float_linears.items():
+        layer = q.get_submodule(name)
+        assert isinstance(layer, torch.ao.nn.quantized.dynamic.Linear), name
+        w = layer.weight()
+        assert w.dtype == torch.qint8 and w.qscheme() == torch.per_channel_affine, name
+        # one scale per output channel (row of W), each the row's largest |w| / 127.5 or so
+        scales = w.q_per_channel_scales()
+        assert scales.shape == (float_linear.out_features,), name
+        assert torch.allclose(w.dequantize(), float_linear.weight, atol=float(scales.max()))
+    assert is_quantized(q) and not is_quantized(model)
+    # embeddings, positions and LayerNorms stay float32; the tied embedding keeps its table
+    assert q.embed_tokens.weight.dtype == torch.float32
+    assert torch.equal(q.embed_tokens.weight, model.embed_tokens.weight)
+    assert not any(isinstance(m, nn.Linear) for m in q.modules())
+    # decoding_model quantizes once: a quantized model is returned as it is
+    assert decoding_model(q, DecodeConfig(precision="int8"), "cpu") is q
+    assert decoding_model(model, DecodeConfig(precision="fp32"), "cpu") is model
+
+
+def test_int8_log_probs_and_beam_search_agree_with_fp32(workspace, tokenizer):
+    """int8 log-probabilities within a tolerance of fp32's, and int8 beam search giving fp32's
+    tokens for at least 12 of 16 sentences, on the tests' untrained tiny model.
+
+    The tolerances come from the arithmetic: each product rounds its weights to 1/254 of their
+    row's range and its input to 1/254 (1/127 with x86's reduce_range) of the input's range,
+    about 0.5% relative error per layer; through the 1 + 1 layers and the pre-softmax map that
+    moves a log-probability by ~0.02 on average and ~0.15 at most (seeds 0-2: 0.022 / 0.156),
+    so a best hypothesis found by both scores within 0.15 of itself (18 tokens, length
+    penalty ~2.3). The tokens: an untrained model's next-token scores are nearly flat (logits'
+    standard deviation ~1), so the best two candidates of a step sometimes lie closer than that
+    error and either may win, after which the two searches part; over seeds 0-3, 14 to 16 of
+    these 16 sentences kept fp32's tokens (seed 2: 14), hence the threshold of 12 (3/4). A
+    trained model's scores are peaked and part far less often (the default model:
+    docs/measurements/2026-11-27-int8-decoding-cpu.md).
+    """
+    _, cfg = workspace
+    model, q = _int8_model(cfg, tokenizer.vocab_size, 2)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, tokenizer.vocab_size, (16, 10), generator=g)
+    src[:, -1] = EOS_ID
+    tgt = torch.randint(4, tokenizer.vocab_size, (16, 8), generator=g)
+    tgt[:, 0] = BOS_ID
+    with torch.no_grad():
+        ref = model(src, tgt).log_softmax(-1)  # (B, T, V)
+        got = q(src, tgt).log_softmax(-1)
+    diff = (got - ref).abs()
+    assert float(diff.mean()) < 0.05 and float(diff.max()) < 0.5, (float(diff.mean()),
+                                                                   float(diff.max()))
+    with torch.no_grad():
+        best_fp32 = [h[0] for h in beam_search(model, src, beam_size=4, max_len_b=8)]
+        best_int8 = [h[0] for h in beam_search(q, src, beam_size=4, max_len_b=8)]
+    same = [a for a, b in zip(best_fp32, best_int8) if a.tokens == b.tokens]
+    assert len(same) >= 12, f"{len(same)} of 16 sentences decoded as in fp32"
+    assert all(abs(a.score - b.score) < 0.15
+               for a, b in zip(best_fp32, best_int8) if a.tokens == b.tokens)
+
+
+def test_int8_translates_and_evaluates_end_to_end(workspace, tokenizer, tmp_path, capsys):
+    root, cfg = workspace
+    cfg = copy.deepcopy(cfg)
+    cfg.run_dir = str(tmp_path / "runs" / "tiny")
+    ckpt = Path(cfg.run_dir) / "checkpoints" / "averaged.pt"
+    write_checkpoint(ckpt, new_model(cfg, tokenizer.vocab_size, 3), cfg, 6)
+    cfg.decode.precision = "int8"
+    cfg.decode.device = "cpu"
+    results = evaluate(cfg)
+    saved = json.loads((Path(cfg.run_dir) / "results.json").read_text())
+    assert saved["decode"]["precision"] == "int8"
+    test = saved["test_sets"]["test_2016_flickr"]
+    assert test["decode"]["precision"] == "int8" and test["speed"]["precision"] == "int8"
+    assert results["decode"]["precision"] == "int8"
+    hyps = Path(test["translations"]).read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == 12
+
+    # nmt-translate: the same translations as nmt-evaluate's
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(sentences(12, 1)) + "\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    cfg.translate.input, cfg.translate.output = str(src), str(out)
+    stats = translate(cfg)
+    assert stats["precision"] == "int8"
+    assert out.read_text(encoding="utf-8").splitlines() == hyps
+    capsys.readouterr()
+
+
+def test_int8_on_a_gpu_is_refused(workspace, tokenizer, monkeypatch, tmp_path):
+    _, cfg = workspace
+    with pytest.raises(UserError) as e:
+        check_int8_device(torch.device("cuda", 0))
+    assert str(e.value) == (
+        "decode.precision=int8 decodes on a CPU, and decode.device resolves to cuda:0; set "
+        "decode.device=cpu, or decode on the GPU with decode.precision=bf16 (or fp16)")
+    model = new_model(cfg, tokenizer.vocab_size, 1)
+    with pytest.raises(UserError, match="decodes on a CPU"):
+        decoding_model(model, DecodeConfig(precision="int8"), "cuda")
+    assert not is_quantized(model)
+    # nmt-evaluate / nmt-translate on a machine with a GPU: refused before the model is read
+    from transformer_nmt.decode import translate as translate_module
+    from transformer_nmt.evaluate import evaluate as evaluate_module
+
+    cuda = torch.device("cuda")
+    cfg = copy.deepcopy(cfg)
+    cfg.run_dir = str(tmp_path / "run")
+    cfg.decode.precision = "int8"
+    for module in (evaluate_module, translate_module):
+        monkeypatch.setattr(module, "resolve_device", lambda name, key="decode.device": cuda)
+        monkeypatch.setattr(module, "resolve_checkpoint", lambda c: pytest.fail("model read"))
+    with pytest.raises(UserError, match="decode.device resolves to cuda"):
+        evaluate(cfg)
+    with pytest.raises(UserError, match="decode.device resolves to cuda"):
+        translate(cfg)
+
+
+def test_int8_refuses_a_model_it_cannot_quantize(workspace, tokenizer, monkeypatch):
+    _, cfg = workspace
+    model = new_model(cfg, tokenizer.vocab_size, 1)
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.decoder_layers[0].ffn.w_1.weight[0, 0] = float("nan")
+    with pytest.raises(UserError) as e:
+        quantize_int8(broken, "m.pt")
+    assert str(e.value) == (
+        "m.pt: cannot quantize it to int8 (decode.precision=int8): 1 of its parameter tensors "
+        "hold NaN or inf values (e.g. decoder_layers.0.ffn.w_1.weight); decode with an earlier "
+        "checkpoint (decode.checkpoint=...)")
+    # a PyTorch build without a quantized engine
+    monkeypatch.setattr(type(torch.backends.quantized), "supported_engines",
+                        property(lambda self: ["none"]))
+    with pytest.raises(UserError) as e:
+        quantize_int8(model, "m.pt")
+    assert str(e.value).startswith(
+        f"decode.precision=int8 needs one of PyTorch's quantized engines {list(quantize.ENGINES)}"
+        f", and torch {torch.__version__} here supports ['none']; ")
+    assert not is_quantized(model)
+
+
+def test_translate_lines_refuses_a_precision_its_model_was_not_made_for(workspace, tokenizer):
+    _, cfg = workspace
+    model, q = _int8_model(cfg, tokenizer.vocab_size, 1)
+    lines = sentences(2, 3)
+    with pytest.raises(ValueError, match="decode.precision=int8 with a model not quantized"):
+        translate_lines(model, tokenizer, lines, DecodeConfig(precision="int8"), "cpu")
+    with pytest.raises(ValueError, match="decode.precision=fp32 with a model quantized"):
+        translate_lines(q, tokenizer, lines, DecodeConfig(), "cpu")
+
+
+def test_int8_with_the_ctranslate2_engine_is_refused(workspace, tokenizer):
+    from transformer_nmt.errors import ExportError
+    from transformer_nmt.interop.ctranslate2 import decode_engine
+
+    _, cfg = workspace
+    cfg = copy.deepcopy(cfg)
+    cfg.decode.engine, cfg.decode.precision = "ctranslate2", "int8"
+    model = new_model(cfg, tokenizer.vocab_size, 1)
+    with pytest.raises(ExportError) as e:
+        decode_engine(model, "m.pt", cfg, torch.device("cpu"))
+    assert str(e.value) == (
+        "decode.engine=ctranslate2 decode.precision=int8: decode.precision=int8 quantizes our "
+        "engine's model; for CTranslate2's int8 use decode.engine=ctranslate2_int8 (with "
+        "decode.precision=fp32)")
+    # the model to decode with is CTranslate2's, not a quantized copy of ours
+    assert decoding_model(model, cfg.decode, "cpu") is model and not is_quantized(model)
