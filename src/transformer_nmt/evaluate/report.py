@@ -465,7 +465,7 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
                     f"{data.get('name')} ({data.get('src_lang')}-{data.get('tgt_lang')})",
                     str((r.get("model") or {}).get("name")), _params(r),
                     str(part.get("steps", "–")), str(n_avg) if n_avg else "none",
-                    split if engine == NATIVE else f"{split} ({ENGINE_LABELS.get(engine, engine)})",
+                    _test_set_label(split, engine, test.raw.get("decode") or part.get("decode")),
                     format_value(test.score(PAPER_KIND), 2), format_value(test.score(MMT_KIND), 2),
                     sacre_cell(test),
                     format_value(test.score("chrf"), 2), format_value(hours, 2), _fmt_e(flops),
@@ -475,6 +475,16 @@ def _per_test_set_rows(results: list[dict[str, Any]]) -> list[list[str]]:
 
 ENGINE_LABELS = {"ctranslate2": "CTranslate2", "ctranslate2_int8": "CTranslate2 int8"}
 """How the table names a score decoded by another engine than ours (beside the test set)."""
+
+
+def _test_set_label(split: str, engine: str, decode: Any) -> str:
+    """The test-set cell: the split, with the engine that decoded it when not ours
+    (``test (CTranslate2 int8)``), or our engine's precision when not fp32 (``test (int8)``,
+    ``test (bf16)``)."""
+    if engine != NATIVE:
+        return f"{split} ({ENGINE_LABELS.get(engine, engine)})"
+    precision = decode.get("precision") if isinstance(decode, dict) else None
+    return split if precision in (None, "fp32") else f"{split} ({precision})"
 
 
 _PER_TEST_SET_HEADER = [
@@ -493,11 +503,20 @@ ENGINE_NOTE = (
     "A test set followed by (CTranslate2) was decoded by CTranslate2 (`decode.engine=ctranslate2`: "
     "fairseq length penalty, beam stopping), the others by our beam search."
 )
+PRECISION_NOTE = (
+    "A test set followed by a precision (int8, bf16, fp16) was decoded by our beam search in that "
+    "`decode.precision` (int8: the linear layers' weights in int8, on a CPU), the others in fp32."
+)
 
 
 def _engine_note(results: list[dict[str, Any]]) -> list[str]:
-    """:data:`ENGINE_NOTE` when a row of ``results`` comes from another engine than ours."""
-    return [ENGINE_NOTE] if any(set(engine_results(r)) - {NATIVE} for r in results) else []
+    """:data:`ENGINE_NOTE` when a row of ``results`` comes from another engine than ours, and
+    :data:`PRECISION_NOTE` when one comes from ours in another precision than fp32."""
+    notes = [ENGINE_NOTE] if any(set(engine_results(r)) - {NATIVE} for r in results) else []
+    if any(_test_set_label("", NATIVE, t.raw.get("decode") or r.get("decode")) != ""
+           for r in results for t in record(r).test_sets.values()):
+        notes.append(PRECISION_NOTE)
+    return notes
 
 
 def table2_details_section(results: list[dict[str, Any]]) -> list[str]:

@@ -1,6 +1,6 @@
 """decode.precision=int8 (transformer_nmt.decode.quantize): the linear layers quantized to int8
 with one scale per output channel, its scores close to fp32's, nmt-translate and nmt-evaluate
-through it, results.json labelling it, and its refusals."""
+through it, results.json and nmt-table labelling it, and its refusals."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from transformer_nmt.decode.quantize import (
 from transformer_nmt.decode.translate import translate, translate_lines
 from transformer_nmt.errors import UserError
 from transformer_nmt.evaluate.evaluate import evaluate
+from transformer_nmt.evaluate.report import build_report, load_results
 
 
 def _int8_model(cfg, vocab_size: int, seed: int):
@@ -113,6 +114,10 @@ def test_int8_translates_and_evaluates_end_to_end(workspace, tokenizer, tmp_path
     assert results["decode"]["precision"] == "int8"
     hyps = Path(test["translations"]).read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 12
+
+    # nmt-table names the precision beside the test set
+    report = build_report(load_results(str(tmp_path / "runs" / "*" / "results.json")))
+    assert "| test_2016_flickr (int8) |" in report
 
     # nmt-translate: the same translations as nmt-evaluate's
     src = tmp_path / "in.en"
