@@ -3,6 +3,8 @@
 One trained transformer-nmt checkpoint is decoded by
 
 * ``ours``: ``translate.translate_lines`` (our batching and ``beam_search``);
+* ``ours_int8`` (CPU): the same with ``decode.precision=int8``, the model's linear layers
+  quantized to int8 with one scale per output channel (``transformer_nmt.decode.quantize``);
 * ``fairseq``: fairseq's ``SequenceGenerator`` (the search engine of ``fairseq-generate``)
   on a ``TransformerModel`` holding the same weights (bench_common.port_to_fairseq);
 * ``marian``: Hugging Face ``MarianMTModel.generate(num_beams=K)`` on the same weights
@@ -35,6 +37,8 @@ Examples::
     .venv-bench/bin/python scripts/bench/bench_decode.py --profile 200   # torch.profiler, ours only
     .venv/bin/python scripts/bench/bench_decode.py --toolkits ours,ct2_float32,ct2_int8,marian \
         --checkpoint runs/multi30k_en_de/checkpoints/averaged.pt    # no fairseq needed
+    .venv/bin/python scripts/bench/bench_decode.py --toolkits ours,ours_int8,ct2_int8 \
+        --checkpoint runs/multi30k_en_de/checkpoints/averaged.pt    # int8 against int8
 
 The default model is the last checkpoint of scripts/bench/bench_train.py's ``ours`` run
 (``data/bench/train_tiny_cpu/ours``); pass ``--checkpoint`` for any other.
@@ -202,8 +206,8 @@ def check_port(model, ported, kind: str) -> float:
 def worker(args) -> None:
     """Decode the input with one toolkit; write timings and translations as JSON."""
     torch.set_num_threads(args.threads)
-    ours_retain = args.worker == "ours" and not args.system_malloc
-    if ours_retain or (args.worker != "ours" and args.peers_retain_freed_memory):
+    ours = args.worker in ("ours", "ours_int8")
+    if (ours and not args.system_malloc) or (not ours and args.peers_retain_freed_memory):
         from transformer_nmt.runtime import retain_freed_memory
 
         retain_freed_memory()  # as nmt-translate / nmt-evaluate do
@@ -219,8 +223,13 @@ def worker(args) -> None:
             return fn(tokens, *a, **kw)
         return wrapper
 
-    if args.worker == "ours":
+    if args.worker in ("ours", "ours_int8"):
         engine = model.to(args.device)
+        if args.worker == "ours_int8":
+            from transformer_nmt.decode.quantize import quantize_int8
+
+            args.precision = "int8"  # this worker's decode config
+            engine = quantize_int8(engine, args.checkpoint)
         engine.decode = counted(engine.decode)
 
         def run(x):
@@ -345,13 +354,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--toolkits", default="ours,fairseq,marian,ct2_float32,ct2_int8",
-                   help="comma-separated: ours, fairseq, marian, ct2_float32, ct2_int8, "
-                        "ct2_float16 (GPU)")
+                   help="comma-separated: ours, ours_int8 (CPU), fairseq, marian, ct2_float32, "
+                        "ct2_int8, ct2_float16 (GPU)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=int, default=0,
                    help="profile ours on this many sentences instead of benchmarking")
-    p.add_argument("--worker", choices=["ours", "fairseq", "marian", "ct2_float32", "ct2_int8",
-                                        "ct2_float16"],
+    p.add_argument("--worker", choices=["ours", "ours_int8", "fairseq", "marian", "ct2_float32",
+                                        "ct2_int8", "ct2_float16"],
                    help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
