@@ -10,7 +10,8 @@ from omegaconf import DictConfig
 
 from transformer_nmt.cli import run_app, user_errors
 from transformer_nmt.config import CONFIG_DIR, typed_config
-from transformer_nmt.evaluate.report import load_results, table3_figures, write_report
+from transformer_nmt.evaluate.report import load_results, write_report
+from transformer_nmt.evaluate.table3_groups import table3_figures
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")

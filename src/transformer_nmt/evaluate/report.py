@@ -642,22 +642,3 @@ def write_report(cfg: Config, results: list[dict[str, Any]] | None = None,
         f.write(build_report(results, t.tables))
     log.info("wrote %s from %d results files", out, len(results))
     return out
-
-
-def table3_figures(results: list[dict[str, Any]], plot: str | Path
-                   ) -> list[tuple[str, list[Table3Line], Path]]:
-    """The Table 3 figures ``table.table3_plot`` asks for: one per experiment with a base row
-    trained to its step target, as ``(experiment, the rows compared, path)``; the path gets
-    ``_<experiment>`` before its suffix when there are several. An experiment without such a
-    base row is left out, with a warning."""
-    figures = []
-    groups = table3_lines(results)
-    for exp, lines in groups.items():
-        path = Path(plot)
-        if len(groups) > 1:
-            path = path.with_name(f"{path.stem}_{exp}{path.suffix}")
-        if base_line(lines) is None:
-            log.warning("%s: no base row trained to its step target; %s not drawn", exp, path)
-            continue
-        figures.append((exp, [x for x in lines if x.compared], path))
-    return figures

@@ -15,6 +15,7 @@ are one run (the newest is kept).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from transformer_nmt.evaluate.identity import (
 from transformer_nmt.evaluate.paper import DEV_SET, PAPER_TABLE3, PaperRow
 from transformer_nmt.evaluate.table3 import setting
 from transformer_nmt.run.results import Results
+
+log = logging.getLogger(__name__)
 
 
 def _record(result: dict[str, Any]) -> Results:
@@ -237,3 +240,22 @@ def rows_not_run(lines: list[Table3Line], config_dir: str | Path | None = None) 
     """The configured rows (:func:`configured_rows`) with no results.json among ``lines``."""
     done = {x.variant for x in lines}
     return [row for row in configured_rows(config_dir) if row not in done]
+
+
+def table3_figures(results: list[dict[str, Any]], plot: str | Path
+                   ) -> list[tuple[str, list[Table3Line], Path]]:
+    """The Table 3 figures ``table.table3_plot`` asks for: one per experiment with a base row
+    trained to its step target, as ``(experiment, the rows compared, path)``; the path gets
+    ``_<experiment>`` before its suffix when there are several. An experiment without such a
+    base row is left out, with a warning."""
+    figures = []
+    groups = table3_lines(results)
+    for exp, lines in groups.items():
+        path = Path(plot)
+        if len(groups) > 1:
+            path = path.with_name(f"{path.stem}_{exp}{path.suffix}")
+        if base_line(lines) is None:
+            log.warning("%s: no base row trained to its step target; %s not drawn", exp, path)
+            continue
+        figures.append((exp, [x for x in lines if x.compared], path))
+    return figures
