@@ -658,7 +658,7 @@ def test_24_07_a_second_train_in_the_same_run_dir_is_refused_and_stale_locks_are
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         lock.write_text(json.dumps({"command": "nmt-train", "host": socket.gethostname(),
-                                    "pid": other.pid, "started": 0}))
+                                    "pid": other.pid, "started": time.time()}))
         with pytest.raises(UserError) as e:
             train(tiny_run(run_dir, "trainer.max_steps=1"))
         assert str(e.value).startswith(
@@ -670,7 +670,7 @@ def test_24_07_a_second_train_in_the_same_run_dir_is_refused_and_stale_locks_are
     finally:
         other.kill()
         other.wait()
-    with caplog.at_level(logging.WARNING, logger="transformer_nmt.runtime"):
+    with caplog.at_level(logging.WARNING, logger="transformer_nmt.run.lock"):
         assert train(tiny_run(run_dir, "trainer.max_steps=1"))["steps"] == 1
     assert f"removing the stale lock {lock} of process {other.pid}" in caplog.text
     assert not lock.exists()  # released on exit

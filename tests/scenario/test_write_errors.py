@@ -223,8 +223,7 @@ def test_file_size_limit_while_hydra_writes_its_config_files_is_one_line(tmp_pat
     limit below it is one line naming that file, and no run folder is left."""
     run_dir = tmp_path / "run"
     limit = 1_000
-    proc = _cli("table", f"run_dir={run_dir}", f"table.output={tmp_path / 'out.md'}",
-                "table.results_glob=none/*.json", limit=limit, cwd=tmp_path)
+    proc = _cli("average", f"run_dir={run_dir}", limit=limit, cwd=tmp_path)
     _one_error_line(proc, f"file too large for the file-size limit of {limit:,} bytes "
-                          f"(ulimit -f): {run_dir / '.hydra' / 'table' / 'config.yaml'}")
+                          f"(ulimit -f): {run_dir / '.hydra' / 'average' / 'config.yaml'}")
     assert not run_dir.exists()

@@ -89,7 +89,7 @@ def test_single_bad_value_is_one_line(override):
         ("data.corpus", "europarl", "[multi30k, wmt14, custom]"),
         ("data.unicode_form", "NFX", "[NFC, NFKC, NFD, NFKD, none]"),
         ("trainer.precision", "fp8", "[auto, fp32, bf16, fp16]"),
-        ("decode.precision", "auto", "[fp32, bf16, fp16]"),
+        ("decode.precision", "auto", "[fp32, bf16, fp16, int8]"),
         ("decode.lenpen_form", "marian", "[gnmt, fairseq]"),
         ("decode.stopping", "never", "[bound, beam]"),
         ("trainer.lr_scheduler", "step", "[inverse_sqrt, cosine, linear]"),

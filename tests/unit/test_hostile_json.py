@@ -9,13 +9,13 @@ import json
 import logging
 
 import pytest
-from transformer_nmt.evaluate.results import read_previous_results
 
 from transformer_nmt.errors import JsonFileError, UserError
+from transformer_nmt.evaluate.checkpoint_bleu import read_cache
 from transformer_nmt.evaluate.evaluate import read_train_summary
 from transformer_nmt.fileio import read_json
 from transformer_nmt.plot import curves
-from transformer_nmt.plot.checkpoint_bleu import _read_cache
+from transformer_nmt.run.results import read_previous_results
 from transformer_nmt.train.summary import _previous_summary
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -73,5 +73,5 @@ def test_nmt_plot_names_a_hostile_metrics_line_and_decodes_again_over_a_hostile_
     cache = tmp_path / "checkpoint_bleu.json"
     cache.write_text(text)
     with caplog.at_level(logging.WARNING):
-        assert _read_cache(cache) == {}
+        assert read_cache(cache) == {}
     assert caplog.messages == [f"{cache}: {problem}; decoding again"]

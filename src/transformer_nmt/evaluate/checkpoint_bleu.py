@@ -56,7 +56,8 @@ def _cache_id(entry: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _read_cache(path: Path) -> dict[str, Any]:
+def read_cache(path: Path) -> dict[str, Any]:
+    """The score cache at ``path`` ({} when absent, or unreadable: a warning, decoded again)."""
     if not path.is_file():
         return {}
     try:
@@ -106,7 +107,7 @@ def checkpoint_bleu(
     if not paths:
         raise FileNotFoundError(f"no checkpoint_<step>.pt in {checkpoint_dir(run_dir)}")
     cache_path = Path(cache_dir or run_dir / "plots") / BLEU_CACHE_NAME
-    cache = _read_cache(cache_path)
+    cache = read_cache(cache_path)
 
     models: list[dict[str, Any]] = []  # {label, step, sources: [Path], averaged}
     for p in paths:

@@ -11,8 +11,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from tests.unit.evaluate.test_results_readers import _good
 
+from tests.unit.run.test_results import _good
 from transformer_nmt.evaluate.report import build_report, load_results
 from transformer_nmt.evaluate.results_glob import find_results_files
 
