@@ -207,3 +207,19 @@ def test_int8_with_the_ctranslate2_engine_is_refused(workspace, tokenizer):
         "decode.precision=fp32)")
     # the model to decode with is CTranslate2's, not a quantized copy of ours
     assert decoding_model(model, cfg.decode, "cpu") is model and not is_quantized(model)
+
+
+def test_int8_checkpoint_bleu_decodes_each_checkpoint_quantized(tmp_path):
+    """nmt-plot's BLEU figure decodes through the same path: each checkpoint quantized once,
+    and its scores cached apart from fp32's (the decode settings key the cache)."""
+    from transformer_nmt.evaluate import checkpoint_bleu as ebleu
+    from unit.plot.test_figures import make_run
+
+    cfg, _ = make_run(tmp_path / "plotrun")
+    decode = copy.deepcopy(cfg.decode)
+    decode.precision = "int8"
+    rows = ebleu.checkpoint_bleu(cfg.run_dir, decode, "cpu", cache_dir=tmp_path)
+    assert [r["label"] for r in rows] == ["checkpoint_100.pt", "checkpoint_200.pt", "average of 2"]
+    fp32 = ebleu.checkpoint_bleu(cfg.run_dir, cfg.decode, "cpu", cache_dir=tmp_path)
+    cache = json.loads((tmp_path / ebleu.BLEU_CACHE_NAME).read_text())
+    assert len(fp32) == 3 and len(cache) == 6
