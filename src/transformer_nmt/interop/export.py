@@ -17,6 +17,7 @@ from transformer_nmt.errors import ExportError
 from transformer_nmt.fileio import spm_model_path
 from transformer_nmt.interop import ctranslate2 as ct2
 from transformer_nmt.interop import hf
+from transformer_nmt.run.lock import live_holder
 from transformer_nmt.run.model_file import resolve_checkpoint
 from transformer_nmt.run.results import ResultsError, read_results
 
@@ -45,6 +46,11 @@ def run_export(cfg: Config) -> Path:
     if e.format == ExportFormat.hf and e.quantization != Quantization.none:
         raise ExportError("export.quantization applies to export.format=ctranslate2 only")
     checkpoint = resolve_checkpoint(cfg)
+    trainer = live_holder(cfg.run_dir)
+    if trainer is not None and trainer.get("command") == "nmt-train":
+        log.warning("%s is still being trained (nmt-train, process %d): %s is an intermediate "
+                    "model; export again when the training has ended (and nmt-average has run)",
+                    cfg.run_dir, trainer["pid"], checkpoint)
     out = default_output(cfg)
     if e.format == ExportFormat.hf:
         results_path = Path(cfg.run_dir) / "results.json"

@@ -118,6 +118,23 @@ def _read_holder(lock: Path) -> dict[str, Any] | None:
     return None
 
 
+def live_holder(folder: str | os.PathLike, name: str = LOCK_NAME) -> dict[str, Any] | None:
+    """The holder of ``<folder>/<name>`` (``command``, ``host``, ``pid``, ``started``) when it is
+    a process that runs on this host, else None (no lock, a stale or unreadable one, another
+    host's). Reads only: for a reader that warns beside a writer (``nmt-export`` of a run
+    that ``nmt-train`` still writes)."""
+    lock = Path(folder) / name
+    if not lock.is_file():
+        return None
+    try:
+        holder = _read_holder(lock)
+    except FileNotFoundError:
+        return None
+    if holder is None or holder["host"] != socket.gethostname() or not _holder_runs(holder):
+        return None
+    return holder
+
+
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, command: str,
                 name: str = LOCK_NAME) -> Iterator[Path]:

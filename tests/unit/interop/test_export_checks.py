@@ -103,3 +103,41 @@ def test_ctranslate2_cache_keeps_one_model_per_checkpoint(workspace, tokenizer, 
         [second.name, of_step.name])
     assert not first.exists() and not of_old.exists() and (of_step / "model.bin").is_file()
     assert ct2.cached_ctranslate2(step, spm) == of_step  # still reused
+
+
+def test_export_beside_a_running_trainer_warns_naming_it(workspace, tokenizer, tmp_path, caplog):
+    """nmt-export of a run that nmt-train still writes exports its newest checkpoint, an
+    intermediate model: a warning names the trainer's process; none once it has ended."""
+    import copy
+    import logging
+    import subprocess
+    import sys
+
+    from transformer_nmt.interop.export import run_export
+
+    run_dir = tmp_path / "run"
+    _save(run_dir / "checkpoints" / "checkpoint_40.pt", workspace, tokenizer,
+          train_state={"step": 40, "micro_step": 40})
+    cfg = copy.deepcopy(workspace[1])
+    cfg.run_dir = str(run_dir)
+    cfg.export.output = str(tmp_path / "hf")
+    cfg.export.overwrite = True
+    hold = ("import sys, time\nfrom transformer_nmt.run.lock import folder_lock\n"
+            "with folder_lock(sys.argv[1], 'nmt-train'):\n"
+            "    print('held', flush=True)\n    time.sleep(120)\n")
+    trainer = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout.readline().strip() == "held"
+        with caplog.at_level(logging.WARNING):
+            run_export(cfg)
+        assert (f"{run_dir} is still being trained (nmt-train, process {trainer.pid}): "
+                f"{run_dir / 'checkpoints' / 'checkpoint_40.pt'} is an intermediate model"
+                in caplog.text)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run_export(cfg)
+    assert "still being trained" not in caplog.text
