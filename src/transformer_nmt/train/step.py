@@ -105,6 +105,39 @@ def loss_function(model: torch.nn.Module) -> Any:
     return fn
 
 
+def _forward(model: Any, batch: Batch, device: torch.device, autocast: Any, pin: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    """One micro-batch's logits and targets on ``device``: ``(logits, target, ignore_index)``.
+
+    Padded batches: the real target positions only, found on the host (a bool mask on the
+    device would be read back to size the selection): logits (N, V), target (N,), nothing to
+    ignore. Packed batches (``trainer.packing``): every position of the run's one (R, L)
+    shape through :meth:`Transformer.forward_packed`: logits (R*L, V), target (R*L,), the
+    padding ignored by the loss.
+    """
+    if batch.packed:
+        target = to_device(batch.tgt_out.reshape(-1), device)  # (R*L,)
+        batch = batch.to(device)
+        with autocast():
+            logits = model(batch.src_tokens, batch.tgt_in, None, batch.src_segments,
+                           batch.src_positions, batch.tgt_segments,
+                           batch.tgt_positions).flatten(0, 1)  # (R*L, V)
+        return logits, target, PAD_ID
+    keep = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
+    target = batch.tgt_out.reshape(-1).index_select(0, keep)  # (N,)
+    if pin:
+        keep, target = keep.pin_memory(), target.pin_memory()
+    keep = keep.to(device, non_blocking=True)
+    target = target.to(device, non_blocking=True)
+    batch = batch.to(device)
+    mark_dynamic_batch(batch.src_tokens, batch.tgt_in, keep)
+    with autocast():
+        logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V), N real
+    torch._dynamo.maybe_mark_dynamic(logits, 0)
+    torch._dynamo.maybe_mark_dynamic(target, 0)
+    return logits, target, None
+
+
 def forward_backward(
     model: torch.nn.Module,
     micro_batches: list[Batch | None],
@@ -172,39 +205,9 @@ def forward_backward(
                      else _dummy_packed_batch(packed_shape))
         last = i == len(micro_batches) - 1
         sync_ctx = contextlib.nullcontext() if (last or no_sync is None) else no_sync()
-        if batch.packed:
-            target = to_device(batch.tgt_out.reshape(-1), device)  # (R*L,) padding ignored
-            batch = batch.to(device)
-            with sync_ctx:
-                with autocast():
-                    logits = model(batch.src_tokens, batch.tgt_in, None, batch.src_segments,
-                                   batch.src_positions, batch.tgt_segments,
-                                   batch.tgt_positions).flatten(0, 1)  # (R*L, V)
-                loss, nll = loss_fn(logits, target, epsilon, PAD_ID)
-                scaled = loss * (0.0 if dummy else factor)
-                if scaler is not None:
-                    scaled = scaler.scale(scaled)
-                scaled.backward()
-            if not dummy:
-                loss_total += loss.detach()
-                nll_total += nll.detach()
-            continue
-        # real target positions as flat indices, found on the host (a bool mask on the
-        # device would be read back to size the selection)
-        keep = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
-        target = batch.tgt_out.reshape(-1).index_select(0, keep)  # (N,)
-        if pin:
-            keep, target = keep.pin_memory(), target.pin_memory()
-        keep = keep.to(device, non_blocking=True)
-        target = target.to(device, non_blocking=True)
-        batch = batch.to(device)
-        mark_dynamic_batch(batch.src_tokens, batch.tgt_in, keep)
         with sync_ctx:
-            with autocast():
-                logits = model(batch.src_tokens, batch.tgt_in, keep)  # (N, V), N real
-            torch._dynamo.maybe_mark_dynamic(logits, 0)
-            torch._dynamo.maybe_mark_dynamic(target, 0)
-            loss, nll = loss_fn(logits, target, epsilon, None)
+            logits, target, ignore = _forward(model, batch, device, autocast, pin)
+            loss, nll = loss_fn(logits, target, epsilon, ignore)
             scaled = loss * (0.0 if dummy else factor)
             if scaler is not None:
                 scaled = scaler.scale(scaled)
