@@ -197,7 +197,6 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
             micro_batches, loader_iter, epoch_ended = _draw(run, state, loader_iter,
                                                             update_freq, seed)
             epoch_at = state.epoch_progress(run.sampler)
-
             # -- forward / backward over the micro-batches -------------------------------------
             out = forward_backward(run.train_model, micro_batches, epsilon=epsilon,
                                    device=run.device, world_size=info.world_size,
