@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import threading
 from collections.abc import Iterator
 from itertools import chain, islice
@@ -43,8 +44,13 @@ _worker_dtype = None
 
 
 def _init_worker(model_path: str, dtype: str) -> None:
+    """Load the model in an encoder process. A forked worker inherits the command's SIGTERM
+    handler (the run lock's, which exits through Python): the pool's ``terminate`` would then
+    wait for a worker blocked in a lock, so workers die on SIGTERM at once as by default."""
     import sentencepiece as spm
 
+    if mp.parent_process() is not None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     global _worker_sp, _worker_dtype
     _worker_sp = spm.SentencePieceProcessor(model_file=model_path)
     _worker_dtype = np.dtype(dtype)

@@ -280,6 +280,37 @@ def test_parallel_binarize_matches_serial_and_reads_back(tmp_path):
     assert len(pickle.dumps(ds)) < 1000 and clone[5].tolist() == ds[5].tolist()
 
 
+def test_parallel_binarize_under_the_run_lock_ends_every_time(tmp_path):
+    """nmt-prepare binarizes while it holds the run lock, whose SIGTERM handler exits through
+    Python; the forked encoder workers inherited it, and the pool's terminate then waited
+    forever for a worker blocked in a lock (about one run in seven). Workers die on SIGTERM as
+    by default, and binarizing ends every time."""
+    import multiprocessing as mp
+    import signal
+    import subprocess
+
+    from transformer_nmt.run.lock import _released_on_sigterm
+
+    cfg = custom_cfg(tmp_path)
+    prepare(cfg)
+    text = raw_path(cfg.data, "train", "de")
+    model = spm_model_path(cfg.data)
+    with _released_on_sigterm():
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1, binarize._init_worker, (str(model), "uint16")) as pool:
+            assert pool.apply(signal.getsignal, (signal.SIGTERM,)) == signal.SIG_DFL
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from transformer_nmt.data.binarize import binarize_files\n"
+        "from transformer_nmt.run.lock import _released_on_sigterm\n"
+        "for i in range(20):\n"
+        "    with _released_on_sigterm():\n"
+        f"        binarize_files([(Path({str(text)!r}), Path({str(tmp_path)!r}) / f'o{{i}}')],\n"
+        f"                       Path({str(model)!r}), 8000, num_workers=2, chunk_lines=16)\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+
+
 def test_token_dataset_int32_width_and_inconsistent_files(tmp_path):
     prefix = tmp_path / "big"
     seqs = [[70000, 5], [], [3, 65535, 1]]
