@@ -19,6 +19,8 @@
 #   make export EXP=<experiment>  runs/<experiment>/export/hf (ARGS="export.format=ctranslate2 export.quantization=int8"; to replace an earlier export: ARGS=export.overwrite=true)
 #   make bench-install      .venv-bench: this package (export extra: CTranslate2) plus the peers it is timed against (fairseq, transformers)
 #   make bench              CPU training and decoding benchmarks against the peers (docs/benchmarks.md)
+#   make device-bundle      device_bundle/: what scripts/cluster/device_measure.py needs on a GPU
+#                           machine with torch only (wheels of hydra-core, omegaconf, antlr4; Multi30k)
 #   make gpu-check          on a CUDA machine: GPU tests, bf16/fp16/DDP/big runs, decoding
 #                           -> runs/gpu_check/report.md and .json (elsewhere: GPU_CHECK_OUT=<path
 #                           without suffix>)
@@ -32,7 +34,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: all install test test-fast data train average eval export table table3 table3-proxy plots lint clean bench-install bench gpu-check
+.PHONY: all install test test-fast data train average eval export table table3 table3-proxy plots lint clean bench-install bench gpu-check device-bundle
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -146,6 +148,22 @@ bench:
 GPU_CHECK_OUT ?= runs/gpu_check/report
 gpu-check:
 	$(BIN)/python scripts/cluster/gpu_check.py --out $(GPU_CHECK_OUT)
+
+# What a GPU machine with torch and nothing of ours needs for scripts/cluster/device_measure.py:
+# the wheels of hydra-core, omegaconf and antlr4 (the versions installed here) and the Multi30k
+# files (from NMT_MULTI30K_MIRROR), in $(DEVICE_BUNDLE)/ (ignored by git; carry it to the machine).
+DEVICE_BUNDLE ?= device_bundle
+device-bundle: $(STAMP)
+	@test -n "$(NMT_MULTI30K_MIRROR)" || { echo "error: set NMT_MULTI30K_MIRROR to the folder with the Multi30k files" >&2; exit 2; }
+	rm -rf $(DEVICE_BUNDLE).tmp && mkdir -p $(DEVICE_BUNDLE).tmp/wheels $(DEVICE_BUNDLE).tmp/multi30k
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: -d $(DEVICE_BUNDLE).tmp/wheels \
+		"hydra-core==$$($(BIN)/python -c 'import hydra; print(hydra.__version__)')" \
+		"omegaconf==$$($(BIN)/python -c 'import omegaconf; print(omegaconf.__version__)')"
+	$(BIN)/python -m pip wheel --quiet --no-deps -w $(DEVICE_BUNDLE).tmp/wheels \
+		"antlr4-python3-runtime==$$($(BIN)/python -c 'from importlib.metadata import version; print(version("antlr4-python3-runtime"))')"
+	cp $(NMT_MULTI30K_MIRROR)/*.gz $(DEVICE_BUNDLE).tmp/multi30k/
+	rm -rf $(DEVICE_BUNDLE) && mv $(DEVICE_BUNDLE).tmp $(DEVICE_BUNDLE)
+	@du -sh $(DEVICE_BUNDLE)
 
 lint:
 	$(BIN)/ruff check src tests scripts

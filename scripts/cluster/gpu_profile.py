@@ -48,6 +48,7 @@ import bench_loss  # noqa: E402  (scripts/micro)
 
 from transformer_nmt.config import PAD_ID, compose  # noqa: E402
 from transformer_nmt.data.batching import LengthBucketSampler, collate  # noqa: E402
+from transformer_nmt.data.packing import PackedSampler, collate_packed  # noqa: E402
 from transformer_nmt.model.flops import TokenCounts, peak_flops, training_flops  # noqa: E402
 from transformer_nmt.model.transformer import Transformer  # noqa: E402
 from transformer_nmt.runtime import autocast_context  # noqa: E402
@@ -55,7 +56,11 @@ from transformer_nmt.train.data import load_split  # noqa: E402
 from transformer_nmt.train.distributed import DistInfo  # noqa: E402
 from transformer_nmt.train.loss import label_smoothed_nll_loss  # noqa: E402
 from transformer_nmt.train.optim import build_optimizer  # noqa: E402
-from transformer_nmt.train.setup import wrap_model  # noqa: E402
+from transformer_nmt.train.setup import (  # noqa: E402
+    packed_attention_kind,
+    resolve_pack_length,
+    wrap_model,
+)
 from transformer_nmt.train.step import forward_backward, grad_norm_, step_optimizer  # noqa: E402
 
 PRESETS = {"base": "wmt14_en_de_base", "big": "wmt14_en_de_big"}
@@ -113,12 +118,23 @@ def config_for(size: str, args: argparse.Namespace):
 
 
 def batches_for(cfg, max_tokens: int, count: int, pad: int, longest: bool = False,
-                pin: bool = False) -> list:
+                pin: bool = False, packing: bool = False) -> list:
     """``count`` training batches of ``max_tokens`` padded tokens in the loop's order (the
-    first ones of epoch 1), or the ``count`` with the most padded tokens (``longest``); in
-    page-locked memory with ``pin``, as nmt-train's DataLoader gives them on a GPU
-    (``pin_memory=True``), so that their copies to the device do not wait for it."""
+    first ones of epoch 1), or the ``count`` with the most padded tokens (``longest``; packed
+    batches all have one shape, so ``longest`` does not apply to them); packed as
+    ``trainer.packing`` packs them (:class:`PackedSampler`, the run's one (rows, pack_length)
+    shape) with ``packing``; in page-locked memory with ``pin``, as nmt-train's DataLoader
+    gives them on a GPU (``pin_memory=True``), so that their copies to the device do not wait
+    for it."""
     data = load_split(cfg, cfg.data.train_split)
+    if packing:
+        sampler = PackedSampler(data.src_sizes, data.tgt_sizes, max_tokens,
+                                pack_length=resolve_pack_length(cfg, data), shuffle=True,
+                                seed=1)
+        rows, length = sampler.shape
+        batches = [collate_packed([data[j] for j in b], rows=rows, length=length)
+                   for b in list(sampler)[:count]]
+        return [b.pin_memory() for b in batches] if pin else batches
     sampler = LengthBucketSampler(data.src_sizes, data.tgt_sizes, max_tokens, shuffle=True,
                                   seed=1, pad_to_multiple=pad)
     index = list(sampler)
@@ -130,9 +146,12 @@ def batches_for(cfg, max_tokens: int, count: int, pad: int, longest: bool = Fals
 
 class Trainer:
     """Model, compiled wrapper, optimizer and autocast of one size; :meth:`step` is one
-    optimizer step of the training loop (forward, loss, backward, clip, Adam)."""
+    optimizer step of the training loop (forward, loss, backward, clip, Adam); on packed
+    batches (``packing``) through :meth:`Transformer.forward_packed` with the attention
+    nmt-train chooses (:func:`packed_attention_kind`)."""
 
-    def __init__(self, cfg, vocab: int, device: torch.device, backend: str):
+    def __init__(self, cfg, vocab: int, device: torch.device, backend: str,
+                 packing: bool = False):
         from torch._dynamo.utils import counters
 
         counters.clear()  # graphs_compiled counts this size's graphs
@@ -140,6 +159,9 @@ class Trainer:
         self.cfg, self.device = cfg, device
         self.model = Transformer(cfg.model, vocab_size=vocab).to(device).train()
         self.model.set_sdpa_backends(list(cfg.trainer.sdpa_backends))
+        self.packing = packing
+        if packing:
+            self.model.set_packed_attention(packed_attention_kind(cfg, device, compiled=True))
         info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
         self.wrapped = wrap_model(self.model, info, compile=True, backend=backend)
         self.optimizer = build_optimizer(self.model, cfg.trainer)
@@ -153,7 +175,8 @@ class Trainer:
             self.wrapped, [batch], epsilon=float(self.cfg.trainer.label_smoothing),
             device=self.device, world_size=1,
             autocast=lambda: autocast_context(self.cfg.trainer.precision, self.device),
-            pad_to_multiple=self.pad)
+            pad_to_multiple=self.pad,
+            packed_shape=tuple(batch.src_tokens.shape) if batch.packed else None)
         norm = grad_norm_(self.params, float(self.cfg.trainer.clip_norm))
         step_optimizer(self.optimizer, torch.isfinite(norm) & torch.isfinite(out["loss_sum"]))
         self.optimizer.zero_grad(set_to_none=True)
@@ -166,8 +189,10 @@ def sync(device: torch.device) -> None:
 
 
 def counts_of(batches: list) -> TokenCounts:
+    """The real tokens of ``batches``, per sentence (a packed batch's rows hold several)."""
     src = np.concatenate([b.src_lengths.numpy() for b in batches])
-    tgt = np.concatenate([b.tgt_out.ne(PAD_ID).sum(1).numpy() for b in batches])
+    tgt = np.concatenate([b.tgt_lengths.numpy() if b.packed
+                          else b.tgt_out.ne(PAD_ID).sum(1).numpy() for b in batches])
     return TokenCounts.of(src, tgt)
 
 
@@ -199,6 +224,7 @@ def measure_speed(tr: Trainer, warm: list, batches: list, precision: str) -> dic
         "target_tokens_per_s": round(counts.tgt / seconds),
         "ms_per_step": round(seconds / len(timed) * 1e3, 3),
         "sentences_per_batch": round(sum(b.nsentences for b in timed) / len(timed), 1),
+        "padded_tokens_per_batch": round(sum(b.tgt_out.numel() for b in timed) / len(timed)),
         "model_tflops_per_s": round(flops / seconds / 1e12, 2),
         "mfu": round(flops / seconds / peak, 4) if peak else None,
         "last_loss_sum": float(loss),
@@ -318,18 +344,27 @@ def memory_fit(tr: Trainer, cfg, budgets: list[int], steps: int) -> dict:
     return out
 
 
+PARTS = ("speed", "profile", "loss", "memory")
+"""The script's parts, in the order they run (``--parts``; speed always runs)."""
+
+
 def run_size(size: str, args: argparse.Namespace, device: torch.device, result: dict,
              save) -> None:
     """Fill ``result`` with the four parts for ``size``, calling ``save()`` after each."""
     cfg, vocab = config_for(size, args)
     backend = "aot_eager" if args.smoke else "inductor"
-    tr = Trainer(cfg, vocab, device, backend)
+    tr = Trainer(cfg, vocab, device, backend, packing=args.packing)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     result.update({"size": size, "max_tokens": args.max_tokens, "vocab": vocab,
               "precision": args.precision, "compile_backend": backend,
-              "sdpa_choice": tr.model.sdpa_kernels(device, dtype)})
-    need = args.warmup + args.steps + PROFILER_WARMUP + args.profile_steps
-    batches = batches_for(cfg, args.max_tokens, need, tr.pad, pin=device.type == "cuda")
+              "sdpa_choice": tr.model.sdpa_kernels(device, dtype), "packing": args.packing,
+              "packed_attention": tr.model.packed_attention if args.packing else None})
+    need = args.warmup + args.steps + (PROFILER_WARMUP + args.profile_steps
+                                       if "profile" in args.parts else 0)
+    batches = batches_for(cfg, args.max_tokens, need, tr.pad, pin=device.type == "cuda",
+                          packing=args.packing)
+    if args.packing:
+        result["packed_shape"] = list(batches[0].src_tokens.shape)
     t0 = time.perf_counter()
     timed_end = args.warmup + args.steps
     result["speed"] = measure_speed(tr, batches[: args.warmup], batches[args.warmup:timed_end],
@@ -337,13 +372,15 @@ def run_size(size: str, args: argparse.Namespace, device: torch.device, result: 
     result["speed"]["seconds_incl_warmup"] = round(time.perf_counter() - t0, 1)
     print(f"{size}: {json.dumps(result['speed'])}", flush=True)
     save()
-    result["profile"] = profile_steps(tr, batches[timed_end:])
-    print(f"{size}: profile {json.dumps(result['profile']['share_by_kind'])}", flush=True)
-    save()
-    mean_tgt = result["speed"]["target_tokens"] // max(result["speed"]["steps"], 1)
-    result["loss"] = time_loss(tr, max(int(mean_tgt), 8), backend)
-    save()
-    if args.memory_tokens:
+    if "profile" in args.parts:
+        result["profile"] = profile_steps(tr, batches[timed_end:])
+        print(f"{size}: profile {json.dumps(result['profile']['share_by_kind'])}", flush=True)
+        save()
+    if "loss" in args.parts:
+        mean_tgt = result["speed"]["target_tokens"] // max(result["speed"]["steps"], 1)
+        result["loss"] = time_loss(tr, max(int(mean_tgt), 8), backend)
+        save()
+    if "memory" in args.parts and args.memory_tokens and not args.packing:
         result["memory"] = memory_fit(tr, cfg, args.memory_tokens, args.memory_steps)
         print(f"{size}: memory {json.dumps(result['memory'])}", flush=True)
         save()
@@ -361,23 +398,27 @@ def environment(device: torch.device) -> dict:
 
 
 def table(report: dict) -> str:
-    lines = ["| size | target tok/s | model TFLOP/s | MFU | peak alloc GiB | graphs | "
+    lines = ["| size | batch | target tok/s | model TFLOP/s | MFU | peak alloc GiB | graphs | "
              "attention | matmul | loss | optimizer | other | GPU idle | loss ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["sizes"]:
-        if "profile" not in r or "loss" not in r:
+        if "speed" not in r:
             lines.append(f"| {r['size']} | (incomplete) |")
             continue
-        s, p = r["speed"], r["profile"]
-        share = p["share_by_kind"]
+        s, p = r["speed"], r.get("profile") or {}
+        share = p.get("share_by_kind") or {}
         mfu = f"{s['mfu']:.1%}" if s.get("mfu") else "-"
         idle = f"{1 - p['gpu_busy_share']:.1%}" if "gpu_busy_share" in p else "-"
+        kinds = (" | ".join(f"{share.get(k, 0):.1%}" for k in
+                            ("attention", "matmul", "loss", "optimizer", "other"))
+                 if share else " | ".join(["-"] * 5))
+        batch = (f"packed {r['packed_shape'][0]}x{r['packed_shape'][1]}" if r.get("packing")
+                 else f"padded {r['max_tokens']:,}")
         lines.append(
-            f"| {r['size']} | {s['target_tokens_per_s']:,} | {s['model_tflops_per_s']} | {mfu} | "
-            f"{s.get('peak_allocated_gib', '-')} | {s['graphs_compiled']} | "
-            + " | ".join(f"{share.get(k, 0):.1%}" for k in
-                         ("attention", "matmul", "loss", "optimizer", "other"))
-            + f" | {idle} | {r['loss']['ms_fwd_bwd']} |")
+            f"| {r['size']} | {batch} | {s['target_tokens_per_s']:,} | "
+            f"{s['model_tflops_per_s']} | {mfu} | {s.get('peak_allocated_gib', '-')} | "
+            f"{s['graphs_compiled']} | {kinds} | {idle} | "
+            f"{(r.get('loss') or {}).get('ms_fwd_bwd', '-')} |")
     return "\n".join(lines)
 
 
@@ -410,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="profiled steps (after PROFILER_WARMUP more)")
     p.add_argument("--memory-tokens", type=int, nargs="*", default=[3600, 7200, 14400, 28800])
     p.add_argument("--memory-steps", type=int, default=3, help="longest batches per budget")
+    p.add_argument("--packing", action="store_true",
+                   help="packed batches (trainer.packing): one (rows, pack_length) shape")
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
+                   help="the parts to run (speed always runs)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, aot_eager")
     p.add_argument("overrides", nargs="*",
                    help="Hydra overrides after the script's own (another data= corpus)")

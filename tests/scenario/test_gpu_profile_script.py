@@ -1,11 +1,10 @@
-"""scripts/cluster/gpu_profile.py (the GPU measurement of the training step) on the CPU: every
-part runs with a tiny model, the timed pass compiles nothing (every shape is compiled in the
-untimed pass before it), and the helpers that sort kernels and measure the GPU's idle time
-hold on hand-made inputs."""
+"""scripts/cluster/gpu_profile.py (the GPU measurement of the training step) on the CPU: the
+helpers that sort kernels and measure the GPU's idle time hold on hand-made inputs, batches are
+pinned and packed as nmt-train's are. Its smoke run (every part with a tiny model; the timed
+pass compiles nothing) runs inside device_measure.py's: test_device_measure_script.py."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,34 +34,6 @@ def test_busy_fraction_counts_overlapping_kernels_once():
     assert gpu_profile.busy_fraction(spans, (2.0, 2.0)) == 0.0
 
 
-def test_smoke_run_measures_every_part(tmp_path, synthetic_corpus):
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "cluster" / "gpu_profile.py"), "--smoke",
-         "--sizes", "base", "--out", str(out), *synthetic_corpus.overrides],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((out / "gpu_profile.json").read_text())
-    assert "failed" not in report and report["environment"]["device"] == "cpu"
-    (size,) = report["sizes"]
-    speed = size["speed"]
-    assert speed["steps"] == 3 and speed["target_tokens"] > 0
-    assert speed["graphs_compiled"] >= 1 and speed["graphs_compiled_while_timed"] == 0
-    assert size["profile"]["steps"] == 2  # the profiler's warm-up steps are left out
-    shares = size["profile"]["share_by_kind"]
-    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3) and shares["matmul"] > 0
-    assert size["loss"]["ms_fwd_bwd"] > 0 and size["loss"]["vocab"] == synthetic_corpus.vocab_size
-    rows = size["memory"]["rows"]
-    assert [r["max_tokens"] for r in rows] == [256, 512]
-    assert all(0 < r["padded_tokens"] <= r["max_tokens"] for r in rows)
-    assert "| base |" in proc.stdout
-    host = size["profile"]["top_host_ops"]
-    assert host and all(ms >= 0 for _, ms in host) and size["profile"]["host_ms_per_step"] > 0
-    markdown = (out / "gpu_profile.md").read_text()
-    assert "| base |" in markdown and "host time by op, base" in markdown
-    assert f"| `{host[0][0]}` |" in markdown
-
-
 def test_without_a_gpu_the_script_says_so_in_one_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "cluster" / "gpu_profile.py"), "--out",
@@ -89,3 +60,25 @@ def test_batches_are_pinned_on_a_gpu_as_the_loader_pins_them(synthetic_corpus, m
     pinned.clear()
     gpu_profile.batches_for(cfg, 256, 3, 1)
     assert pinned == []
+
+
+def test_packed_batches_have_the_runs_one_shape_and_count_real_tokens(synthetic_corpus,
+                                                                      monkeypatch):
+    """``--packing`` measures the batches nmt-train packs (one (rows, pack_length) shape for
+    the run) and counts their real tokens per sentence, not per row."""
+    from transformer_nmt.config import PAD_ID, compose
+    from transformer_nmt.data.collate import Batch
+
+    cfg = compose(["experiment=multi30k_en_de", *synthetic_corpus.overrides])
+    pinned = []
+    monkeypatch.setattr(Batch, "pin_memory", lambda self: pinned.append(self) or self)
+    batches = gpu_profile.batches_for(cfg, 256, 4, 1, pin=True, packing=True)
+    assert len(batches) == 4 and pinned == batches
+    assert all(b.packed for b in batches)
+    assert len({tuple(b.src_tokens.shape) for b in batches}) == 1
+    counts = gpu_profile.counts_of(batches)
+    real = sum(int(b.tgt_out.ne(PAD_ID).sum()) for b in batches)
+    assert counts.tgt == real == sum(b.ntokens for b in batches)
+    lengths = torch.cat([b.tgt_lengths for b in batches])  # per sentence: squares differ by row
+    assert counts.tgt_sq == int((lengths * lengths).sum())
+    assert sum(b.nsentences for b in batches) > sum(b.src_tokens.size(0) for b in batches)

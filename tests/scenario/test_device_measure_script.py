@@ -1,0 +1,113 @@
+"""scripts/cluster/device_measure.py (the whole GPU measurement in one call) on the CPU: the
+carried wheels are installed into a temporary folder its children import from, Multi30k is
+prepared from the bundle, every configuration of the smoke plan runs through gpu_profile.py and
+the report is written; without a GPU or without the Multi30k files it says so in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "cluster" / "device_measure.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import device_measure  # noqa: E402  (found on the sys.path entry above)
+
+
+def _probe_wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel whose module records that it was imported."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "measure_probe-0.1-py3-none-any.whl"
+    info = "measure_probe-0.1.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("measure_probe/__init__.py", "CARRIED = True\n")
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: measure-probe\n"
+                   "Version: 0.1\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                   "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", f"measure_probe/__init__.py,,\n{info}/METADATA,,\n"
+                   f"{info}/WHEEL,,\n{info}/RECORD,,\n")
+    return path
+
+
+def test_carried_wheels_are_installed_where_the_children_import_them(tmp_path):
+    _probe_wheel(tmp_path / "wheels")
+    site = tmp_path / "site"
+    assert device_measure.install_wheels(tmp_path / "wheels", site) == [
+        "measure_probe-0.1-py3-none-any.whl"]
+    env = device_measure.child_env(site)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import measure_probe, transformer_nmt, sys; "
+         "print(measure_probe.CARRIED, transformer_nmt.__file__)"],
+        env=env, capture_output=True, text=True, check=True)
+    carried, package = proc.stdout.split()
+    assert carried == "True" and Path(package).is_relative_to(REPO / "src")
+    assert device_measure.install_wheels(tmp_path / "none", site) == []  # nothing carried
+
+
+def test_the_plan_covers_both_sizes_budgets_and_batch_kinds():
+    plan = device_measure.PLAN
+    assert len(plan) == len(set(plan)) == 12
+    assert {(s, t) for s, t, _ in plan} == {(s, t) for s in ("base", "big")
+                                            for t in (3100, 30712)}
+    assert plan[0] == ("base", 3100, "padded")  # the host-bound batch first
+    cmd = device_measure.profile_command("big", 30712, "graphed", Path("o"), Path("d"), False)
+    assert cmd[cmd.index("--max-tokens") + 1] == "30712"
+    assert "--packing" in cmd and "--cuda-graphs" in cmd and "--smoke" not in cmd
+    padded = device_measure.profile_command("base", 3100, "padded", Path("o"), Path("d"), False)
+    assert "--packing" not in padded and "--cuda-graphs" not in padded
+
+
+def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
+    bundle = tmp_path / "bundle"
+    (bundle / "multi30k").parent.mkdir(parents=True)
+    (bundle / "multi30k").symlink_to(multi30k_mirror)
+    _probe_wheel(bundle / "wheels")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--bundle", str(bundle), "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "device_measure.json").read_text())
+    assert report["installed"] == ["measure_probe-0.1-py3-none-any.whl"]
+    configs = report["configurations"]
+    assert list(configs) == ["base-256-padded", "base-256-packed"]
+    for name, entry in configs.items():
+        assert entry["status"] == "ran", (name, entry)
+        result = entry["result"]
+        assert result["speed"]["target_tokens"] > 0 and result["speed"]["steps"] == 3
+        assert result["profile"]["host_ms_per_step"] > 0 and result["profile"]["top_host_ops"]
+    assert configs["base-256-packed"]["result"]["packing"] is True
+    rows, cols = configs["base-256-packed"]["result"]["packed_shape"]
+    assert rows >= 1 and cols >= 2
+    padded = configs["base-256-padded"]["result"]
+    assert padded["packing"] is False
+    # gpu_profile.py's other parts, on the padded configuration
+    speed = padded["speed"]
+    assert speed["graphs_compiled"] >= 1 and speed["graphs_compiled_while_timed"] == 0
+    assert padded["profile"]["steps"] == 2  # the profiler's warm-up steps are left out
+    shares = padded["profile"]["share_by_kind"]
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3) and shares["matmul"] > 0
+    assert padded["loss"]["ms_fwd_bwd"] > 0 and padded["loss"]["vocab"] == 200
+    memory = padded["memory"]["rows"]
+    assert [r["max_tokens"] for r in memory] == [256, 512]
+    assert all(0 < r["padded_tokens"] <= r["max_tokens"] for r in memory)
+    profile_md = (out / "base-256-padded" / "gpu_profile.md").read_text()
+    assert "| base | padded 256 |" in profile_md and "host time by op, base" in profile_md
+    assert f"| `{padded['profile']['top_host_ops'][0][0]}` |" in profile_md
+    markdown = (out / "device_measure.md").read_text()
+    assert "| base-256-padded | ran |" in markdown and "| base-256-packed | ran |" in markdown
+
+
+def test_without_a_gpu_or_the_corpus_it_says_so_in_one_line(tmp_path):
+    for args in (["--bundle", str(tmp_path)], ["--smoke", "--bundle", str(tmp_path)]):
+        proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--out", str(tmp_path / "o")],
+                              cwd=REPO, capture_output=True, text=True, timeout=300,
+                              check=False)
+        assert proc.returncode == 2
+        assert proc.stderr.startswith("error: no ") and proc.stderr.count("\n") == 1
