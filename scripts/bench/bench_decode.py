@@ -172,12 +172,18 @@ def load(args):
     """(our model in eval mode on the device, tokenizer)."""
     from transformer_nmt.checkpoint import load_model
     from transformer_nmt.data.bpe import SentencePieceTokenizer
-    from transformer_nmt.fileio import spm_model_path
 
     model, _ = load_model(args.checkpoint, "cpu")
     model.eval()
-    tokenizer = SentencePieceTokenizer(spm_model_path(bc.data_cfg()))
+    tokenizer = SentencePieceTokenizer(spm_path(args))
     return model, tokenizer
+
+
+def spm_path(args) -> Path:
+    """The SentencePiece model: ``--spm``, else the prepared Multi30k EN-DE's under data/."""
+    from transformer_nmt.fileio import spm_model_path
+
+    return Path(args.spm) if args.spm else spm_model_path(bc.data_cfg())
 
 
 def check_port(model, ported, kind: str) -> float:
@@ -243,12 +249,10 @@ def worker(args) -> None:
         def run(x):
             return decode_fairseq(fs, dictionary, tokenizer, x, args)
     elif args.worker.startswith("ct2_"):
-        from transformer_nmt.fileio import spm_model_path
         from transformer_nmt.interop.ctranslate2 import CTranslate2Engine, export_ctranslate2
 
         folder = Path(args.worker_out).parent / "ct2_model"
-        export_ctranslate2(args.checkpoint, spm_model_path(bc.data_cfg()), folder, "none",
-                           overwrite=True)
+        export_ctranslate2(args.checkpoint, spm_path(args), folder, "none", overwrite=True)
         compute = args.worker.split("_", 1)[1]
         engine = CTranslate2Engine(folder, args.device, compute, int(model.cfg.max_positions),
                                    threads=args.threads)
@@ -332,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="the checkpoint's size (Marian port)")
     p.add_argument("--input", default="data/raw/multi30k_en_de/test_2016_flickr.en")
     p.add_argument("--reference", default="data/raw/multi30k_en_de/test_2016_flickr.de")
+    p.add_argument("--spm", default=None,
+                   help="the SentencePiece model (default: data/spm/multi30k_en_de/spm.model)")
     p.add_argument("--sentences", type=int, default=1000)
     p.add_argument("--warmup-sentences", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3,
@@ -392,6 +398,7 @@ def main(argv: list[str] | None = None) -> None:
                               for k, v in vars(args).items()},
                      "machine": info, "toolkits": {}}
     passthrough = ["--checkpoint", args.checkpoint, "--size", args.size, "--input", args.input,
+                   *(["--spm", args.spm] if args.spm else []),
                    "--sentences", str(args.sentences), "--warmup-sentences",
                    str(args.warmup_sentences), "--repeats", str(args.repeats), "--beam",
                    str(args.beam), "--lenpen", str(args.lenpen), "--stopping", args.stopping,

@@ -63,17 +63,25 @@ def test_the_plan_covers_both_sizes_budgets_and_batch_kinds():
     assert "--packing" not in padded and "--cuda-graphs" not in padded
 
 
-def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
+def _smoke(tmp_path: Path, mirror: Path, parts: str) -> tuple[dict, Path]:
+    """Run the CPU path with ``--parts parts`` from a bundle of the Multi30k files and a probe
+    wheel: (the report, the output folder)."""
     bundle = tmp_path / "bundle"
     (bundle / "multi30k").parent.mkdir(parents=True)
-    (bundle / "multi30k").symlink_to(multi30k_mirror)
+    (bundle / "multi30k").symlink_to(mirror)
     _probe_wheel(bundle / "wheels")
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--bundle", str(bundle), "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+        [sys.executable, str(SCRIPT), "--smoke", "--parts", parts, "--bundle", str(bundle),
+         "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600,
+        check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((out / "device_measure.json").read_text())
+    return json.loads((out / "device_measure.json").read_text()), out
+
+
+def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
+    report, out = _smoke(tmp_path, multi30k_mirror, "step")
+    assert "decode" not in report
     assert report["installed"] == ["measure_probe-0.1-py3-none-any.whl"]
     configs = report["configurations"]
     assert list(configs) == ["base-256-padded", "base-256-packed"]
@@ -102,6 +110,18 @@ def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
     assert f"| `{padded['profile']['top_host_ops'][0][0]}` |" in profile_md
     markdown = (out / "device_measure.md").read_text()
     assert "| base-256-padded | ran |" in markdown and "| base-256-packed | ran |" in markdown
+
+
+def test_the_decoding_part_trains_a_model_and_times_ours_against_marian(tmp_path,
+                                                                        multi30k_mirror):
+    report, out = _smoke(tmp_path, multi30k_mirror, "decode")
+    assert list(report["configurations"]) == []  # the step part was not asked for
+    decode = report["decode"]
+    assert decode["status"] == "ran" and decode["checkpoint_steps"] == 10
+    ours, marian = decode["toolkits"]["ours"], decode["toolkits"]["marian"]
+    assert ours["same_as_ours"] == 1.0 and 0.0 <= marian["same_as_ours"] <= 1.0
+    assert ours["target_tokens_per_s"] > 0 and marian["target_tokens_per_s"] > 0
+    assert "| marian |" in (out / "device_measure.md").read_text()
 
 
 def test_without_a_gpu_or_the_corpus_it_says_so_in_one_line(tmp_path):
