@@ -6,7 +6,7 @@ input length + 50, but terminate early when possible."
 
 Shape legend (used in every shape comment below):
     B  sentences in the input batch
-    A  sentences still being decoded (active; A <= B, shrinks as sentences finish)
+    A  sentences in the decoding batch (A <= B; finished ones leave it at the next read)
     W  beam width of the current step: 1 at the first step (all beams would be
        identical), K afterwards
     K  beam size
@@ -16,8 +16,8 @@ Shape legend (used in every shape comment below):
     V  vocabulary size
     t  target tokens generated so far (bos and eos excluded)
 
-Search, step by step (all per-hypothesis work is tensor ops; Python only touches the
-hypotheses that finish and beat what their sentence already has):
+Search, step by step (all of it tensor ops on the search's device; the host reads the
+device only every ``sync_every`` steps, see "Host reads" below):
     1. One decoder call on the last token of every live beam, (A*W, 1) -> log-probabilities
        (A*W, V) in fp32 (:func:`next_token_log_probs`, shared with greedy search); ``pad`` and
        ``bos`` are never generated, ``eos`` is barred before ``min_len`` tokens and forced once a
@@ -28,17 +28,37 @@ hypotheses that finish and beat what their sentence already has):
        beam's best C) without materialising the (A, W*V) sums. At most K of them end in
        ``eos`` (one per beam), so at least K continue.
     3. Candidates ending in ``eos`` that rank among the top K of their sentence become
-       finished hypotheses (with K = 1 this is exactly greedy decoding).
+       finished hypotheses (with K = 1 this is exactly greedy decoding). Each sentence's
+       n-best list is a tensor of (score, log-prob, length, beam) entries, best first: the
+       newcomers are merged in by a stable sort, so one with the same score as an entry
+       already there goes after it. The tokens are not copied: every step writes each new
+       beam's (token, parent beam) into a (steps, B, K) back-pointer buffer, and the tokens of
+       the returned hypotheses are walked back from it once, at the end.
     4. The best K candidates not ending in ``eos`` form the next beam.
     5. A sentence stops (``stopping="bound"``, the default) once no live hypothesis can beat
        its ``nbest``-th finished one, see :func:`_best_possible_score`; or
        (``stopping="beam"``, fairseq's and Hugging Face's rule) once K hypotheses have
-       finished. Its rows are dropped: ``DecoderCache.reorder`` re-indexes the
+       finished. Its scores are set to -inf at once (nothing it computes afterwards can
+       enter a result) and its rows are dropped at the next read: ``DecoderCache.reorder``
+       re-indexes the
        self-attention K/V on the kept rows (beam reorder and dropping finished sentences
        in one gather) and the cross-attention K/V on the kept sentences, so finished
        sentences cost nothing afterwards. The cross-attention K/V hold one row per
        sentence, shared by its K beams (the encoder memory is never copied K times), so a
        beam reorder leaves them alone.
+
+Host reads. A sentence's finished flag, and whether any row's logits were NaN or infinite,
+stay on the device; the host reads them together every ``sync_every`` steps
+(:func:`resolve_sync_every`: ``auto`` is 8 on CUDA, 1 elsewhere) and at the last step any
+sentence may take, then drops the finished sentences. Between two reads the finished
+sentences' rows are decoded with the others, masked; on a GPU that costs little and saves a
+device synchronisation per step, on a CPU it is real work, hence 1 there. What the host needs
+every step (is some sentence at its length limit, is ``t < min_len``) it knows from the length
+limits it read once at the start. A decoding call reads the device ceil(steps /
+``sync_every``) + 1 times for the flags, and 5 times besides (the source padding of the
+encoder and of the first decoder call, the length limits, the results); the results do not
+depend on ``sync_every`` (tests/unit/decode/test_device_search.py checks both, and that they
+equal the previous search's, kept in tests/unit/decode/reference_beam_search.py).
 
 Scores. A hypothesis Y (|Y| tokens counting its final ``eos``) has log-probability
 log P(Y | X) and score log P(Y | X) / lp(|Y|), with the length penalty of
