@@ -65,6 +65,8 @@ def test_wrong_type_names_the_value():
         ("trainer.update_freq=0", "trainer.update_freq=0"),
         ("decode.max_tokens=0", "decode.max_tokens=0"),
         ("decode.nbest=9", "decode.nbest=9"),
+        ("decode.sync_every=0", "decode.sync_every='0' must be auto or a whole number >= 1"),
+        ("decode.sync_every=often", "decode.sync_every='often' must be auto or a whole number"),
         ("trainer.label_smoothing=-0.1", "trainer.label_smoothing=-0.1"),
     ],
 )

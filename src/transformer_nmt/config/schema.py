@@ -352,6 +352,11 @@ class DecodeConfig:
     finished one (exact; tensor2tensor's rule, with the length penalty at the maximum
     length); ``beam`` once ``beam_size`` hypotheses have finished (fairseq, Hugging Face
     ``early_stopping=True``; fewer steps, not exact)."""
+    sync_every: str = "auto"
+    """Decoding steps between two host reads of the search's finished flags: a whole number
+    >= 1, or ``auto``: 8 on CUDA (the search stays on the device in between, finished
+    sentences masked), 1 elsewhere (a finished sentence leaves the batch at once). The
+    translations do not depend on it (docs/model.md, "Beam search on the device")."""
     max_tokens: int = 8000
     """Source tokens per decoding batch."""
     max_input_tokens: int = 1000

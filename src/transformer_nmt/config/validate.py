@@ -213,6 +213,10 @@ def validate(cfg: Config) -> None:
                       "source; it must be at least 1")
     if not 0 < d.nbest <= d.beam_size:
         errors.append(f"decode.nbest={d.nbest} must be in [1, beam_size={d.beam_size}]")
+    sync_every = str(getattr(d, "sync_every", "auto")).strip()
+    if sync_every.lower() != "auto" and not (sync_every.isdigit() and int(sync_every) >= 1):
+        errors.append(f"decode.sync_every={sync_every!r} must be auto or a whole number >= 1 "
+                      "(decoding steps between two host reads of the finished flags)")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         errors.append(
             f"data.src_lang={cfg.data.src_lang!r} equals data.tgt_lang={cfg.data.tgt_lang!r}; "

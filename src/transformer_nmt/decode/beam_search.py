@@ -6,7 +6,7 @@ input length + 50, but terminate early when possible."
 
 Shape legend (used in every shape comment below):
     B  sentences in the input batch
-    A  sentences still being decoded (active; A <= B, shrinks as sentences finish)
+    A  sentences in the decoding batch (A <= B; finished ones leave it at the next read)
     W  beam width of the current step: 1 at the first step (all beams would be
        identical), K afterwards
     K  beam size
@@ -16,8 +16,8 @@ Shape legend (used in every shape comment below):
     V  vocabulary size
     t  target tokens generated so far (bos and eos excluded)
 
-Search, step by step (all per-hypothesis work is tensor ops; Python only touches the
-hypotheses that finish and beat what their sentence already has):
+Search, step by step (all of it tensor ops on the search's device; the host reads the
+device only every ``sync_every`` steps, see "Host reads" below):
     1. One decoder call on the last token of every live beam, (A*W, 1) -> log-probabilities
        (A*W, V) in fp32 (:func:`next_token_log_probs`, shared with greedy search); ``pad`` and
        ``bos`` are never generated, ``eos`` is barred before ``min_len`` tokens and forced once a
@@ -28,17 +28,37 @@ hypotheses that finish and beat what their sentence already has):
        beam's best C) without materialising the (A, W*V) sums. At most K of them end in
        ``eos`` (one per beam), so at least K continue.
     3. Candidates ending in ``eos`` that rank among the top K of their sentence become
-       finished hypotheses (with K = 1 this is exactly greedy decoding).
+       finished hypotheses (with K = 1 this is exactly greedy decoding). Each sentence's
+       n-best list is a tensor of (score, log-prob, length, beam) entries, best first: the
+       newcomers are merged in by a stable sort, so one with the same score as an entry
+       already there goes after it. The tokens are not copied: every step writes each new
+       beam's (token, parent beam) into a (steps, B, K) back-pointer buffer, and the tokens of
+       the returned hypotheses are walked back from it once, at the end.
     4. The best K candidates not ending in ``eos`` form the next beam.
     5. A sentence stops (``stopping="bound"``, the default) once no live hypothesis can beat
        its ``nbest``-th finished one, see :func:`_best_possible_score`; or
        (``stopping="beam"``, fairseq's and Hugging Face's rule) once K hypotheses have
-       finished. Its rows are dropped: ``DecoderCache.reorder`` re-indexes the
+       finished. Its scores are set to -inf at once (nothing it computes afterwards can
+       enter a result) and its rows are dropped at the next read: ``DecoderCache.reorder``
+       re-indexes the
        self-attention K/V on the kept rows (beam reorder and dropping finished sentences
        in one gather) and the cross-attention K/V on the kept sentences, so finished
        sentences cost nothing afterwards. The cross-attention K/V hold one row per
        sentence, shared by its K beams (the encoder memory is never copied K times), so a
        beam reorder leaves them alone.
+
+Host reads. A sentence's finished flag, and whether any row's logits were NaN or infinite,
+stay on the device; the host reads them together every ``sync_every`` steps
+(:func:`resolve_sync_every`: ``auto`` is 8 on CUDA, 1 elsewhere) and at the last step any
+sentence may take, then drops the finished sentences. Between two reads the finished
+sentences' rows are decoded with the others, masked; on a GPU that costs little and saves a
+device synchronisation per step, on a CPU it is real work, hence 1 there. What the host needs
+every step (is some sentence at its length limit, is ``t < min_len``) it knows from the length
+limits it read once at the start. A decoding call reads the device ceil(steps /
+``sync_every``) + 1 times for the flags, and 5 times besides (the source padding of the
+encoder and of the first decoder call, the length limits, the results); the results do not
+depend on ``sync_every`` (tests/unit/decode/test_device_search.py checks both, and that they
+equal the previous search's, kept in tests/unit/decode/reference_beam_search.py).
 
 Scores. A hypothesis Y (|Y| tokens counting its final ``eos``) has log-probability
 log P(Y | X) and score log P(Y | X) / lp(|Y|), with the length penalty of
@@ -158,6 +178,66 @@ def _best_possible_score(
     return log_prob / lp_long.clamp(min=lp_short)
 
 
+SYNC_EVERY_CUDA = 8
+"""``decode.sync_every=auto`` on a CUDA device: the host reads the finished flags once every 8
+decoding steps (1 elsewhere, where the extra steps of finished sentences cost real compute)."""
+
+
+def resolve_sync_every(value: int | str | None, device: torch.device | str) -> int:
+    """Decoding steps between two host reads of the finished flags (``decode.sync_every``).
+
+    Args:
+        value: an int >= 1 (or its text), or ``auto``/None: :data:`SYNC_EVERY_CUDA` on a CUDA
+            device, 1 elsewhere.
+        device: where the search runs.
+
+    Raises:
+        ValueError: anything else (names the value).
+    """
+    if value is None or str(value).strip().lower() == "auto":
+        return SYNC_EVERY_CUDA if torch.device(device).type == "cuda" else 1
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise ValueError(f"sync_every={value!r} must be auto or a whole number >= 1 (decoding "
+                         "steps between two host reads of the finished flags)")
+    return int(text)
+
+
+def _non_finite_error(t: int) -> NonFiniteScoresError:
+    return NonFiniteScoresError(
+        f"the model gave NaN or infinite logits at output position {t + 1} (NaN or inf "
+        "parameters, or logits beyond the range of the decoding precision)")
+
+
+def _constrained_log_probs(
+    model: Any, last: Tensor, memory: Tensor, src_mask: Tensor, cache: Any, t: int,
+    min_len: int, max_len: Tensor, limit: bool,
+) -> tuple[Tensor, Tensor]:
+    """The decoder step of :func:`next_token_log_probs` without a host read.
+
+    Args:
+        limit: force ``eos`` on the rows of sentences with ``max_len == t`` (False: the
+            caller knows that no sentence is at its limit; the result is the same, cheaper).
+
+    Returns:
+        ``(lprobs, bad)``: (A*W, V) float32 constrained log-probabilities and (A*W,) bool, True
+        for a row whose raw log-probabilities are not all finite.
+    """
+    logits = model.decode(last, memory, src_mask, cache)  # (A*W, 1, V)
+    lprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (A*W, V)
+    bad = ~torch.isfinite(lprobs.amax(dim=-1))  # (A*W,) the largest is NaN or infinite
+    lprobs[:, PAD_ID] = -math.inf
+    lprobs[:, BOS_ID] = -math.inf
+    if t < min_len:
+        lprobs[:, EOS_ID] = -math.inf
+    if limit:
+        rows = max_len.eq(t).repeat_interleave(lprobs.size(0) // max_len.numel())  # (A*W,)
+        eos_lp = lprobs[:, EOS_ID].clone()
+        lprobs.masked_fill_(rows[:, None], -math.inf)
+        lprobs[:, EOS_ID] = torch.where(rows, eos_lp, lprobs[:, EOS_ID])
+    return lprobs, bad
+
+
 def next_token_log_probs(
     model: Any,
     last: Tensor,
@@ -170,9 +250,10 @@ def next_token_log_probs(
 ) -> Tensor:
     """One decoder step over the cache: the next token's log-probabilities, constrained.
 
-    Shared by :func:`beam_search` and :func:`greedy_search` (so beam 1 equals greedy).
-    ``pad`` and ``bos`` get -inf; ``eos`` gets -inf before ``min_len`` tokens; a sentence
-    at its maximum length (``max_len == t``) may only produce ``eos``.
+    The step :func:`beam_search` and :func:`greedy_search` take (so beam 1 equals greedy),
+    here with its non-finite check read at once (the searches read it with their finished
+    flags). ``pad`` and ``bos`` get -inf; ``eos`` gets -inf before ``min_len`` tokens; a
+    sentence at its maximum length (``max_len == t``) may only produce ``eos``.
 
     Args:
         model: the Transformer (``decode`` with a cache).
@@ -190,50 +271,51 @@ def next_token_log_probs(
         NonFiniteScoresError: a row of NaN or infinite logits (its largest log-probability,
             0 or below for any finite row, is then NaN or infinite).
     """
-    logits = model.decode(last, memory, src_mask, cache)  # (A*W, 1, V)
-    lprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (A*W, V)
-    at_limit = max_len.eq(t)  # (A,) sentences whose next token must be eos
-    # one host read for both flags: a non-finite row, a sentence at its limit
-    non_finite, any_at_limit = torch.stack(
-        [~torch.isfinite(lprobs.amax(dim=-1)).all(), at_limit.any()]).tolist()
-    if non_finite:
-        raise NonFiniteScoresError(
-            f"the model gave NaN or infinite logits at output position {t + 1} (NaN or inf "
-            "parameters, or logits beyond the range of the decoding precision)")
-    lprobs[:, PAD_ID] = -math.inf
-    lprobs[:, BOS_ID] = -math.inf
-    if t < min_len:
-        lprobs[:, EOS_ID] = -math.inf
-    if any_at_limit:
-        rows = at_limit.repeat_interleave(lprobs.size(0) // max_len.numel())  # (A*W,)
-        eos_lp = lprobs[rows, EOS_ID]
-        lprobs[rows] = -math.inf
-        lprobs[rows, EOS_ID] = eos_lp
+    lprobs, bad = _constrained_log_probs(
+        model, last, memory, src_mask, cache, t, min_len, max_len, True)
+    if bool(bad.any()):
+        raise _non_finite_error(t)
     return lprobs
 
 
-class _Finished:
-    """The best ``n`` finished hypotheses of one sentence (a short list kept sorted)."""
+class _Reads:
+    """The host's view of the search between two reads of the device: which sentences may
+    still be active (a superset of the truly active ones), their length limits, and the
+    step of the next read."""
 
-    __slots__ = ("hyps", "n")
+    def __init__(self, max_len: list[int], sync_every: int) -> None:
+        self.max_len = max_len  # per original sentence
+        self.sync_every = sync_every
+        self.sentences = list(range(len(max_len)))  # original index of each active row
+        self.limits = set(max_len)
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.hyps: list[Hypothesis] = []
+    def keep(self, rows: list[int]) -> None:
+        """Only the active rows ``rows`` (indices into :attr:`sentences`) go on."""
+        self.sentences = [self.sentences[i] for i in rows]
+        self.limits = {self.max_len[i] for i in self.sentences}
 
-    def add(self, hyp: Hypothesis) -> None:
-        hyps = self.hyps
-        if len(hyps) == self.n and hyp.score <= hyps[-1].score:
-            return
-        pos = len(hyps)
-        while pos > 0 and hyps[pos - 1].score < hyp.score:
-            pos -= 1
-        hyps.insert(pos, hyp)
-        del hyps[self.n :]
+    def due(self, t: int) -> bool:
+        """Read after step ``t``: every ``sync_every`` steps, and at the last step any active
+        sentence may take (all are finished then)."""
+        return (t + 1) % self.sync_every == 0 or t >= max(self.limits)
 
-    def threshold(self) -> float:
-        """Score a new hypothesis must beat to enter: the n-th best, -inf while fewer."""
-        return self.hyps[-1].score if len(self.hyps) == self.n else -math.inf
+
+def _read_flags(active: Tensor, bad_step: Tensor) -> list[int]:
+    """The one host read between steps: the active flags (A,) and the first step with
+    non-finite scores; raises :class:`NonFiniteScoresError` when there is one. Returns the
+    indices of the active rows."""
+    flags = torch.cat([active.long(), bad_step.view(1)]).tolist()
+    if flags[-1] >= 0:
+        raise _non_finite_error(flags[-1])
+    return [i for i, a in enumerate(flags[:-1]) if a]
+
+
+def _note_non_finite(bad: Tensor, active: Tensor, bad_step: Tensor, t: int) -> Tensor:
+    """``bad_step`` (a 0-d long, -1 while none) set to ``t`` when an active row's scores are
+    not finite for the first time."""
+    width = bad.numel() // active.numel()
+    hit = (bad.view(-1, width).any(1) & active).any()
+    return torch.where(hit & bad_step.lt(0), t, bad_step)
 
 
 @torch.inference_mode()
@@ -249,6 +331,7 @@ def beam_search(
     nbest: int = 1,
     min_len: int = 1,
     stopping: str = "bound",
+    sync_every: int | str | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch with beam search (paper section 6.1).
 
@@ -269,6 +352,9 @@ def beam_search(
             ``nbest``-th finished one (exact under the length limit; tensor2tensor's rule);
             ``beam``: once ``beam_size`` hypotheses have finished (fairseq, Hugging Face
             ``early_stopping=True``).
+        sync_every: decoding steps between two host reads of the finished flags
+            (:func:`resolve_sync_every`; None = auto: 8 on CUDA, 1 elsewhere). The result
+            does not depend on it.
 
     Returns:
         For each of the B sentences, its best ``nbest`` hypotheses, best first (fewer only
@@ -276,8 +362,8 @@ def beam_search(
         after at most ``max_len + 1`` steps, whatever the scores.
 
     Raises:
-        ValueError: on bad ``beam_size``/``nbest``/``lenpen_form``/``stopping`` or a non-2D
-            input.
+        ValueError: on bad ``beam_size``/``nbest``/``lenpen_form``/``stopping``/``sync_every``
+            or a non-2D input.
         NonFiniteScoresError: NaN or infinite logits.
     """
     if src_tokens.dim() != 2:
@@ -290,33 +376,45 @@ def beam_search(
         raise ValueError(f"lenpen_form={lenpen_form!r} is not one of {list(LENPEN_FORMS)}")
     if stopping not in STOPPING_RULES:
         raise ValueError(f"stopping={stopping!r} is not one of {list(STOPPING_RULES)}")
+    every = resolve_sync_every(sync_every, src_tokens.device)
     bsz = src_tokens.size(0)
     if bsz == 0:
         return []
     device = src_tokens.device
     k = beam_size
     count_finished = stopping == "beam"
+    # "beam" keeps the best K finished hypotheses (it stops at K), "bound" the best nbest.
+    n_keep = k if count_finished else nbest
 
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
     cache = model.new_cache()  # cross-attention K/V: one row per active sentence
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
-    # "beam" keeps the best K finished hypotheses (it stops at K), "bound" the best nbest.
-    finished = [_Finished(k if count_finished else nbest) for _ in range(bsz)]
+    host = _Reads(max_len.tolist(), every)
+    steps = max(host.max_len) + 1
 
-    # State of the A active sentences, W beams each (W = 1 before the first step).
+    # Back-pointers of every step: hist[t, b, j] = (token, beam of step t it extends) of beam
+    # j of sentence b after step t; the tokens of any hypothesis are read back at the end.
+    hist = torch.zeros(steps, bsz, k, 2, dtype=torch.long, device=device)
+    # Finished n-best of every sentence, best first (ties: the earlier first): (score,
+    # log-prob) and (steps taken = tokens before eos, beam it extends); -inf score = empty.
+    out_f = torch.full((bsz, n_keep, 2), -math.inf, device=device)
+    out_i = torch.zeros(bsz, n_keep, 2, dtype=torch.long, device=device)
+
+    # State of the A active sentences (finished ones stay, masked, until the next read).
     sent_ids = torch.arange(bsz, device=device)  # (A,) original sentence index
-    sent_list = list(range(bsz))
+    fin_f, fin_i = out_f.clone(), out_i.clone()  # (A, n, 2) their finished n-best
+    active = torch.ones(bsz, dtype=torch.bool, device=device)  # (A,)
     scores = torch.zeros(bsz, 1, device=device)  # (A, W) cumulative log-prob, fp32
-    history = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (A*W, t)
     last = torch.full((bsz, 1), BOS_ID, dtype=torch.long, device=device)  # (A*W, 1)
-    thresholds = torch.full((bsz,), -math.inf, device=device)  # (A,) n-th best finished
+    bad_step = torch.full((), -1, dtype=torch.long, device=device)  # first non-finite step
 
     t = 0
-    while sent_ids.numel() > 0:
+    while True:
         n_act, width = scores.shape
-        lprobs = next_token_log_probs(
-            model, last, memory, src_mask, cache, t, min_len, max_len
+        lprobs, bad = _constrained_log_probs(
+            model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
         )  # (A*W, V)
+        bad_step = _note_non_finite(bad, active, bad_step, t)
         vocab = lprobs.size(-1)
 
         per_row = min(2 * k, vocab)
@@ -328,25 +426,19 @@ def beam_search(
         cand_tokens = row_tokens.view(n_act, -1).gather(1, cand_pos)  # (A, C)
         is_eos = cand_tokens.eq(EOS_ID)  # (A, C)
 
-        # --- finished hypotheses: eos among the top K, better than the sentence's n-th best
+        # --- finished hypotheses: eos among the top K, merged into the sentence's n-best by a
+        # stable sort (an equal newcomer goes after the hypotheses already there)
         lp_now = length_penalty(float(t + 1), lenpen, lenpen_form)
         top_k = min(k, n_cand)
         fin_scores = cand_scores[:, :top_k] / lp_now  # (A, K)
-        fin = is_eos[:, :top_k] & torch.isfinite(fin_scores) & (fin_scores > thresholds[:, None])
-        fin_pos = fin.nonzero()  # (F, 2) rows (sentence, candidate)
-        if fin_pos.numel() > 0:
-            a_idx, c_idx = fin_pos[:, 0], fin_pos[:, 1]
-            src_rows = a_idx * width + cand_beams[a_idx, c_idx]  # (F,) rows of history
-            toks = history.index_select(0, src_rows).tolist()  # F lists of t tokens
-            lps = cand_scores[a_idx, c_idx].tolist()
-            norm = fin_scores[a_idx, c_idx].tolist()
-            touched: dict[int, float] = {}
-            for a, tok, lp_, sc in zip(a_idx.tolist(), toks, lps, norm):
-                box = finished[sent_list[a]]
-                box.add(Hypothesis(tokens=tok, score=sc, log_prob=lp_))
-                touched[a] = box.threshold()
-            idx = torch.tensor(list(touched), dtype=torch.long, device=device)
-            thresholds[idx] = torch.tensor(list(touched.values()), device=device)
+        fin = is_eos[:, :top_k] & torch.isfinite(fin_scores)  # (A, K)
+        new_f = torch.stack([fin_scores.masked_fill(~fin, -math.inf), cand_scores[:, :top_k]], 2)
+        new_i = torch.stack([torch.full_like(cand_beams[:, :top_k], t), cand_beams[:, :top_k]], 2)
+        all_f, all_i = torch.cat([fin_f, new_f], 1), torch.cat([fin_i, new_i], 1)  # (A, n+K, 2)
+        order = all_f[:, :, 0].sort(dim=1, descending=True, stable=True).indices[:, :n_keep]
+        order = order.unsqueeze(2).expand(-1, -1, 2)  # (A, n, 2)
+        fin_f, fin_i = all_f.gather(1, order), all_i.gather(1, order)
+        thresholds = fin_f[:, -1, 0]  # (A,) n-th best finished, -inf while fewer
 
         # --- next beam: the best K candidates that do not end in eos
         live_scores = cand_scores.masked_fill(is_eos, -math.inf)  # (A, C)
@@ -360,40 +452,78 @@ def beam_search(
         new_scores, sel = live_scores.topk(k, dim=1)  # (A, K), (A, K)
         new_beams = cand_beams.gather(1, sel)  # (A, K)
         new_tokens = cand_tokens.gather(1, sel)  # (A, K)
+        step_hist = torch.stack([new_tokens, new_beams], 2)  # (A, K, 2)
+        if n_act == bsz:
+            hist[t].copy_(step_hist)
+        else:
+            hist[t].index_copy_(0, sent_ids, step_hist)
 
-        # --- early termination and dropping finished sentences
+        # --- early termination: finished sentences are masked now, dropped at the next read
         if count_finished:  # K finished (the K-th best is finite), or no live beam left
             done = thresholds.gt(-math.inf) | new_scores[:, 0].eq(-math.inf)  # (A,)
         else:  # exact bound; all-dead beams give -inf <= anything
             bound = _best_possible_score(new_scores[:, 0], t + 1, max_len, lenpen, lenpen_form)
             done = bound <= thresholds  # (A,)
         done |= max_len.le(t)  # eos was forced at this step: nothing may go on, whatever the scores
+        active = active & ~done
+        new_scores = new_scores.masked_fill(~active.unsqueeze(1), -math.inf)
         rows = (torch.arange(n_act, device=device) * width).unsqueeze(1) + new_beams  # (A, K)
         keep = None
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)  # (A',)
-            rows, new_scores, new_tokens = rows[keep], new_scores[keep], new_tokens[keep]
-            sent_ids, max_len, thresholds = sent_ids[keep], max_len[keep], thresholds[keep]
-            sent_list = sent_ids.tolist()
-        if sent_ids.numel() == 0:
-            break
-        flat_rows = rows.reshape(-1)  # (A'*K,)
-        cache.reorder(flat_rows, sources=keep)
-        history = torch.cat(
-            [history.index_select(0, flat_rows), new_tokens.reshape(-1, 1)], dim=1
-        )  # (A'*K, t + 1)
+        if host.due(t):
+            kept = _read_flags(active, bad_step)
+            if len(kept) < n_act:
+                gone = torch.tensor(sorted(set(range(n_act)) - set(kept)), device=device)
+                out_f.index_copy_(0, sent_ids[gone], fin_f[gone])
+                out_i.index_copy_(0, sent_ids[gone], fin_i[gone])
+                if not kept:
+                    break
+                keep = torch.tensor(kept, device=device)  # (A',)
+                host.keep(kept)
+                rows, new_scores, new_tokens = rows[keep], new_scores[keep], new_tokens[keep]
+                sent_ids, max_len, active = sent_ids[keep], max_len[keep], active[keep]
+                fin_f, fin_i = fin_f[keep], fin_i[keep]
+        cache.reorder(rows.reshape(-1), sources=keep)
         last = new_tokens.reshape(-1, 1)  # (A'*K, 1)
         scores = new_scores  # (A', K)
         t += 1
 
-    return [_result(box, nbest) for box in finished]
+    return _hypotheses(out_f, out_i, hist[: t + 1], nbest)
 
 
-def _result(box: _Finished, nbest: int) -> list[Hypothesis]:
-    """The sentence's best ``nbest`` hypotheses, best first; an empty one if none finished."""
-    if box.hyps:
-        return box.hyps[:nbest]
-    return [Hypothesis(tokens=[], score=-math.inf, log_prob=-math.inf)]
+def _hypotheses(out_f: Tensor, out_i: Tensor, hist: Tensor, nbest: int) -> list[list[Hypothesis]]:
+    """The finished n-best lists as :class:`Hypothesis` lists (two host reads).
+
+    Args:
+        out_f: (B, n, 2) float (score, log-prob), best first; -inf score = no hypothesis.
+        out_i: (B, n, 2) long (tokens before eos, beam of that step the eos extends).
+        hist: (T, B, K, 2) long back-pointers (token, beam of the step before).
+
+    Returns:
+        Per sentence its first ``nbest`` hypotheses; one empty -inf hypothesis when none.
+    """
+    out_f, out_i = out_f[:, :nbest], out_i[:, :nbest]
+    lengths, beam = out_i[..., 0], out_i[..., 1].clone()  # (B, n)
+    n_steps = hist.size(0)
+    sent = torch.arange(out_i.size(0), device=out_i.device).unsqueeze(1)  # (B, 1)
+    tokens = torch.zeros(*lengths.shape, n_steps, dtype=torch.long, device=out_i.device)
+    for s in range(n_steps - 1, -1, -1):  # walk every hypothesis back to its first token
+        entry = hist[s][sent, beam]  # (B, n, 2)
+        tokens[..., s] = entry[..., 0]
+        beam = torch.where(lengths.gt(s), entry[..., 1], beam)
+    flat = torch.cat([lengths.reshape(-1, 1), tokens.reshape(lengths.numel(), -1)], 1).tolist()
+    values = out_f.reshape(-1, 2).tolist()
+    results: list[list[Hypothesis]] = []
+    n = lengths.size(1)
+    for b in range(lengths.size(0)):
+        hyps = []
+        for j in range(b * n, b * n + n):
+            score, log_prob = values[j]
+            if score == -math.inf:
+                break
+            hyps.append(Hypothesis(tokens=flat[j][1 : 1 + flat[j][0]], score=score,
+                                   log_prob=log_prob))
+        results.append(hyps or [Hypothesis(tokens=[], score=-math.inf, log_prob=-math.inf)])
+    return results
 
 
 @torch.inference_mode()
@@ -404,14 +534,17 @@ def greedy_search(
     max_len_b: int = 50,
     *,
     min_len: int = 1,
+    sync_every: int | str | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy decoding: the most probable next token at every step.
 
     Each sentence stops at its first ``eos`` (forced after ``max_len`` tokens, see
-    :func:`max_output_lengths`) and its row leaves the batch (cache included).
+    :func:`max_output_lengths`); its row leaves the batch (cache included) at the next read
+    of the finished flags, every ``sync_every`` steps, and is masked until then.
 
     Args:
-        model, src_tokens, max_len_a, max_len_b, min_len: as in :func:`beam_search`.
+        model, src_tokens, max_len_a, max_len_b, min_len, sync_every: as in
+            :func:`beam_search`.
 
     Returns:
         For each of the B sentences a one-element list; ``score == log_prob`` (no length
@@ -422,6 +555,7 @@ def greedy_search(
     """
     if src_tokens.dim() != 2:
         raise ValueError(f"src_tokens must be (B, S), got shape {tuple(src_tokens.shape)}")
+    every = resolve_sync_every(sync_every, src_tokens.device)
     bsz = src_tokens.size(0)
     if bsz == 0:
         return []
@@ -429,32 +563,49 @@ def greedy_search(
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
     cache = model.new_cache()
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
+    host = _Reads(max_len.tolist(), every)
+    steps = max(host.max_len) + 1
+    history = torch.zeros(bsz, steps, dtype=torch.long, device=device)  # (B, T) per sentence
     sent_ids = torch.arange(bsz, device=device)  # (A,)
-    history = torch.empty(bsz, 0, dtype=torch.long, device=device)  # (A, t)
-    log_probs = torch.zeros(bsz, device=device)  # (A,)
+    log_probs = torch.zeros(bsz, device=device)  # (A,) running sum
+    ended = torch.zeros(bsz, 2, device=device)  # (A, 2) (tokens before eos, log-prob) at eos
+    out = torch.zeros(bsz, 2, device=device)  # (B, 2) the same per original sentence
+    active = torch.ones(bsz, dtype=torch.bool, device=device)  # (A,)
     last = torch.full((bsz, 1), BOS_ID, dtype=torch.long, device=device)  # (A, 1)
-    out: list[list[Hypothesis]] = [[] for _ in range(bsz)]
+    bad_step = torch.full((), -1, dtype=torch.long, device=device)
     t = 0
-    while sent_ids.numel() > 0:
-        lprobs = next_token_log_probs(
-            model, last, memory, src_mask, cache, t, min_len, max_len
+    while True:
+        lprobs, bad = _constrained_log_probs(
+            model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
         )  # (A, V)
+        bad_step = _note_non_finite(bad, active, bad_step, t)
         best_lp, best = lprobs.max(dim=1)  # (A,), (A,)
         log_probs = log_probs + best_lp
-        history = torch.cat([history, best.unsqueeze(1)], dim=1)  # (A, t + 1)
-        done = best.eq(EOS_ID) | max_len.le(t)  # (A,) eos, or the maximum length reached
-        if bool(done.any()):
-            idx = done.nonzero().squeeze(1)
-            for a, toks, lp_ in zip(
-                sent_ids[idx].tolist(), history[idx, :-1].tolist(), log_probs[idx].tolist()
-            ):
-                out[a] = [Hypothesis(tokens=toks, score=lp_, log_prob=lp_)]
-            keep = (~done).nonzero().squeeze(1)  # (A',)
-            if keep.numel() == 0:
-                break
-            sent_ids, max_len = sent_ids[keep], max_len[keep]
-            history, log_probs, best = history[keep], log_probs[keep], best[keep]
-            cache.reorder(keep, sources=keep)
+        if sent_ids.numel() == bsz:
+            history[:, t] = best
+        else:
+            history[:, t].index_copy_(0, sent_ids, best)
+        now = (best.eq(EOS_ID) | max_len.le(t)) & active  # (A,) eos, or the maximum length
+        ended = torch.where(now.unsqueeze(1), torch.stack([log_probs.new_full(
+            log_probs.shape, float(t)), log_probs], 1), ended)
+        active = active & ~now
+        keep = None
+        if host.due(t):
+            kept = _read_flags(active, bad_step)
+            if len(kept) < sent_ids.numel():
+                gone = torch.tensor(sorted(set(range(sent_ids.numel())) - set(kept)),
+                                    device=device)
+                out.index_copy_(0, sent_ids[gone], ended[gone])
+                if not kept:
+                    break
+                keep = torch.tensor(kept, device=device)  # (A',)
+                host.keep(kept)
+                sent_ids, max_len, active = sent_ids[keep], max_len[keep], active[keep]
+                log_probs, ended, best = log_probs[keep], ended[keep], best[keep]
+                cache.reorder(keep, sources=keep)
         last = best.unsqueeze(1)  # (A, 1)
         t += 1
-    return out
+    rows = torch.cat([out[:, :1].long(), history], 1).tolist()
+    lps = out[:, 1].tolist()
+    return [[Hypothesis(tokens=row[1 : 1 + row[0]], score=lp_, log_prob=lp_)]
+            for row, lp_ in zip(rows, lps)]

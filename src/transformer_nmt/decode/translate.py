@@ -95,15 +95,18 @@ def search(model: Any, src_tokens: torch.Tensor, decode_cfg: DecodeConfig
         src_tokens: (B, S) long on the model's device.
 
     The attention runs under ``decode_cfg.sdpa_backends`` (``torch.nn.attention.sdpa_kernel``)
-    unless the model carries its own (:meth:`Transformer.set_sdpa_backends`, a training run's).
+    unless the model carries its own (:meth:`Transformer.set_sdpa_backends`, a training run's);
+    the search reads its finished flags every ``decode_cfg.sync_every`` steps.
 
     Returns:
         Per sentence, up to ``decode_cfg.nbest`` hypotheses, best first.
     """
     names = getattr(decode_cfg, "sdpa_backends", None)
+    sync_every = getattr(decode_cfg, "sync_every", None)
     with sdpa_context(sdpa_backends(names) if names is not None else None):
         if decode_cfg.beam_size == 1:
-            return greedy_search(model, src_tokens, decode_cfg.max_len_a, decode_cfg.max_len_b)
+            return greedy_search(model, src_tokens, decode_cfg.max_len_a, decode_cfg.max_len_b,
+                                 sync_every=sync_every)
         return beam_search(
             model,
             src_tokens,
@@ -114,6 +117,7 @@ def search(model: Any, src_tokens: torch.Tensor, decode_cfg: DecodeConfig
             max_len_b=decode_cfg.max_len_b,
             nbest=decode_cfg.nbest,
             stopping=decode_cfg.stopping,
+            sync_every=sync_every,
         )
 
 
