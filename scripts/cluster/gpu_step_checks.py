@@ -13,6 +13,10 @@ functions of a run's overrides and a device so that a CPU test runs the same log
   a rounding), and the first step after the resume exactly in every precision (its forward
   depends only on the restored weights, data position and RNG states).
 
+- :func:`graphed_matches_eager`: the eager packed step and the whole step of
+  ``trainer.cuda_graphs`` (a CUDA graph on CUDA) from the same state give the same
+  parameters within :data:`GRAPHED_RTOL`.
+
 Each returns a dict of figures with ``passed`` (bool) and ``why`` (empty when passed).
 """
 
@@ -107,6 +111,87 @@ def compiled_matches_eager(overrides: list[str], device: str, *, precision: str 
     return {"precision": precision, "backend": backend, "eager_losses": eager,
             "compiled_losses": compiled, "max_rel_diff": diff, "rtol": rtol,
             "grad_norm_rel_diff": gdiff, "passed": passed, "why": why}
+
+
+GRAPHED_RTOL = {"fp32": 1e-4, "bf16": 2e-2}
+"""Relative tolerance between the eager step's and the whole step's (``trainer.cuda_graphs``)
+parameters after the steps, measured as the relative L2 distance over the entries with a real
+gradient (the eager Adam second moment above 1e-16: the key biases' gradient is rounding
+noise of an exact zero, which Adam magnifies to about the learning rate in either path, so
+they are left out). fp32: the compiled step fuses and reorders reductions; bf16: the
+compiled kernels keep fp32 inside fused kernels where eager rounds each result to 16 bits
+(2^-8 relative per rounding), 2 % as for the compiled losses."""
+
+
+def graphed_matches_eager(overrides: list[str], device: str, *, precision: str = "fp32",
+                          compile: bool = True, steps: int = 3) -> dict[str, Any]:
+    """The eager packed step and the whole step (``trainer.cuda_graphs``: on CUDA with
+    ``compile`` a CUDA graph, elsewhere compiled or eager) from the same weights, dropout off,
+    on the same packed batches: their parameters after ``steps`` steps must agree within
+    :data:`GRAPHED_RTOL` (relative L2 distance over the entries with a real gradient) and
+    their losses too.
+
+    Returns:
+        ``{"precision", "compile", "eager_losses", "graphed_losses", "param_rel_diff",
+        "rtol", "passed", "why"}``.
+    """
+    from transformer_nmt.config import compose
+    from transformer_nmt.train import distributed
+    from transformer_nmt.train.metrics import Window
+    from transformer_nmt.train.setup import setup
+    from transformer_nmt.train.state import TrainState
+    from transformer_nmt.train.step import finish_update, forward_backward, queue_update
+    from transformer_nmt.train.whole_step import build_whole_step
+
+    info = distributed.DistInfo(rank=0, world_size=1, local_rank=0,
+                                device=torch.device(device))
+    losses: dict[str, list[float]] = {}
+    params: dict[str, list[torch.Tensor]] = {}
+    real: list[torch.Tensor] = []
+    for mode in ("eager", "graphed"):
+        cfg = compose([*overrides, *NO_DROPOUT, f"trainer.precision={precision}",
+                       "trainer.packing=true", f"trainer.compile={str(compile).lower()}",
+                       f"trainer.cuda_graphs={str(mode == 'graphed').lower()}",
+                       "trainer.num_workers=0", "trainer.update_freq=1"])
+        torch._dynamo.reset()
+        run = setup(cfg, info)
+        whole = build_whole_step(run, cfg.trainer) if mode == "graphed" else None
+        batches, state, figs = iter(run.train_loader), TrainState(), []
+        for _ in range(steps):
+            micro = [next(batches)]
+            if whole is not None:
+                pending = whole.launch(micro)
+            else:
+                out = forward_backward(run.train_model, micro,
+                                       epsilon=float(cfg.trainer.label_smoothing),
+                                       device=run.device, world_size=1, autocast=run.autocast,
+                                       scaler=run.scaler, packed_shape=run.packed_shape)
+                pending = queue_update(run, out, cfg.trainer)
+            fig = finish_update(run, state, Window(), pending, cfg.trainer, Path(cfg.run_dir))
+            figs.append(fig.loss_sum / max(fig.ntokens, 1))
+        losses[mode] = figs
+        params[mode] = [p.detach().float().cpu() for p in run.model.parameters()]
+        if mode == "eager":  # entries with a real gradient: second moment above 1e-16
+            real = [run.optimizer.state[p]["exp_avg_sq"].cpu().gt(1e-16).flatten()
+                    for p in run.model.parameters()]
+        del run, batches, whole
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    keep = torch.cat(real)
+    a = torch.cat([p.flatten() for p in params["graphed"]])[keep]
+    b = torch.cat([p.flatten() for p in params["eager"]])[keep]
+    diff = float((a - b).norm() / b.norm().clamp(min=1e-12))
+    ldiff = max(_rel(g, e) for g, e in zip(losses["graphed"], losses["eager"]))
+    rtol = GRAPHED_RTOL[precision]
+    finite = all(map(_finite, losses["eager"] + losses["graphed"] + [diff]))
+    passed = finite and diff <= rtol and ldiff <= rtol
+    why = "" if passed else (
+        f"parameters {diff:.2e}, losses {ldiff:.2e} relative difference (> {rtol:g}): eager "
+        f"{losses['eager']} vs graphed {losses['graphed']}" if finite else "a non-finite value")
+    return {"precision": precision, "compile": compile, "eager_losses": losses["eager"],
+            "graphed_losses": losses["graphed"], "param_rel_diff": diff, "rtol": rtol,
+            "passed": passed, "why": why}
 
 
 def _finite(x: float) -> bool:

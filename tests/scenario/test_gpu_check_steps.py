@@ -51,6 +51,16 @@ def test_compiled_check_fails_when_the_compiled_graph_differs(tmp_path, override
     assert not result["passed"] and "relative difference" in result["why"], result
 
 
+def test_graphed_steps_equal_eager_packed_steps_on_the_cpu(tmp_path, overrides):
+    """The whole step run eagerly on the CPU (what CUDA captures as a graph) against the
+    eager packed step: the same parameters after 3 steps, the same losses."""
+    result = gpu_step_checks.graphed_matches_eager(
+        [*overrides, f"run_dir={tmp_path / 'run'}"], "cpu", compile=False, steps=3)
+    assert result["passed"], result
+    assert result["param_rel_diff"] < 1e-4 and len(result["graphed_losses"]) == 3
+    assert result["eager_losses"][-1] < result["eager_losses"][0]  # the steps were taken
+
+
 def test_resume_continues_the_loss_curve_exactly_in_fp32(tmp_path, overrides):
     result = gpu_step_checks.resume_continues_curve(overrides, tmp_path, "cpu",
                                                     precision="fp32", n=4, m=3)

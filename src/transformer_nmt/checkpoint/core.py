@@ -305,7 +305,7 @@ RESUME_HARMLESS_KEYS: tuple[str, ...] = (
     # worker processes
     "trainer.num_workers", "data.num_workers",
     # device, precision, compilation
-    "trainer.precision", "trainer.tf32", "trainer.compile",
+    "trainer.precision", "trainer.tf32", "trainer.compile", "trainer.cuda_graphs",
     # batch targets: the max_tokens and update_freq they derive are compared themselves,
     # unless both runs have the same target (config_differences)
     "trainer.tokens_per_step", "trainer.tokens_per_step_tolerance", "trainer.auto_max_tokens",

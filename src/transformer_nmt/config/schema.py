@@ -266,6 +266,12 @@ class TrainerConfig:
     shape for the whole run, padding only at row tails. Off (padded length buckets) for every
     preset until a GPU measures it (docs/training.md, Packed batches). Validation and
     decoding are not packed."""
+    cuda_graphs: bool = False
+    """Run each optimizer step as one function (``packing`` only): forward, loss, backward,
+    clipping, the non-finite skip, Adam and the step's figures, compiled whole
+    (:mod:`transformer_nmt.train.whole_step`); on CUDA with ``compile`` captured as a CUDA
+    graph and replayed (``torch.compile`` mode ``reduce-overhead``). One process, bf16 or
+    fp32. Off until a GPU measures it (docs/training.md, The whole step in one graph)."""
     pack_length: int | None = None
     """Positions per packed row (``packing`` only), at least the longest training pair in
     pieces with eos or bos (one ``error:`` line names both otherwise); None: that longest pair,

@@ -177,6 +177,10 @@ def validate(cfg: Config) -> None:
         errors.append(f"trainer.pack_length={t.pack_length} must be positive and at most "
                       f"trainer.max_tokens={t.max_tokens} (a packed micro-batch is "
                       "max_tokens // pack_length rows), or null")
+    if t.cuda_graphs and not t.packing:
+        errors.append("trainer.cuda_graphs=true needs trainer.packing=true (the whole step is "
+                      "captured over the one static shape of packed batches); set "
+                      "trainer.packing=true, or trainer.cuda_graphs=false")
     if t.patience is not None and t.patience <= 0:
         errors.append(f"trainer.patience={t.patience} must be positive (or null)")
     elif (t.patience is not None and t.validate_every_steps is None

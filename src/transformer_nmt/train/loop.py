@@ -58,6 +58,7 @@ from transformer_nmt.train.step import (
 )
 from transformer_nmt.train.summary import write_summary
 from transformer_nmt.train.validation import run_validation, valid_references
+from transformer_nmt.train.whole_step import build_whole_step
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
                                   float(t_cfg.label_smoothing))
     state = TrainState(world_size=info.world_size)
     resumed_from = resume.resume_training(run_dir, run, state, seed, info, config=cfg)
+    whole = build_whole_step(run, t_cfg) if t_cfg.cuda_graphs else None  # one graph per step
     done = finished_by(t_cfg, state) if resumed_from is not None else None
     if done is not None:  # a requeued or repeated finished run: no step, validation or save
         log.info("the run in %s has already finished (%s reached at step %d): nothing to do; "
@@ -198,17 +200,18 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
                                                             update_freq, seed)
             epoch_at = state.epoch_progress(run.sampler)
             # -- forward / backward over the micro-batches -------------------------------------
-            out = forward_backward(run.train_model, micro_batches, epsilon=epsilon,
-                                   device=run.device, world_size=info.world_size,
-                                   autocast=run.autocast, scaler=run.scaler,
-                                   pad_to_multiple=run.pad_to_multiple,
-                                   packed_shape=run.packed_shape)
+            out = None if whole else forward_backward(
+                run.train_model, micro_batches, epsilon=epsilon, device=run.device,
+                world_size=info.world_size, autocast=run.autocast, scaler=run.scaler,
+                pad_to_multiple=run.pad_to_multiple, packed_shape=run.packed_shape)
             # decisions every rank must agree on (time is read on rank 0), summed over the
             # ranks in the step's own all-reduce: no collective or host read of their own
             flags = [*(int(stop_flag.requested == sig) for sig in stop_signals),
                      *_time_requests(info.is_main, save_every_s, time.monotonic() - last_save_time,
                                      max_time_s, seconds_before + time.perf_counter() - loop_start)]
             requested = requests_known_at_once(info.world_size) and any(flags)
+            queued = (whole.launch(micro_batches, flags, follows_unread=pending is not None)
+                      if whole else None)  # the whole step (trainer.cuda_graphs), queued
             earlier = [0] * len(flags)
             if pending is not None:  # the previous step, read now that this one is queued
                 try:
@@ -220,7 +223,7 @@ def _train(cfg: Config, info: distributed.DistInfo, stop_flag: StopFlag,
                 requested = requested or any(earlier)
 
             # -- the update, queued; its figures read now or with the next step ---------------
-            queued = queue_update(run, out, t_cfg, flags)
+            queued = queued or queue_update(run, out, t_cfg, flags)
             if not needs_exact_state(t_cfg, state, epoch_ended=epoch_ended, requested=requested):
                 pending = queued, epoch_at
                 continue

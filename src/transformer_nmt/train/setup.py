@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from transformer_nmt import checkpoint as ckpt_lib
 from transformer_nmt.checkpoint import load_initial_weights, read_checkpoint
-from transformer_nmt.config import Config, Positions, to_plain
+from transformer_nmt.config import Config, Positions, TrainerConfig, to_plain
 from transformer_nmt.data.batching import LengthBucketSampler, ParallelDataset
 from transformer_nmt.data.bpe import SentencePieceTokenizer, vocab_identity
 from transformer_nmt.data.loader import build_dataloader
@@ -192,7 +192,9 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     log.info("attention kernels (trainer.sdpa_backends=%s): masked encoder and cross "
              "attention %s, causal decoder self-attention %s", ",".join(t_cfg.sdpa_backends),
              kernels["masked"], kernels["causal"])
-    compiled = compile_enabled(t_cfg.compile, device)
+    check_whole_step(t_cfg, info.world_size, precision)
+    # the whole step (trainer.cuda_graphs) is compiled as one function, not the model alone
+    compiled = compile_enabled(t_cfg.compile, device) and not t_cfg.cuda_graphs
     if packed_shape is not None:
         model.set_packed_attention(packed_attention_kind(cfg, device, compiled))
         log.info("packed batches: %d rows x %d positions (trainer.pack_length), %.3f of the "
@@ -217,6 +219,25 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         grads_in_buckets=info.distributed,
         packed_shape=packed_shape,
     )
+
+
+def check_whole_step(t_cfg: TrainerConfig, world_size: int, precision: str) -> None:
+    """Refuse ``trainer.cuda_graphs`` where the whole step does not apply: several ranks (the
+    gradient all-reduce is not in the graph), fp16 (its loss scaler is not in the graph).
+
+    Raises:
+        ConfigError: one line naming the setting and what to change.
+    """
+    if not t_cfg.cuda_graphs:
+        return
+    if world_size > 1:
+        raise ConfigError(f"trainer.cuda_graphs=true runs on one process; this run has "
+                          f"{world_size} ranks (the gradient all-reduce is not part of the "
+                          "graph): set trainer.cuda_graphs=false to train on several GPUs")
+    if precision == "fp16":
+        raise ConfigError("trainer.cuda_graphs=true does not take precision fp16 (its dynamic "
+                          "loss scaler is not part of the graph): use trainer.precision=bf16 "
+                          "or fp32, or trainer.cuda_graphs=false")
 
 
 def resolve_pack_length(cfg: Config, train_set: ParallelDataset) -> int:

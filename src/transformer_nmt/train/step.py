@@ -180,16 +180,7 @@ def forward_backward(
         late).
     """
     real = [b for b in micro_batches if b is not None]
-    # Host-side counts (the batches are still on the CPU): no device synchronisation.
-    if real:
-        src_lens = torch.cat([b.src_lengths for b in real]).to(torch.float64)  # (sum B,)
-        tgt_lens = torch.cat([b.tgt_lengths if b.packed else b.tgt_out.ne(PAD_ID).sum(1)
-                              for b in real]).to(torch.float64)  # (sum B,) per sentence
-        counts = torch.stack([tgt_lens.sum(), src_lens.sum(), (src_lens * src_lens).sum(),
-                              (tgt_lens * tgt_lens).sum(), (src_lens * tgt_lens).sum()])
-    else:
-        counts = torch.zeros(5, dtype=torch.float64)
-    counts = to_device(counts, device)  # from pinned memory: no wait for the copy
+    counts = to_device(step_counts(real), device)  # from pinned memory: no wait for the copy
     distributed.all_reduce_sum(counts)  # once per step: the global normaliser
     # The factor stays on the device: reading ntokens_global here would stall every step.
     factor = (world_size / counts[0].clamp(min=1.0)).to(torch.float32)  # 0-dim
@@ -221,6 +212,18 @@ def forward_backward(
         "nll_sum": nll_total,
         "nsentences": sum(b.nsentences for b in real),
     }
+
+
+def step_counts(batches: list[Batch]) -> torch.Tensor:
+    """The counts of :data:`COUNT_NAMES` over this rank's ``batches`` (still on the host: no
+    device synchronisation), (5,) float64 on the CPU."""
+    if not batches:
+        return torch.zeros(5, dtype=torch.float64)
+    src_lens = torch.cat([b.src_lengths for b in batches]).to(torch.float64)  # (sum B,)
+    tgt_lens = torch.cat([b.tgt_lengths if b.packed else b.tgt_out.ne(PAD_ID).sum(1)
+                          for b in batches]).to(torch.float64)  # (sum B,) per sentence
+    return torch.stack([tgt_lens.sum(), src_lens.sum(), (src_lens * src_lens).sum(),
+                        (tgt_lens * tgt_lens).sum(), (src_lens * tgt_lens).sum()])
 
 
 COUNT_NAMES = ("ntokens", "src_tokens", "src_sq", "tgt_sq", "src_tgt")
@@ -275,12 +278,15 @@ class PendingStep:
     CUDA a page-locked buffer the device copies into; ``ready`` is the event recorded after
     that copy): the counts of :data:`COUNT_NAMES`, the loss and NLL sums over the ranks, the
     F flags summed over the ranks, the gradient norm and, with fp16 loss scaling, the loss
-    scale after the step. ``lr``: the learning rate the update used."""
+    scale after the step. ``lr``: the learning rate the update used; None when the step was
+    launched before the previous one was read and its rate depends on that step's outcome
+    (:mod:`transformer_nmt.train.whole_step`): the scheduler's rate when it is read, which
+    counts that step."""
 
     figures: torch.Tensor
     ready: Any
     nflags: int
-    lr: float
+    lr: float | None
     scaled: bool
 
 
@@ -368,7 +374,7 @@ def finish_update(s: Setup, state: TrainState, window: Window, pending: PendingS
     loss_sum, nll_sum = read[5], read[6]
     flags = [round(x) for x in read[7:7 + pending.nflags]]
     grad_norm = read[7 + pending.nflags]
-    lr = pending.lr
+    lr = pending.lr if pending.lr is not None else s.scheduler.get_last_lr()[0]
     state.tokens_seen += counts["ntokens"]
     state.src_tokens_seen += counts["src_tokens"]
     state.src_sq_seen += counts["src_sq"]
