@@ -26,8 +26,8 @@ machine's Python) and ``multi30k/`` (the Multi30k files as the official mirror n
    after ``--budget-s`` seconds are listed as not run.
 
 ``--smoke`` is the CPU path (the test suite runs it): a tiny model, ``aot_eager``, a few
-hundred training pairs, the base size on padded batches (every part of gpu_profile.py) and on
-packed ones.
+hundred training pairs, the base size on padded batches (every part of gpu_profile.py), on
+packed ones and on packed ones as one compiled step.
 
     make device-bundle                                   # here: device_bundle/
     python scripts/cluster/device_measure.py --bundle device_bundle --out $OUT   # on the GPU
@@ -56,7 +56,7 @@ graph (``--packing --cuda-graphs``)."""
 PLAN = [(size, tokens, batch) for tokens in TOKENS for size in SIZES for batch in BATCHES]
 """Every configuration, in the order run: the eight-GPU batch first (where the host bounds
 the step), base before big, padded before packed before graphed."""
-SMOKE_PLAN = [("base", 256, "padded"), ("base", 256, "packed")]
+SMOKE_PLAN = [("base", 256, "padded"), ("base", 256, "packed"), ("base", 256, "graphed")]
 SMOKE_DATA = ("data.max_train_pairs=400", "data.vocab_size=200")
 PARTS = ("step", "decode")
 DECODE_STEPS = 300

@@ -17,6 +17,9 @@ it runs, each as the pipeline's own commands:
 4b. a run resumed from its checkpoint at step N continues the uninterrupted run's loss curve:
    exactly in fp32, within :data:`gpu_step_checks.RESUME_RTOL` in bf16
    (:func:`gpu_step_checks.resume_continues_curve`);
+4c. the whole step as one CUDA graph (``trainer.cuda_graphs``) and the eager packed step from
+   the same weights give the same parameters and losses, in fp32 and bf16
+   (:func:`gpu_step_checks.graphed_matches_eager`, within :data:`gpu_step_checks.GRAPHED_RTOL`);
 5. SIGTERM during a run: a stop checkpoint, exit 0, then a resume from it;
 6. 2-process DDP (NCCL) in bf16 and in fp16 when two or more GPUs are visible (reported as
    ``not run`` on one GPU);
@@ -43,7 +46,8 @@ script exits 0. ``--smoke`` runs the same steps on the CPU with a tiny model and
 check that every command of the list still runs (the test suite does this); it trains in
 fp32, so the two fp16 checks, which would repeat the bf16 commands, are skipped there, and so
 is the resume check, whose command the SIGTERM check's resume runs too; the two step-level
-checks (4a, 4b) run in fp32 there, 4a with the ``aot_eager`` backend (no C++ build).
+checks (4a, 4b, 4c) run in fp32 there, 4a with the ``aot_eager`` backend (no C++ build), 4c
+with the whole step uncompiled.
 
     python scripts/cluster/gpu_check.py                 # on the GPU machine
     python scripts/cluster/gpu_check.py --smoke --out /tmp/gpu_check   # CPU: every command, tiny
@@ -163,7 +167,7 @@ def speed_figures(run_dir: Path, records: list[dict]) -> dict:
 
 
 CHECK_KEYS = ("tests", "bf16", "fp16", "compiled", "resume", "compile_eager", "resume_curve",
-              "sigterm", "ddp_bf16", "ddp_fp16", "big", "decode", "peers")
+              "graphs_eager", "sigterm", "ddp_bf16", "ddp_fp16", "big", "decode", "peers")
 """The checks' keys for ``--only``, in the order they run."""
 
 
@@ -349,7 +353,8 @@ class GpuCheck:
             c.figures[precision] = {k: (round(v, 8) if isinstance(v, float) else v)
                                     for k, v in got.items()
                                     if k in ("max_rel_diff", "rtol", "first_step_exact",
-                                             "grad_norm_rel_diff", "backend", "n", "m")}
+                                             "grad_norm_rel_diff", "backend", "n", "m",
+                                             "param_rel_diff", "compile")}
             if not got["passed"]:
                 why.append(f"{precision}: {got['why']}")
         c.status = "failed" if why else "passed"
@@ -362,6 +367,15 @@ class GpuCheck:
             c.note = (c.note + "; " if c.note else "") + "--smoke: aot_eager backend, fp32"
             return
         self._step_check(c, "compiled_matches_eager", ("fp32", "bf16"), backend="inductor")
+
+    def graphs_equal_eager(self, c: Check) -> None:
+        """4c: the whole step (``trainer.cuda_graphs``, a CUDA graph) and the eager packed
+        step from the same weights on the same batches (fp32 and bf16)."""
+        if self.smoke:
+            self._step_check(c, "graphed_matches_eager", ("fp32",), compile=False)
+            c.note = (c.note + "; " if c.note else "") + "--smoke: the whole step uncompiled"
+            return
+        self._step_check(c, "graphed_matches_eager", ("fp32", "bf16"))
 
     def resume_curve(self, c: Check) -> None:
         """4b: a run resumed at step N against an uninterrupted N + M run (fp32, bf16)."""
@@ -508,6 +522,8 @@ class GpuCheck:
              self.compile_equals_eager),
             ("resume_curve", "a resumed run continues the uninterrupted loss curve",
              self.resume_curve),
+            ("graphs_eager", "the whole step as a CUDA graph equals the eager packed step",
+             self.graphs_equal_eager),
             ("sigterm", "SIGTERM: stop checkpoint, then resume", self.sigterm),
             ("ddp_bf16", "2-process DDP (NCCL), bf16", lambda c: self.ddp(c, "bf16")),
             ("ddp_fp16", "2-process DDP (NCCL), fp16", lambda c: self.ddp(c, "fp16")),
@@ -565,6 +581,7 @@ def step_check(name: str, spec: dict, overrides: list[str], result: Path) -> Non
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     fn = {"compiled_matches_eager": gpu_step_checks.compiled_matches_eager,
+          "graphed_matches_eager": gpu_step_checks.graphed_matches_eager,
           "resume_continues_curve": gpu_step_checks.resume_continues_curve}[name]
     result.write_text(json.dumps(fn(overrides, device=device, **spec), indent=1))
 
@@ -622,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run every step on the CPU with a tiny model (checks the commands)")
     p.add_argument("--train-with-vocab", type=int, metavar="V",
                    help="internal: train the overrides after -- with a V-class model")
-    p.add_argument("--step-check", choices=("compiled_matches_eager", "resume_continues_curve"),
+    p.add_argument("--step-check", choices=("compiled_matches_eager", "graphed_matches_eager",
+                                            "resume_continues_curve"),
                    help="internal: run one check of gpu_step_checks on the overrides after --")
     p.add_argument("--step-check-args", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--step-check-result", help=argparse.SUPPRESS)

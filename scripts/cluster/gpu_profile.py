@@ -55,13 +55,14 @@ from transformer_nmt.runtime import autocast_context  # noqa: E402
 from transformer_nmt.train.data import load_split  # noqa: E402
 from transformer_nmt.train.distributed import DistInfo  # noqa: E402
 from transformer_nmt.train.loss import label_smoothed_nll_loss  # noqa: E402
-from transformer_nmt.train.optim import build_optimizer  # noqa: E402
+from transformer_nmt.train.optim import build_optimizer, build_scheduler  # noqa: E402
 from transformer_nmt.train.setup import (  # noqa: E402
     packed_attention_kind,
     resolve_pack_length,
     wrap_model,
 )
 from transformer_nmt.train.step import forward_backward, grad_norm_, step_optimizer  # noqa: E402
+from transformer_nmt.train.whole_step import WholeStep  # noqa: E402
 
 PRESETS = {"base": "wmt14_en_de_base", "big": "wmt14_en_de_big"}
 SMOKE_DATA = ("data.max_train_pairs=400", "data.vocab_size=200")
@@ -148,10 +149,12 @@ class Trainer:
     """Model, compiled wrapper, optimizer and autocast of one size; :meth:`step` is one
     optimizer step of the training loop (forward, loss, backward, clip, Adam); on packed
     batches (``packing``) through :meth:`Transformer.forward_packed` with the attention
-    nmt-train chooses (:func:`packed_attention_kind`)."""
+    nmt-train chooses (:func:`packed_attention_kind`); with ``cuda_graphs`` (packed batches
+    only) the whole step as one compiled function, a CUDA graph on CUDA
+    (:class:`~transformer_nmt.train.whole_step.WholeStep`, ``trainer.cuda_graphs``)."""
 
     def __init__(self, cfg, vocab: int, device: torch.device, backend: str,
-                 packing: bool = False):
+                 packing: bool = False, cuda_graphs: bool = False):
         from torch._dynamo.utils import counters
 
         counters.clear()  # graphs_compiled counts this size's graphs
@@ -161,7 +164,8 @@ class Trainer:
         self.model.set_sdpa_backends(list(cfg.trainer.sdpa_backends))
         self.packing = packing
         if packing:
-            self.model.set_packed_attention(packed_attention_kind(cfg, device, compiled=True))
+            self.model.set_packed_attention(  # as nmt-train: dense under the whole step
+                packed_attention_kind(cfg, device, compiled=not cuda_graphs))
         info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
         self.wrapped = wrap_model(self.model, info, compile=True, backend=backend)
         self.optimizer = build_optimizer(self.model, cfg.trainer)
@@ -169,8 +173,23 @@ class Trainer:
             group["lr"] = 1e-4
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.pad = 8 if device.type == "cuda" else 1
+        self.whole = None
+        self.shape: tuple[int, int] | None = None
+        if cuda_graphs:
+            if not packing:
+                raise ValueError("--cuda-graphs needs --packing (one static batch shape)")
+            scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.trainer)
+            self.whole_args = (self.model, self.optimizer, scheduler, cfg.trainer)
+            self.backend = backend
+            self.autocast = lambda: autocast_context(cfg.trainer.precision, device)
 
     def step(self, batch) -> torch.Tensor:
+        if getattr(self, "whole_args", None) is not None:
+            if self.whole is None:  # the run's one shape is the first batch's
+                self.whole = WholeStep(*self.whole_args, tuple(batch.src_tokens.shape),
+                                       self.device, self.autocast, compile=True,
+                                       backend=self.backend)
+            return self.whole.launch([batch]).figures[5]  # the loss sum, read after a sync
         out = forward_backward(
             self.wrapped, [batch], epsilon=float(self.cfg.trainer.label_smoothing),
             device=self.device, world_size=1,
@@ -353,11 +372,13 @@ def run_size(size: str, args: argparse.Namespace, device: torch.device, result: 
     """Fill ``result`` with the four parts for ``size``, calling ``save()`` after each."""
     cfg, vocab = config_for(size, args)
     backend = "aot_eager" if args.smoke else "inductor"
-    tr = Trainer(cfg, vocab, device, backend, packing=args.packing)
+    tr = Trainer(cfg, vocab, device, backend, packing=args.packing,
+                 cuda_graphs=args.cuda_graphs)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     result.update({"size": size, "max_tokens": args.max_tokens, "vocab": vocab,
               "precision": args.precision, "compile_backend": backend,
               "sdpa_choice": tr.model.sdpa_kernels(device, dtype), "packing": args.packing,
+              "cuda_graphs": args.cuda_graphs,
               "packed_attention": tr.model.packed_attention if args.packing else None})
     need = args.warmup + args.steps + (PROFILER_WARMUP + args.profile_steps
                                        if "profile" in args.parts else 0)
@@ -413,7 +434,8 @@ def table(report: dict) -> str:
                             ("attention", "matmul", "loss", "optimizer", "other"))
                  if share else " | ".join(["-"] * 5))
         batch = (f"packed {r['packed_shape'][0]}x{r['packed_shape'][1]}" if r.get("packing")
-                 else f"padded {r['max_tokens']:,}")
+                 else f"padded {r['max_tokens']:,}") + (", graphed" if r.get("cuda_graphs")
+                                                         else "")
         lines.append(
             f"| {r['size']} | {batch} | {s['target_tokens_per_s']:,} | "
             f"{s['model_tflops_per_s']} | {mfu} | {s.get('peak_allocated_gib', '-')} | "
@@ -453,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-steps", type=int, default=3, help="longest batches per budget")
     p.add_argument("--packing", action="store_true",
                    help="packed batches (trainer.packing): one (rows, pack_length) shape")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="the whole step as one CUDA graph (trainer.cuda_graphs; needs --packing)")
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
                    help="the parts to run (speed always runs)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, aot_eager")
@@ -463,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         args.precision = "fp32"
         args.max_tokens, args.warmup, args.steps, args.profile_steps = 256, 1, 3, 2
         args.memory_tokens, args.memory_steps = [256, 512], 1
+    if args.cuda_graphs and not args.packing:
+        p.error("--cuda-graphs needs --packing (the whole step runs on one static shape)")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if device.type == "cpu" and not args.smoke:
         print("error: no CUDA device (use --smoke to check the script on the CPU)",

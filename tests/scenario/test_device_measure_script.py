@@ -84,13 +84,16 @@ def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
     assert "decode" not in report
     assert report["installed"] == ["measure_probe-0.1-py3-none-any.whl"]
     configs = report["configurations"]
-    assert list(configs) == ["base-256-padded", "base-256-packed"]
+    assert list(configs) == ["base-256-padded", "base-256-packed", "base-256-graphed"]
     for name, entry in configs.items():
         assert entry["status"] == "ran", (name, entry)
         result = entry["result"]
         assert result["speed"]["target_tokens"] > 0 and result["speed"]["steps"] == 3
         assert result["profile"]["host_ms_per_step"] > 0 and result["profile"]["top_host_ops"]
     assert configs["base-256-packed"]["result"]["packing"] is True
+    graphed = configs["base-256-graphed"]["result"]
+    assert graphed["packing"] is True and graphed["cuda_graphs"] is True
+    assert graphed["speed"]["graphs_compiled_while_timed"] == 0  # one shape, compiled once
     rows, cols = configs["base-256-packed"]["result"]["packed_shape"]
     assert rows >= 1 and cols >= 2
     padded = configs["base-256-padded"]["result"]

@@ -59,7 +59,7 @@ def _dummy_batch(pad_to_multiple: int = 8) -> Batch:
     return batch
 
 
-def _dummy_packed_batch(shape: tuple[int, int]) -> Batch:
+def dummy_packed_batch(shape: tuple[int, int]) -> Batch:
     """The zero-weight batch of a rank without data for a micro-step with packed batches:
     the run's one (rows, pack_length) shape, all padding (its loss is 0 before the zero
     weight: every target is padding)."""
@@ -193,7 +193,7 @@ def forward_backward(
         dummy = batch is None
         if dummy:
             batch = (_dummy_batch(pad_to_multiple) if packed_shape is None
-                     else _dummy_packed_batch(packed_shape))
+                     else dummy_packed_batch(packed_shape))
         last = i == len(micro_batches) - 1
         sync_ctx = contextlib.nullcontext() if (last or no_sync is None) else no_sync()
         with sync_ctx:
@@ -305,7 +305,7 @@ class StepFigures:
     stepped: bool
 
 
-def _to_host(t: torch.Tensor) -> tuple[torch.Tensor, Any]:
+def to_host(t: torch.Tensor) -> tuple[torch.Tensor, Any]:
     """``t`` on the host without waiting: on CUDA an asynchronous copy into page-locked
     memory and the event that marks its end; on the CPU ``t`` itself; on another device a
     copy (a host wait)."""
@@ -345,7 +345,7 @@ def queue_update(s: Setup, out: dict[str, Any], t_cfg: TrainerConfig,
     scale = s.scaler._get_scale_async() if s.scaler.is_enabled() else None
     if scale is not None:
         parts.append(scale.to(torch.float64).reshape(1))
-    figures, ready = _to_host(torch.cat(parts))
+    figures, ready = to_host(torch.cat(parts))
     return PendingStep(figures, ready, len(flags), lr, scale is not None)
 
 

@@ -36,10 +36,10 @@ from transformer_nmt.data.batching import Batch
 from transformer_nmt.train import loss as loss_module
 from transformer_nmt.train.step import (
     PendingStep,
-    _dummy_packed_batch,
-    _to_host,
+    dummy_packed_batch,
     step_counts,
     to_device,
+    to_host,
 )
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ class WholeStep:
         for i in range(u):
             batch = micro_batches[i] if i < len(micro_batches) else None
             if batch is None:
-                batch = _dummy_packed_batch(self.shape)
+                batch = dummy_packed_batch(self.shape)
             elif tuple(batch.src_tokens.shape) != self.shape or not batch.packed:
                 raise ValueError(f"micro-batch of shape {tuple(batch.src_tokens.shape)}; the "
                                  f"step's packed shape is {self.shape}")
@@ -263,7 +263,7 @@ class WholeStep:
             torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad(), torch._dynamo.config.patch(trace_autograd_ops=True):
             figures = self.fn(self.grid, static, self.finite, exp_avgs, exp_avg_sqs, steps)
-        host, ready = _to_host(figures)
+        host, ready = to_host(figures)
         lr = None if lr_skipped != lr_stepped else lr_skipped
         return PendingStep(host, ready, len(flags), lr, False)
 
