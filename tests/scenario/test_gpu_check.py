@@ -117,6 +117,7 @@ def test_smoke_runs_every_command(tmp_path, multi30k_mirror):
         "resume the bf16 run from its GPU checkpoint": "skipped",  # the SIGTERM check resumes
         "compiled steps equal eager steps on the same batches": "passed",  # aot_eager, fp32
         "a resumed run continues the uninterrupted loss curve": "passed",  # fp32, exact
+        "the whole step as a CUDA graph equals the eager packed step": "passed",  # uncompiled
         "SIGTERM: stop checkpoint, then resume": "passed",
         "2-process DDP (NCCL), bf16": "passed",
         "2-process DDP (NCCL), fp16": "skipped",
