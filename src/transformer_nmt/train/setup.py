@@ -192,7 +192,7 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     log.info("attention kernels (trainer.sdpa_backends=%s): masked encoder and cross "
              "attention %s, causal decoder self-attention %s", ",".join(t_cfg.sdpa_backends),
              kernels["masked"], kernels["causal"])
-    check_whole_step(t_cfg, info.world_size, precision)
+    check_whole_step(t_cfg, precision)
     # the whole step (trainer.cuda_graphs) is compiled as one function, not the model alone
     compiled = compile_enabled(t_cfg.compile, device) and not t_cfg.cuda_graphs
     if packed_shape is not None:
@@ -203,7 +203,9 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
     optimizer = build_optimizer(model, t_cfg)
     scheduler = build_scheduler(optimizer, cfg.model.d_model, t_cfg)
     scaler = grad_scaler(precision == "fp16")
-    train_model = wrap_model(
+    # the whole step sums the gradients over the ranks itself: no DDP (nor its buckets)
+    ddp = info.distributed and not t_cfg.cuda_graphs
+    train_model = model if t_cfg.cuda_graphs else wrap_model(
         model, info, compile=compiled,
         grad_compression=resolve_grad_compression(str(t_cfg.grad_compression), device),
         bucket_cap_mb=t_cfg.bucket_cap_mb)
@@ -216,24 +218,20 @@ def setup(cfg: Config, info: distributed.DistInfo, model_vocab_size: int | None 
         steps_per_epoch=steps_per_epoch, data=training_data_identity(cfg.data),
         params=[p for p in model.parameters() if p.requires_grad],
         pad_to_multiple=pad_to_multiple,
-        grads_in_buckets=info.distributed,
+        grads_in_buckets=ddp,
         packed_shape=packed_shape,
     )
 
 
-def check_whole_step(t_cfg: TrainerConfig, world_size: int, precision: str) -> None:
-    """Refuse ``trainer.cuda_graphs`` where the whole step does not apply: several ranks (the
-    gradient all-reduce is not in the graph), fp16 (its loss scaler is not in the graph).
+def check_whole_step(t_cfg: TrainerConfig, precision: str) -> None:
+    """Refuse ``trainer.cuda_graphs`` where the whole step does not apply: fp16 (its loss
+    scaler is not in the graph). (Packing off is refused when the configuration is composed.)
 
     Raises:
         ConfigError: one line naming the setting and what to change.
     """
     if not t_cfg.cuda_graphs:
         return
-    if world_size > 1:
-        raise ConfigError(f"trainer.cuda_graphs=true runs on one process; this run has "
-                          f"{world_size} ranks (the gradient all-reduce is not part of the "
-                          "graph): set trainer.cuda_graphs=false to train on several GPUs")
     if precision == "fp16":
         raise ConfigError("trainer.cuda_graphs=true does not take precision fp16 (its dynamic "
                           "loss scaler is not part of the graph): use trainer.precision=bf16 "

@@ -17,6 +17,10 @@ before the previous one's figures are read. The host therefore writes the rate f
 outcomes of the unread previous step, and the graph takes the one its ``finite`` flag (kept
 on the device by the previous launch) selects; the loop learns which when it reads that step.
 
+With several ranks the step sums the counts and flags, the gradients and the losses over
+the ranks inside the function (functional collectives, traced into the graph), each rank on
+its own copy of the model with no DDP wrapper: every rank applies the same update.
+
 Adam is this module's own update (:func:`adam_update`, the arithmetic of PyTorch's fused
 Adam), on the ``torch.optim.Adam`` object's own state tensors (``step``, ``exp_avg``,
 ``exp_avg_sq``, created as fused Adam creates them): checkpoints are those of the eager
@@ -33,6 +37,7 @@ import torch
 
 from transformer_nmt.config import PAD_ID, TrainerConfig
 from transformer_nmt.data.batching import Batch
+from transformer_nmt.train import distributed
 from transformer_nmt.train import loss as loss_module
 from transformer_nmt.train.step import (
     PendingStep,
@@ -92,12 +97,20 @@ class WholeStep:
         autocast: a callable returning the run's autocast context.
         compile: ``torch.compile`` the step (CUDA: mode ``reduce-overhead``, a CUDA graph).
         backend: the backend off CUDA (``torch.compile``'s, default inductor).
+        grad_compression: ``"bf16"``: with several ranks the gradients are all-reduced in
+            bf16 (``trainer.grad_compression`` resolved); ``"none"``: in their own dtype.
+
+    With several ranks (a process group of more than one) every rank runs this step on its
+    own copy of the model, which the constructor sets to rank 0's parameters; the step sums
+    the counts and flags, the gradients, and the loss and NLL over the ranks inside the
+    function, so every rank applies the same update and takes the same skip decision.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any, t_cfg: TrainerConfig, shape: tuple[int, int],
                  device: torch.device, autocast: Any = contextlib.nullcontext,
-                 compile: bool = False, backend: Any = "inductor") -> None:
+                 compile: bool = False, backend: Any = "inductor",
+                 grad_compression: str = "none") -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.update_freq = int(t_cfg.update_freq)
         self.epsilon = float(t_cfg.label_smoothing)
@@ -109,6 +122,13 @@ class WholeStep:
         group = optimizer.param_groups[0]
         self.betas = (float(group["betas"][0]), float(group["betas"][1]))
         self.eps, self.weight_decay = float(group["eps"]), float(group["weight_decay"])
+        self.world_size = distributed.get_world_size()
+        self.bucket_bytes = max(int(float(t_cfg.bucket_cap_mb) * 2**20), 1)
+        self.compress = torch.bfloat16 if grad_compression == "bf16" else None
+        if self.world_size > 1:  # as DDP starts: every rank from rank 0's parameters
+            with torch.no_grad():
+                for p in self.params:
+                    torch.distributed.broadcast(p, src=0)
         self.finite = torch.ones((), dtype=torch.bool, device=device)
         """Whether the last launched step was finite (written by the step on the device)."""
         self.grid = torch.zeros((len(GRID_FIELDS), self.update_freq, *self.shape),
@@ -167,16 +187,25 @@ class WholeStep:
                       ) -> torch.Tensor:
         """The step on the device, no host read: ``grid`` (7, U, R, L) long of
         :data:`GRID_FIELDS`; ``scalars`` float64 ``[counts (5), lr if the previous step was
-        skipped, lr if it stepped, U micro-batch weights (1 real, 0 padding), F flags]``;
+        skipped, lr if it stepped, U micro-batch weights (1 real, 0 padding), F flags]``
+        (this rank's counts and flags);
         ``previous_finite`` 0-dim bool (overwritten with this step's). Returns the figures
         (5 + 2 + F + 1,) float64 in :class:`~transformer_nmt.train.step.PendingStep`'s
-        order."""
+        order, counts, sums and flags over all ranks.
+
+        Several ranks: the counts and flags are all-reduced first (the normaliser is the
+        global target-token count), the gradients with the loss and NLL sums after the
+        backward (buckets of ``trainer.bucket_cap_mb``), before the norm, the clip and the
+        finite test, which are therefore the same on every rank."""
         u = self.update_freq
         counts = scalars[:5]
         weights = scalars[7:7 + u].to(torch.float32)
         flags = scalars[7 + u:]
+        if self.world_size > 1:
+            summed = distributed.all_reduce_sum_traced([torch.cat([counts, flags])])[0]
+            counts, flags = summed[:5], summed[5:]
         lr = torch.where(previous_finite, scalars[6], scalars[5]).to(torch.float32)
-        factor = 1.0 / counts[0].clamp(min=1.0).to(torch.float32)  # one rank: 1 / ntokens
+        factor = 1.0 / counts[0].clamp(min=1.0).to(torch.float32)  # 1 / global ntokens
         loss_fn = loss_module.label_smoothed_nll_loss
         params = self.params
         grads: list[torch.Tensor] | None = None
@@ -194,6 +223,8 @@ class WholeStep:
             loss_total = loss_total + loss.detach() * weights[i]
             nll_total = nll_total + nll.detach() * weights[i]
         assert grads is not None
+        if self.world_size > 1:
+            grads, (loss_total, nll_total) = self.all_reduce(grads, loss_total, nll_total)
         # the global L2 norm and the clip as torch.nn.utils.clip_grad_norm_ computes them
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2)), 2)
         if self.clip_norm > 0:
@@ -207,6 +238,19 @@ class WholeStep:
         previous_finite.copy_(finite)
         return torch.cat([counts, torch.stack([loss_total, nll_total]).to(torch.float64),
                           flags, norm.to(torch.float64).reshape(1)])
+
+    def all_reduce(self, grads: list[torch.Tensor], loss: torch.Tensor, nll: torch.Tensor
+                   ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """The gradients and the 0-dim loss and NLL sums summed over the ranks: in the
+        gradients' last bucket, or with bf16 compression in an all-reduce of their own (the
+        figures keep float32)."""
+        sums = torch.stack([loss, nll])
+        if self.compress is None:
+            *grads, sums = distributed.all_reduce_sum_traced([*grads, sums], self.bucket_bytes)
+        else:
+            grads = distributed.all_reduce_sum_traced(grads, self.bucket_bytes, self.compress)
+            sums = distributed.all_reduce_sum_traced([sums])[0]
+        return grads, (sums[0], sums[1])
 
     def host_inputs(self, micro_batches: list[Batch | None], flags: list[int],
                     follows_unread: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
@@ -271,7 +315,11 @@ class WholeStep:
 def build_whole_step(run: Any, t_cfg: TrainerConfig) -> WholeStep:
     """The :class:`WholeStep` of a run's :class:`~transformer_nmt.train.setup.Setup`,
     compiled when ``trainer.compile`` resolves to on for its device."""
-    from transformer_nmt.train.setup import compile_enabled, limit_recompiles
+    from transformer_nmt.train.setup import (
+        compile_enabled,
+        limit_recompiles,
+        resolve_grad_compression,
+    )
 
     compiled = compile_enabled(t_cfg.compile, run.device)
     if compiled:
@@ -280,4 +328,6 @@ def build_whole_step(run: Any, t_cfg: TrainerConfig) -> WholeStep:
              "compiled, captured as a CUDA graph" if compiled and run.device.type == "cuda"
              else "compiled" if compiled else "eager (trainer.compile=false: no graph)")
     return WholeStep(run.model, run.optimizer, run.scheduler, t_cfg, run.packed_shape,
-                     run.device, run.autocast, compile=compiled)
+                     run.device, run.autocast, compile=compiled,
+                     grad_compression=resolve_grad_compression(str(t_cfg.grad_compression),
+                                                               run.device))

@@ -1,11 +1,15 @@
 """The whole step as one function (``trainer.cuda_graphs``, packed batches): the parameters of
 today's packed step, one traced graph with the optimizer and the clip inside, no host read,
 a non-finite step skipped on the device, an exact resume with the RNG state dropout draws
-from, and the refusals (packing off, several ranks, fp16)."""
+from, the refusals (packing off, fp16), and two gloo ranks summing their gradients inside
+the step."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,6 +164,7 @@ def test_the_step_is_one_graph_with_the_clip_and_the_optimizer_inside(packed_bat
     code = explanation.graphs[0].code
     for op in ("autograd.grad", "_foreach_norm", "clamp", "sqrt", "torch.where", "lerp"):
         assert op in code, op
+    assert "all_reduce" not in code  # one process: no collective
     assert all(not torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
 
 
@@ -295,13 +300,186 @@ def test_cuda_graphs_without_packing_is_refused_in_one_line():
     compose(["trainer.cuda_graphs=true", "trainer.packing=true"])
 
 
-def test_cuda_graphs_with_several_ranks_or_fp16_is_refused_in_one_line():
+def test_cuda_graphs_with_fp16_is_refused_in_one_line():
     t_cfg = TrainerConfig(packing=True, cuda_graphs=True)
-    with pytest.raises(ConfigError, match=r"^trainer\.cuda_graphs=true runs on one process; "
-                                          r"this run has 2 ranks"):
-        check_whole_step(t_cfg, 2, "bf16")
     with pytest.raises(ConfigError, match=r"^trainer\.cuda_graphs=true does not take "
                                           r"precision fp16"):
-        check_whole_step(t_cfg, 1, "fp16")
-    check_whole_step(t_cfg, 1, "bf16")
-    check_whole_step(TrainerConfig(packing=True), 4, "fp16")  # off: nothing to refuse
+        check_whole_step(t_cfg, "fp16")
+    check_whole_step(t_cfg, "bf16")
+    check_whole_step(TrainerConfig(packing=True), "fp16")  # off: nothing to refuse
+
+
+# ------------------------------------------------------------------ several ranks (gloo)
+
+
+RANK_RUNS = {"eager": ("eager", None, "none"), "aot_eager": ("aot_eager", None, "none"),
+             "nan": ("eager", 2, "none"), "bf16": ("eager", None, "bf16")}
+"""The two-rank runs of :func:`_ranks_worker`: name -> (backend, step of rank 1's NaN,
+gradient compression)."""
+
+
+def _ranks_worker(rank: int, port: int, out_dir: str, batches, steps: int) -> None:
+    """One of two gloo ranks; for each of :data:`RANK_RUNS` from a fresh model: ``steps``
+    whole steps of one micro-batch each (this rank's ``batches[2k + rank]``, flags
+    ``[rank == 0, rank == 1]``), each launched before the one before is read, rank 1's loss
+    NaN in the run's NaN step (1-based). Saves the figures, whether each launch changed the
+    parameters, and the parameters and Adam state."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    real_loss, real_all_reduce, collectives = (loss_module.label_smoothed_nll_loss,
+                                               funcol.all_reduce, [])
+
+    def all_reduce(*args, **kwargs):
+        collectives.append((args[0].numel(), str(args[0].dtype)))
+        return real_all_reduce(*args, **kwargs)
+
+    try:
+        for name, (backend, nan_step, compression) in RANK_RUNS.items():
+            calls = []
+
+            def loss(logits, target, epsilon, ignore_index=0, _nan=nan_step, _calls=calls):
+                _calls.append(1)
+                value, nll = real_loss(logits, target, epsilon, ignore_index)
+                return (value * float("nan"), nll) if len(_calls) == _nan else (value, nll)
+
+            loss_module.label_smoothed_nll_loss = loss if rank == 1 and nan_step else real_loss
+            # collectives counted in the eager runs (a counter in the graph would recompile it)
+            funcol.all_reduce = all_reduce if backend == "eager" else real_all_reduce
+            t_cfg = dataclasses.replace(T_CFG, update_freq=1)
+            run = _Run(_model(), t_cfg)
+            shape = tuple(batches[0].src_tokens.shape)
+            whole = WholeStep(run.model, run.optimizer, run.scheduler, t_cfg, shape, CPU,
+                              compile=backend != "eager", backend=backend,
+                              grad_compression=compression)
+            state, pending, changed, figures = TrainState(), None, [], []
+            collectives.clear()
+            for k in range(steps):
+                before = _snapshot(run.model, run.optimizer)
+                queued = whole.launch([batches[2 * k + rank]], [int(rank == 0), int(rank == 1)],
+                                      follows_unread=pending is not None)
+                changed.append(not _same(before, _snapshot(run.model, run.optimizer)))
+                if pending is not None:
+                    figures.append(finish_update(run, state, Window(), pending, t_cfg,
+                                                 Path(out_dir)))
+                pending = queued
+            figures.append(finish_update(run, state, Window(), pending, t_cfg, Path(out_dir)))
+            torch.save({"changed": changed, "figures": [dataclasses.asdict(f) for f in figures],
+                        "params": {n: p.detach().clone() for n, p in run.model.named_parameters()},
+                        "state": [{k: v.clone() for k, v in run.optimizer.state[p].items()}
+                                  for p in run.params], "step": state.step,
+                        "collectives": list(collectives)},
+                       os.path.join(out_dir, f"{name}-{rank}.pt"))
+    finally:
+        loss_module.label_smoothed_nll_loss, funcol.all_reduce = real_loss, real_all_reduce
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(packed_batches, tmp_path_factory) -> dict[str, list[dict]]:
+    """What :func:`_ranks_worker` saved on each of two spawned gloo ranks, by run name
+    (three steps each)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("ranks")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_ranks_worker, args=(port, str(out), packed_batches[0], 3), nprocs=2)
+    return {name: [torch.load(out / f"{name}-{rank}.pt") for rank in (0, 1)]
+            for name in RANK_RUNS}
+
+
+def _one_process(batches, steps: int, tmp_path) -> tuple[_Run, list]:
+    """The whole step on one process over both ranks' micro-batches (update_freq 2)."""
+    run = _Run(_model(), T_CFG)
+    whole = _whole(run, batches[0].src_tokens.shape)
+    state, pending, figures = TrainState(), None, []
+    for k in range(steps):
+        queued = whole.launch(batches[2 * k:2 * k + 2], [1, 1], follows_unread=pending is not None)
+        if pending is not None:
+            figures.append(finish_update(run, state, Window(), pending, T_CFG, tmp_path))
+        pending = queued
+    figures.append(finish_update(run, state, Window(), pending, T_CFG, tmp_path))
+    return run, figures
+
+
+def _assert_ranks_agree(ranks: list[dict]) -> None:
+    """Both ranks hold the same parameters and Adam state, bit for bit, and read the same
+    figures."""
+    a, b = ranks
+    for name, value in a["params"].items():
+        assert torch.equal(value, b["params"][name]), name
+    for sa, sb in zip(a["state"], b["state"], strict=True):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert repr(a["figures"]) == repr(b["figures"]) and a["changed"] == b["changed"]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_two_ranks_take_the_step_of_one_process_with_both_micro_batches(
+        packed_batches, two_ranks, tmp_path, backend):
+    """Two gloo ranks, one micro-batch each, three whole steps (eager, and compiled with
+    aot_eager): the parameters and Adam moments of one process with both micro-batches per
+    step (update_freq 2) to 1e-5, the same on both ranks bit for bit; the figures are the
+    global ones (tokens, loss and NLL sums, the flags summed over the ranks)."""
+    batches, _ = packed_batches
+    ranks = two_ranks[backend]
+    _assert_ranks_agree(ranks)
+    one, figures = _one_process(batches, 3, tmp_path)
+    assert ranks[0]["step"] == 3 and ranks[0]["changed"] == [True, True, True]
+    if backend == "eager":  # two all-reduces a step: counts and flags; gradients and losses
+        n_params = sum(p.numel() for p in one.model.parameters())
+        assert ranks[0]["collectives"] == [(5 + 2, "torch.float64"),
+                                           (n_params + 2, "torch.float32")] * 3
+    for got, want in zip(ranks[0]["figures"], figures, strict=True):
+        assert got["ntokens"] == want.ntokens and got["flags"] == want.flags == [1, 1]
+        assert got["loss_sum"] == pytest.approx(want.loss_sum, rel=1e-5)
+        assert got["nll_sum"] == pytest.approx(want.nll_sum, rel=1e-5)
+        assert got["grad_norm"] == pytest.approx(want.grad_norm, rel=1e-5)
+        assert got["lr"] == want.lr
+    for (name, p), state in zip(one.model.named_parameters(), ranks[0]["state"], strict=True):
+        mine = one.optimizer.state[p]
+        real = mine["exp_avg_sq"] > 1e-16  # the key biases' noise left out (test above)
+        torch.testing.assert_close(ranks[0]["params"][name][real], p.detach()[real],
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(state["exp_avg"], mine["exp_avg"], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(state["exp_avg_sq"], mine["exp_avg_sq"], rtol=1e-5,
+                                   atol=1e-9)
+
+
+def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_both(two_ranks):
+    """Rank 1's loss is NaN in step 2 of 3: both ranks leave their parameters and Adam state
+    as they were in that step, count it skipped, and stay identical."""
+    ranks = two_ranks["nan"]
+    _assert_ranks_agree(ranks)
+    for r in ranks:
+        assert r["changed"] == [True, False, True] and r["step"] == 2
+        assert [f["stepped"] for f in r["figures"]] == [True, False, True]
+
+
+def test_bf16_compression_sends_the_gradients_in_bf16_and_the_sums_in_float32(two_ranks):
+    """grad_compression bf16 on two ranks: per step the counts and flags (float64), the
+    gradients (bf16) and the loss and NLL sums (float32) are all-reduced; both ranks stay
+    identical; the first step's gradient norm is the uncompressed run's to bf16's rounding,
+    and Adam's first moments (sums of the gradients) stay close to its (the parameters do
+    not: Adam moves a parameter by about the learning rate whatever its gradient's size, so
+    rounding noise of near-zero gradients moves them as much as real ones)."""
+    ranks, exact = two_ranks["bf16"], two_ranks["eager"][0]
+    _assert_ranks_agree(ranks)
+    n_params = sum(p.numel() for p in exact["params"].values())
+    assert ranks[0]["collectives"] == [(7, "torch.float64"), (n_params, "torch.bfloat16"),
+                                       (2, "torch.float32")] * 3
+    assert ranks[0]["step"] == 3
+    assert [f["loss_sum"] for f in ranks[0]["figures"]][0] == exact["figures"][0]["loss_sum"]
+    got = torch.cat([state["exp_avg"].reshape(-1) for state in ranks[0]["state"]])
+    want = torch.cat([state["exp_avg"].reshape(-1) for state in exact["state"]])
+    assert not torch.equal(got, want)  # compressed
+    torch.testing.assert_close(got, want, rtol=2**-6, atol=float(want.abs().max()) * 2**-5)
+    first, first_exact = ranks[0]["figures"][0], exact["figures"][0]  # from equal parameters
+    assert first["grad_norm"] != first_exact["grad_norm"]
+    assert first["grad_norm"] == pytest.approx(first_exact["grad_norm"], rel=2**-7)
