@@ -75,13 +75,15 @@ most ``max_len = int(max_len_a * src_len + max_len_b)`` tokens before its ``eos`
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, LenpenForm, Stopping
+from transformer_nmt.model.cache import BufferPool
 
 
 class NonFiniteScoresError(ValueError):
@@ -278,6 +280,93 @@ def next_token_log_probs(
     return lprobs
 
 
+def resolve_compile(value: bool | str | None, device: torch.device | str) -> bool:
+    """Whether the decoder step runs compiled (``decode.compile``).
+
+    Args:
+        value: ``true``/``false`` (bools or their text), or ``auto``/None: on a CUDA device only
+            (on a CPU compiling costs more than it saves, docs/model.md).
+        device: where the search runs.
+
+    Raises:
+        ValueError: anything else (names the value).
+    """
+    text = str(value).strip().lower() if value is not None else "auto"
+    if text == "auto":
+        return torch.device(device).type == "cuda"
+    if text in ("true", "false"):
+        return text == "true"
+    raise ValueError(f"compile={value!r} must be auto, true or false (run the decoder step "
+                     "compiled over a static cache)")
+
+
+def _static_log_probs(model: Any, cache: Any, min_len: int) -> tuple[Tensor, Tensor]:
+    """:func:`_constrained_log_probs` over a :class:`StaticDecoderCache`, all of it tensor ops
+    (the function ``decode.compile`` compiles): (R, V) float32 constrained log-probabilities
+    and (R,) bool non-finite flags of every cache row."""
+    logits = model.decode_static(cache)  # (R, V)
+    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
+    bad = ~torch.isfinite(lprobs.amax(dim=-1))  # (R,)
+    col = torch.arange(lprobs.size(-1), device=lprobs.device)  # (V,)
+    pos = cache.position
+    barred = col.eq(PAD_ID) | col.eq(BOS_ID) | (col.eq(EOS_ID) & pos.lt(min_len))  # (V,)
+    lprobs = lprobs.masked_fill(barred, -math.inf)
+    at_limit = cache.max_len.repeat_interleave(cache.width).eq(pos)  # (R,) eos forced
+    lprobs = lprobs.masked_fill(at_limit[:, None] & col.ne(EOS_ID), -math.inf)
+    return lprobs, bad
+
+
+RECOMPILE_LIMIT = 256
+"""Graphs the compiled step may hold (one per row, length and source-length bucket)."""
+
+_POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> BufferPool
+_COMPILED: dict[Any, Callable] = {}
+
+
+def _compiled_step(device: torch.device, backend: Any) -> Callable:
+    """:func:`_static_log_probs` under ``torch.compile`` with static shapes: mode
+    ``reduce-overhead`` on CUDA without ``backend`` (a CUDA graph per bucket), else
+    ``backend`` (default inductor)."""
+    key = (device.type, backend)
+    if key not in _COMPILED:
+        if backend is None and device.type == "cuda":
+            fn = torch.compile(_static_log_probs, mode="reduce-overhead", dynamic=False)
+        else:
+            fn = torch.compile(_static_log_probs, backend=backend or "inductor", dynamic=False)
+        _COMPILED[key] = fn
+    return _COMPILED[key]
+
+
+class _StaticStep:
+    """The search's decoder step over a static cache: inputs written into the cache's static
+    tensors, one call of the (compiled) step, the search's rows of its outputs."""
+
+    def __init__(self, model: Any, memory: Tensor, src_mask: Tensor, width: int, steps: int,
+                 compiled: bool, backend: Any) -> None:
+        device = memory.device
+        dtype = (torch.get_autocast_dtype(device.type)
+                 if torch.is_autocast_enabled(device.type) else memory.dtype)
+        pool = _POOLS.setdefault(model, BufferPool())
+        self.model, self.device = model, device
+        self.cache = model.new_static_cache(pool, width, steps, dtype, device)
+        model.start_static(self.cache, memory, src_mask)
+        self.fn = _compiled_step(device, backend) if compiled else _static_log_probs
+
+    def __call__(self, last: Tensor, t: int, min_len: int, max_len: Tensor
+                 ) -> tuple[Tensor, Tensor]:
+        """(A*W, V) constrained log-probabilities and (A*W,) non-finite flags."""
+        cache = self.cache
+        cache.set_step(last, t, max_len)
+        if self.fn is _static_log_probs:
+            lprobs, bad = self.fn(self.model, cache, min_len)
+        else:
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                lprobs, bad = self.fn(self.model, cache, min_len)
+        return cache.step_output(lprobs), cache.step_output(bad)
+
+
 class _Reads:
     """The host's view of the search between two reads of the device: which sentences may
     still be active (a superset of the truly active ones), their length limits, and the
@@ -332,6 +421,8 @@ def beam_search(
     min_len: int = 1,
     stopping: str = "bound",
     sync_every: int | str | None = None,
+    compile_step: bool | str | None = False,
+    compile_backend: Any = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch with beam search (paper section 6.1).
 
@@ -355,6 +446,11 @@ def beam_search(
         sync_every: decoding steps between two host reads of the finished flags
             (:func:`resolve_sync_every`; None = auto: 8 on CUDA, 1 elsewhere). The result
             does not depend on it.
+        compile_step: run the decoder step compiled over a static cache
+            (:func:`resolve_compile`: ``auto`` = on CUDA only); False: the eager step over
+            the growing :class:`DecoderCache`. The same tokens either way.
+        compile_backend: the ``torch.compile`` backend of the step (None: ``reduce-overhead``
+            on CUDA, inductor elsewhere).
 
     Returns:
         For each of the B sentences, its best ``nbest`` hypotheses, best first (fewer only
@@ -377,6 +473,7 @@ def beam_search(
     if stopping not in STOPPING_RULES:
         raise ValueError(f"stopping={stopping!r} is not one of {list(STOPPING_RULES)}")
     every = resolve_sync_every(sync_every, src_tokens.device)
+    compiled = resolve_compile(compile_step, src_tokens.device)
     bsz = src_tokens.size(0)
     if bsz == 0:
         return []
@@ -387,10 +484,13 @@ def beam_search(
     n_keep = k if count_finished else nbest
 
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
-    cache = model.new_cache()  # cross-attention K/V: one row per active sentence
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = _Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
+    static = (_StaticStep(model, memory, src_mask, k, steps, True, compile_backend)
+              if compiled else None)
+    # cross-attention K/V: one row per active sentence
+    cache = model.new_cache() if static is None else static.cache
 
     # Back-pointers of every step: hist[t, b, j] = (token, beam of step t it extends) of beam
     # j of sentence b after step t; the tokens of any hypothesis are read back at the end.
@@ -411,9 +511,12 @@ def beam_search(
     t = 0
     while True:
         n_act, width = scores.shape
-        lprobs, bad = _constrained_log_probs(
-            model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
-        )  # (A*W, V)
+        if static is None:
+            lprobs, bad = _constrained_log_probs(
+                model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
+            )  # (A*W, V)
+        else:
+            lprobs, bad = static(last, t, min_len, max_len)
         bad_step = _note_non_finite(bad, active, bad_step, t)
         vocab = lprobs.size(-1)
 
@@ -535,6 +638,8 @@ def greedy_search(
     *,
     min_len: int = 1,
     sync_every: int | str | None = None,
+    compile_step: bool | str | None = False,
+    compile_backend: Any = None,
 ) -> list[list[Hypothesis]]:
     """Greedy decoding: the most probable next token at every step.
 
@@ -543,8 +648,8 @@ def greedy_search(
     of the finished flags, every ``sync_every`` steps, and is masked until then.
 
     Args:
-        model, src_tokens, max_len_a, max_len_b, min_len, sync_every: as in
-            :func:`beam_search`.
+        model, src_tokens, max_len_a, max_len_b, min_len, sync_every, compile_step,
+            compile_backend: as in :func:`beam_search`.
 
     Returns:
         For each of the B sentences a one-element list; ``score == log_prob`` (no length
@@ -556,15 +661,18 @@ def greedy_search(
     if src_tokens.dim() != 2:
         raise ValueError(f"src_tokens must be (B, S), got shape {tuple(src_tokens.shape)}")
     every = resolve_sync_every(sync_every, src_tokens.device)
+    compiled = resolve_compile(compile_step, src_tokens.device)
     bsz = src_tokens.size(0)
     if bsz == 0:
         return []
     device = src_tokens.device
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
-    cache = model.new_cache()
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = _Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
+    static = (_StaticStep(model, memory, src_mask, 1, steps, True, compile_backend)
+              if compiled else None)
+    cache = model.new_cache() if static is None else static.cache
     history = torch.zeros(bsz, steps, dtype=torch.long, device=device)  # (B, T) per sentence
     sent_ids = torch.arange(bsz, device=device)  # (A,)
     log_probs = torch.zeros(bsz, device=device)  # (A,) running sum
@@ -575,9 +683,12 @@ def greedy_search(
     bad_step = torch.full((), -1, dtype=torch.long, device=device)
     t = 0
     while True:
-        lprobs, bad = _constrained_log_probs(
-            model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
-        )  # (A, V)
+        if static is None:
+            lprobs, bad = _constrained_log_probs(
+                model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
+            )  # (A, V)
+        else:
+            lprobs, bad = static(last, t, min_len, max_len)
         bad_step = _note_non_finite(bad, active, bad_step, t)
         best_lp, best = lprobs.max(dim=1)  # (A,), (A,)
         log_probs = log_probs + best_lp
