@@ -60,6 +60,12 @@ encoder and of the first decoder call, the length limits, the results); the resu
 depend on ``sync_every`` (tests/unit/decode/test_device_search.py checks both, and that they
 equal the previous search's, kept in tests/unit/decode/reference_beam_search.py).
 
+Compiled step. With ``compile_step`` (``decode.compile``; ``auto`` = on CUDA) step 1 runs over
+a :class:`~transformer_nmt.model.cache.StaticDecoderCache` of bucketed shapes, compiled by
+``torch.compile`` (on CUDA ``reduce-overhead``: a CUDA graph per bucket), the constraints as
+tensor ops (:func:`_static_log_probs`); the rest of the search is the same, and so are the
+tokens (docs/model.md, "Compiled decoding step").
+
 Scores. A hypothesis Y (|Y| tokens counting its final ``eos``) has log-probability
 log P(Y | X) and score log P(Y | X) / lp(|Y|), with the length penalty of
 :func:`length_penalty`: ``gnmt`` ((5 + |Y|) / 6)^alpha (Wu et al. 2016, eq. 14, used by the
@@ -342,7 +348,7 @@ class _StaticStep:
     tensors, one call of the (compiled) step, the search's rows of its outputs."""
 
     def __init__(self, model: Any, memory: Tensor, src_mask: Tensor, width: int, steps: int,
-                 compiled: bool, backend: Any) -> None:
+                 backend: Any) -> None:
         device = memory.device
         dtype = (torch.get_autocast_dtype(device.type)
                  if torch.is_autocast_enabled(device.type) else memory.dtype)
@@ -350,20 +356,17 @@ class _StaticStep:
         self.model, self.device = model, device
         self.cache = model.new_static_cache(pool, width, steps, dtype, device)
         model.start_static(self.cache, memory, src_mask)
-        self.fn = _compiled_step(device, backend) if compiled else _static_log_probs
+        self.fn = _compiled_step(device, backend)
 
     def __call__(self, last: Tensor, t: int, min_len: int, max_len: Tensor
                  ) -> tuple[Tensor, Tensor]:
         """(A*W, V) constrained log-probabilities and (A*W,) non-finite flags."""
         cache = self.cache
         cache.set_step(last, t, max_len)
-        if self.fn is _static_log_probs:
+        if self.device.type == "cuda":  # the outputs of the previous replay are done with
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             lprobs, bad = self.fn(self.model, cache, min_len)
-        else:
-            if self.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                lprobs, bad = self.fn(self.model, cache, min_len)
         return cache.step_output(lprobs), cache.step_output(bad)
 
 
@@ -487,7 +490,7 @@ def beam_search(
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = _Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
-    static = (_StaticStep(model, memory, src_mask, k, steps, True, compile_backend)
+    static = (_StaticStep(model, memory, src_mask, k, steps, compile_backend)
               if compiled else None)
     # cross-attention K/V: one row per active sentence
     cache = model.new_cache() if static is None else static.cache
@@ -670,7 +673,7 @@ def greedy_search(
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = _Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
-    static = (_StaticStep(model, memory, src_mask, 1, steps, True, compile_backend)
+    static = (_StaticStep(model, memory, src_mask, 1, steps, compile_backend)
               if compiled else None)
     cache = model.new_cache() if static is None else static.cache
     history = torch.zeros(bsz, steps, dtype=torch.long, device=device)  # (B, T) per sentence

@@ -1,5 +1,7 @@
 """The decoder's incremental cache: self- and cross-attention keys and values kept between
-decode calls (one sentence batch), with the beam reorder of section 6.1's search.
+decode calls (one sentence batch), with the beam reorder of section 6.1's search:
+:class:`DecoderCache` (growing, for the eager step) and :class:`StaticDecoderCache` (fixed,
+bucketed shapes, for the compiled step of ``decode.compile``).
 
 Shape legend as in :mod:`transformer_nmt.model.transformer`: R target rows, N source rows, H heads,
 L cached target positions, t new positions, S source length, Dk / Dv per-head sizes.
