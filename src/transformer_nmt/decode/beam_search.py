@@ -63,8 +63,8 @@ equal the previous search's, kept in tests/unit/decode/reference_beam_search.py)
 Compiled step. With ``compile_step`` (``decode.compile``; ``auto`` = on CUDA) step 1 runs over
 a :class:`~transformer_nmt.model.cache.StaticDecoderCache` of bucketed shapes, compiled by
 ``torch.compile`` (on CUDA ``reduce-overhead``: a CUDA graph per bucket), the constraints as
-tensor ops (:func:`_static_log_probs`); the rest of the search is the same, and so are the
-tokens (docs/model.md, "Compiled decoding step").
+tensor ops (:mod:`transformer_nmt.decode.compiled_step`); the rest of the search is the
+same, and so are the tokens (docs/model.md, "Compiled decoding step").
 
 Scores. A hypothesis Y (|Y| tokens counting its final ``eos``) has log-probability
 log P(Y | X) and score log P(Y | X) / lp(|Y|), with the length penalty of
@@ -81,15 +81,14 @@ most ``max_len = int(max_len_a * src_len + max_len_b)`` tokens before its ``eos`
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, LenpenForm, Stopping
-from transformer_nmt.model.cache import BufferPool
+from transformer_nmt.decode.compiled_step import StaticStep, resolve_compile
 
 
 class NonFiniteScoresError(ValueError):
@@ -286,90 +285,6 @@ def next_token_log_probs(
     return lprobs
 
 
-def resolve_compile(value: bool | str | None, device: torch.device | str) -> bool:
-    """Whether the decoder step runs compiled (``decode.compile``).
-
-    Args:
-        value: ``true``/``false`` (bools or their text), or ``auto``/None: on a CUDA device only
-            (on a CPU compiling costs more than it saves, docs/model.md).
-        device: where the search runs.
-
-    Raises:
-        ValueError: anything else (names the value).
-    """
-    text = str(value).strip().lower() if value is not None else "auto"
-    if text == "auto":
-        return torch.device(device).type == "cuda"
-    if text in ("true", "false"):
-        return text == "true"
-    raise ValueError(f"compile={value!r} must be auto, true or false (run the decoder step "
-                     "compiled over a static cache)")
-
-
-def _static_log_probs(model: Any, cache: Any, min_len: int) -> tuple[Tensor, Tensor]:
-    """:func:`_constrained_log_probs` over a :class:`StaticDecoderCache`, all of it tensor ops
-    (the function ``decode.compile`` compiles): (R, V) float32 constrained log-probabilities
-    and (R,) bool non-finite flags of every cache row."""
-    logits = model.decode_static(cache)  # (R, V)
-    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
-    bad = ~torch.isfinite(lprobs.amax(dim=-1))  # (R,)
-    col = torch.arange(lprobs.size(-1), device=lprobs.device)  # (V,)
-    pos = cache.position
-    barred = col.eq(PAD_ID) | col.eq(BOS_ID) | (col.eq(EOS_ID) & pos.lt(min_len))  # (V,)
-    lprobs = lprobs.masked_fill(barred, -math.inf)
-    at_limit = cache.max_len.repeat_interleave(cache.width).eq(pos)  # (R,) eos forced
-    lprobs = lprobs.masked_fill(at_limit[:, None] & col.ne(EOS_ID), -math.inf)
-    return lprobs, bad
-
-
-RECOMPILE_LIMIT = 256
-"""Graphs the compiled step may hold (one per row, length and source-length bucket)."""
-
-_POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> BufferPool
-_COMPILED: dict[Any, Callable] = {}
-
-
-def _compiled_step(device: torch.device, backend: Any) -> Callable:
-    """:func:`_static_log_probs` under ``torch.compile`` with static shapes: mode
-    ``reduce-overhead`` on CUDA without ``backend`` (a CUDA graph per bucket), else
-    ``backend`` (default inductor)."""
-    key = (device.type, backend)
-    if key not in _COMPILED:
-        if backend is None and device.type == "cuda":
-            fn = torch.compile(_static_log_probs, mode="reduce-overhead", dynamic=False)
-        else:
-            fn = torch.compile(_static_log_probs, backend=backend or "inductor", dynamic=False)
-        _COMPILED[key] = fn
-    return _COMPILED[key]
-
-
-class _StaticStep:
-    """The search's decoder step over a static cache: inputs written into the cache's static
-    tensors, one call of the (compiled) step, the search's rows of its outputs."""
-
-    def __init__(self, model: Any, memory: Tensor, src_mask: Tensor, width: int, steps: int,
-                 backend: Any) -> None:
-        device = memory.device
-        dtype = (torch.get_autocast_dtype(device.type)
-                 if torch.is_autocast_enabled(device.type) else memory.dtype)
-        pool = _POOLS.setdefault(model, BufferPool())
-        self.model, self.device = model, device
-        self.cache = model.new_static_cache(pool, width, steps, dtype, device)
-        model.start_static(self.cache, memory, src_mask)
-        self.fn = _compiled_step(device, backend)
-
-    def __call__(self, last: Tensor, t: int, min_len: int, max_len: Tensor
-                 ) -> tuple[Tensor, Tensor]:
-        """(A*W, V) constrained log-probabilities and (A*W,) non-finite flags."""
-        cache = self.cache
-        cache.set_step(last, t, max_len)
-        if self.device.type == "cuda":  # the outputs of the previous replay are done with
-            torch.compiler.cudagraph_mark_step_begin()
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            lprobs, bad = self.fn(self.model, cache, min_len)
-        return cache.step_output(lprobs), cache.step_output(bad)
-
-
 class _Reads:
     """The host's view of the search between two reads of the device: which sentences may
     still be active (a superset of the truly active ones), their length limits, and the
@@ -490,7 +405,7 @@ def beam_search(
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = _Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
-    static = (_StaticStep(model, memory, src_mask, k, steps, compile_backend)
+    static = (StaticStep(model, memory, src_mask, k, steps, compile_backend)
               if compiled else None)
     # cross-attention K/V: one row per active sentence
     cache = model.new_cache() if static is None else static.cache
@@ -673,7 +588,7 @@ def greedy_search(
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = _Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
-    static = (_StaticStep(model, memory, src_mask, 1, steps, compile_backend)
+    static = (StaticStep(model, memory, src_mask, 1, steps, compile_backend)
               if compiled else None)
     cache = model.new_cache() if static is None else static.cache
     history = torch.zeros(bsz, steps, dtype=torch.long, device=device)  # (B, T) per sentence

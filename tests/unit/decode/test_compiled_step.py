@@ -15,7 +15,8 @@ from tests.unit.decode.test_device_search import (  # noqa: F401 (fixture)
     trained_model,
 )
 from transformer_nmt.config import BOS_ID
-from transformer_nmt.decode.beam_search import beam_search, greedy_search, resolve_compile
+from transformer_nmt.decode.beam_search import beam_search, greedy_search
+from transformer_nmt.decode.compiled_step import resolve_compile
 from transformer_nmt.model.cache import BufferPool, StaticDecoderCache
 
 
