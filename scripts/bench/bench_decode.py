@@ -67,7 +67,7 @@ def decode_config(args) -> DecodeConfig:
     return DecodeConfig(
         beam_size=args.beam, lenpen=args.lenpen, lenpen_form="fairseq", stopping=args.stopping,
         max_len_a=args.max_len_a, max_len_b=args.max_len_b, max_tokens=args.max_tokens,
-        precision=args.precision, device=args.device,
+        precision=args.precision, device=args.device, compile=args.compile,
     )
 
 
@@ -356,6 +356,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-len-a", type=float, default=1.0)
     p.add_argument("--max-len-b", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
+    p.add_argument("--compile", default="false", choices=["auto", "true", "false"],
+                   help="decode.compile of ours: the decoder step compiled over a static cache "
+                        "(a CUDA graph per bucket on CUDA; the first batch of each bucket "
+                        "compiles, so time the later repeats)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=2)
@@ -404,7 +408,8 @@ def main(argv: list[str] | None = None) -> None:
                    str(args.beam), "--lenpen", str(args.lenpen), "--stopping", args.stopping,
                    "--max-len-a", str(args.max_len_a), "--max-len-b", str(args.max_len_b),
                    "--max-tokens", str(args.max_tokens), "--device", args.device,
-                   "--precision", args.precision, "--threads", str(args.threads)]
+                   "--precision", args.precision, "--threads", str(args.threads),
+                   "--compile", args.compile]
     if args.peers_retain_freed_memory:
         passthrough.append("--peers-retain-freed-memory")
     if args.system_malloc:

@@ -67,6 +67,7 @@ def test_wrong_type_names_the_value():
         ("decode.nbest=9", "decode.nbest=9"),
         ("decode.sync_every=0", "decode.sync_every='0' must be auto or a whole number >= 1"),
         ("decode.sync_every=often", "decode.sync_every='often' must be auto or a whole number"),
+        ("decode.compile=sometimes", "decode.compile='sometimes' must be auto, true or false"),
         ("trainer.label_smoothing=-0.1", "trainer.label_smoothing=-0.1"),
     ],
 )

@@ -221,6 +221,10 @@ def validate(cfg: Config) -> None:
     if sync_every.lower() != "auto" and not (sync_every.isdigit() and int(sync_every) >= 1):
         errors.append(f"decode.sync_every={sync_every!r} must be auto or a whole number >= 1 "
                       "(decoding steps between two host reads of the finished flags)")
+    compile_step = str(getattr(d, "compile", "auto")).strip().lower()
+    if compile_step not in ("auto", "true", "false"):
+        errors.append(f"decode.compile={getattr(d, 'compile')!r} must be auto, true or false "
+                      "(run the decoder step compiled over a static cache)")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         errors.append(
             f"data.src_lang={cfg.data.src_lang!r} equals data.tgt_lang={cfg.data.tgt_lang!r}; "

@@ -60,6 +60,12 @@ encoder and of the first decoder call, the length limits, the results); the resu
 depend on ``sync_every`` (tests/unit/decode/test_device_search.py checks both, and that they
 equal the previous search's, kept in tests/unit/decode/reference_beam_search.py).
 
+Compiled step. With ``compile_step`` (``decode.compile``; ``auto`` = on CUDA) step 1 runs over
+a :class:`~transformer_nmt.model.cache.StaticDecoderCache` of bucketed shapes, compiled by
+``torch.compile`` (on CUDA ``reduce-overhead``: a CUDA graph per bucket), the constraints as
+tensor ops (:mod:`transformer_nmt.decode.compiled_step`); the rest of the search is the
+same, and so are the tokens (docs/model.md, "Compiled decoding step").
+
 Scores. A hypothesis Y (|Y| tokens counting its final ``eos``) has log-probability
 log P(Y | X) and score log P(Y | X) / lp(|Y|), with the length penalty of
 :func:`length_penalty`: ``gnmt`` ((5 + |Y|) / 6)^alpha (Wu et al. 2016, eq. 14, used by the
@@ -82,6 +88,7 @@ import torch
 from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, LenpenForm, Stopping
+from transformer_nmt.decode.compiled_step import StaticStep, resolve_compile
 
 
 class NonFiniteScoresError(ValueError):
@@ -332,6 +339,8 @@ def beam_search(
     min_len: int = 1,
     stopping: str = "bound",
     sync_every: int | str | None = None,
+    compile_step: bool | str | None = False,
+    compile_backend: Any = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch with beam search (paper section 6.1).
 
@@ -355,6 +364,11 @@ def beam_search(
         sync_every: decoding steps between two host reads of the finished flags
             (:func:`resolve_sync_every`; None = auto: 8 on CUDA, 1 elsewhere). The result
             does not depend on it.
+        compile_step: run the decoder step compiled over a static cache
+            (:func:`resolve_compile`: ``auto`` = on CUDA only); False: the eager step over
+            the growing :class:`DecoderCache`. The same tokens either way.
+        compile_backend: the ``torch.compile`` backend of the step (None: ``reduce-overhead``
+            on CUDA, inductor elsewhere).
 
     Returns:
         For each of the B sentences, its best ``nbest`` hypotheses, best first (fewer only
@@ -377,6 +391,7 @@ def beam_search(
     if stopping not in STOPPING_RULES:
         raise ValueError(f"stopping={stopping!r} is not one of {list(STOPPING_RULES)}")
     every = resolve_sync_every(sync_every, src_tokens.device)
+    compiled = resolve_compile(compile_step, src_tokens.device)
     bsz = src_tokens.size(0)
     if bsz == 0:
         return []
@@ -387,10 +402,13 @@ def beam_search(
     n_keep = k if count_finished else nbest
 
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
-    cache = model.new_cache()  # cross-attention K/V: one row per active sentence
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = _Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
+    static = (StaticStep(model, memory, src_mask, k, steps, compile_backend)
+              if compiled else None)
+    # cross-attention K/V: one row per active sentence
+    cache = model.new_cache() if static is None else static.cache
 
     # Back-pointers of every step: hist[t, b, j] = (token, beam of step t it extends) of beam
     # j of sentence b after step t; the tokens of any hypothesis are read back at the end.
@@ -411,9 +429,12 @@ def beam_search(
     t = 0
     while True:
         n_act, width = scores.shape
-        lprobs, bad = _constrained_log_probs(
-            model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
-        )  # (A*W, V)
+        if static is None:
+            lprobs, bad = _constrained_log_probs(
+                model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
+            )  # (A*W, V)
+        else:
+            lprobs, bad = static(last, t, min_len, max_len)
         bad_step = _note_non_finite(bad, active, bad_step, t)
         vocab = lprobs.size(-1)
 
@@ -535,6 +556,8 @@ def greedy_search(
     *,
     min_len: int = 1,
     sync_every: int | str | None = None,
+    compile_step: bool | str | None = False,
+    compile_backend: Any = None,
 ) -> list[list[Hypothesis]]:
     """Greedy decoding: the most probable next token at every step.
 
@@ -543,8 +566,8 @@ def greedy_search(
     of the finished flags, every ``sync_every`` steps, and is masked until then.
 
     Args:
-        model, src_tokens, max_len_a, max_len_b, min_len, sync_every: as in
-            :func:`beam_search`.
+        model, src_tokens, max_len_a, max_len_b, min_len, sync_every, compile_step,
+            compile_backend: as in :func:`beam_search`.
 
     Returns:
         For each of the B sentences a one-element list; ``score == log_prob`` (no length
@@ -556,15 +579,18 @@ def greedy_search(
     if src_tokens.dim() != 2:
         raise ValueError(f"src_tokens must be (B, S), got shape {tuple(src_tokens.shape)}")
     every = resolve_sync_every(sync_every, src_tokens.device)
+    compiled = resolve_compile(compile_step, src_tokens.device)
     bsz = src_tokens.size(0)
     if bsz == 0:
         return []
     device = src_tokens.device
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
-    cache = model.new_cache()
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = _Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
+    static = (StaticStep(model, memory, src_mask, 1, steps, compile_backend)
+              if compiled else None)
+    cache = model.new_cache() if static is None else static.cache
     history = torch.zeros(bsz, steps, dtype=torch.long, device=device)  # (B, T) per sentence
     sent_ids = torch.arange(bsz, device=device)  # (A,)
     log_probs = torch.zeros(bsz, device=device)  # (A,) running sum
@@ -575,9 +601,12 @@ def greedy_search(
     bad_step = torch.full((), -1, dtype=torch.long, device=device)
     t = 0
     while True:
-        lprobs, bad = _constrained_log_probs(
-            model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
-        )  # (A, V)
+        if static is None:
+            lprobs, bad = _constrained_log_probs(
+                model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
+            )  # (A, V)
+        else:
+            lprobs, bad = static(last, t, min_len, max_len)
         bad_step = _note_non_finite(bad, active, bad_step, t)
         best_lp, best = lprobs.max(dim=1)  # (A,), (A,)
         log_probs = log_probs + best_lp

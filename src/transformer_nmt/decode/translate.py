@@ -96,17 +96,19 @@ def search(model: Any, src_tokens: torch.Tensor, decode_cfg: DecodeConfig
 
     The attention runs under ``decode_cfg.sdpa_backends`` (``torch.nn.attention.sdpa_kernel``)
     unless the model carries its own (:meth:`Transformer.set_sdpa_backends`, a training run's);
-    the search reads its finished flags every ``decode_cfg.sync_every`` steps.
+    the search reads its finished flags every ``decode_cfg.sync_every`` steps, and runs its
+    decoder step compiled where ``decode_cfg.compile`` says.
 
     Returns:
         Per sentence, up to ``decode_cfg.nbest`` hypotheses, best first.
     """
     names = getattr(decode_cfg, "sdpa_backends", None)
     sync_every = getattr(decode_cfg, "sync_every", None)
+    compile_step = getattr(decode_cfg, "compile", False)
     with sdpa_context(sdpa_backends(names) if names is not None else None):
         if decode_cfg.beam_size == 1:
             return greedy_search(model, src_tokens, decode_cfg.max_len_a, decode_cfg.max_len_b,
-                                 sync_every=sync_every)
+                                 sync_every=sync_every, compile_step=compile_step)
         return beam_search(
             model,
             src_tokens,
@@ -118,6 +120,7 @@ def search(model: Any, src_tokens: torch.Tensor, decode_cfg: DecodeConfig
             nbest=decode_cfg.nbest,
             stopping=decode_cfg.stopping,
             sync_every=sync_every,
+            compile_step=compile_step,
         )
 
 

@@ -1,11 +1,15 @@
 """The decoder's incremental cache: self- and cross-attention keys and values kept between
-decode calls (one sentence batch), with the beam reorder of section 6.1's search.
+decode calls (one sentence batch), with the beam reorder of section 6.1's search:
+:class:`DecoderCache` (growing, for the eager step) and :class:`StaticDecoderCache` (fixed,
+bucketed shapes, for the compiled step of ``decode.compile``).
 
 Shape legend as in :mod:`transformer_nmt.model.transformer`: R target rows, N source rows, H heads,
 L cached target positions, t new positions, S source length, Dk / Dv per-head sizes.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -152,3 +156,218 @@ class DecoderCache:
             for i, x in enumerate(store):
                 if x is not None:
                     store[i] = x.index_select(0, sources)
+
+
+LENGTH_BUCKET = 16
+"""The static cache's capacity and padded source length are multiples of this."""
+
+
+def row_bucket(sentences: int) -> int:
+    """Sentences a static cache holds for ``sentences`` live ones: the next power of two."""
+    return 1 << max(sentences - 1, 0).bit_length()
+
+
+def length_bucket(length: int) -> int:
+    """``length`` rounded up to a multiple of :data:`LENGTH_BUCKET` (at least one bucket)."""
+    return max(-(-length // LENGTH_BUCKET), 1) * LENGTH_BUCKET
+
+
+class BufferPool:
+    """Zero-filled tensors kept by shape, so that a static cache of a given bucket reuses the
+    same memory (the same addresses, which a recorded CUDA graph reads) from one batch to the
+    next. Every tensor is marked as a static address for ``torch.compile``."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[tuple, Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+            device: torch.device) -> Tensor:
+        """The pool's tensor ``name`` of this shape, dtype and device (created zero-filled)."""
+        key = (name, tuple(shape), dtype, torch.device(device))
+        x = self._tensors.get(key)
+        if x is None:
+            x = self._tensors[key] = torch.zeros(shape, dtype=dtype, device=device)
+            torch._dynamo.mark_static_address(x)
+        return x
+
+
+class StaticDecoderCache:
+    """A decoder cache of fixed shapes for a compiled decoder step (``decode.compile``).
+
+    Per decoder layer: self-attention K (R, H, C, Dk) and V (R, H, C, Dv) preallocated for
+    C = :func:`length_bucket` (longest output + 1) positions, and cross-attention K/V
+    (N, H, Sb, Dk|Dv) with the source padded to Sb = :func:`length_bucket` (S) positions
+    (the padding masked). Rows are buckets too: N = :func:`row_bucket` (live sentences) and
+    R = N x K rows, K per sentence (``width``); rows past the live ones are dead (any finite
+    values, never read back). The step writes its new K/V at :attr:`position`, a 0-d long
+    tensor, and attends over all C positions with the keys past it masked, so one traced
+    graph serves every step of a bucket. The search's rows map onto the cache's: with W rows
+    per sentence (1 at the first step, K after), search row r is cache row
+    (r // W) * K + r % W.
+
+    :meth:`reorder` keeps the search's interface (:class:`DecoderCache`): a beam reorder is
+    written into :attr:`order` and applied in the next step (``index_select`` then
+    ``copy_`` into the same buffers: their addresses never change); dropping sentences
+    gathers at once, into the buffers of the new (possibly smaller) row bucket.
+    Inference only.
+    """
+
+    def __init__(self, pool: BufferPool, layers: int, heads: int, d_k: int, d_v: int,
+                 width: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.pool, self.layers, self.heads, self.d_k, self.d_v = pool, layers, heads, d_k, d_v
+        self.width, self.capacity, self.dtype, self.device = width, capacity, dtype, device
+        self.position = pool.get("position", (), torch.long, device)
+        self.sentences = 0  # live sentences (search side)
+        self.self_k: list[Tensor] = []
+        self.self_v: list[Tensor] = []
+        self.cross_k: list[Tensor] = []
+        self.cross_v: list[Tensor] = []
+        self.cross_attn_mask: Tensor | None = None
+        self.tokens: Tensor | None = None
+        self.order: Tensor | None = None
+        self.max_len: Tensor | None = None
+        self._max_len_from: Tensor | None = None
+        self.step_width = 1  # rows per sentence of the search's last step
+        self._order_fresh = False  # a reorder since the last step
+        self._order_identity = True
+
+    @property
+    def rows(self) -> int:
+        """R, the cache's rows (its bucket)."""
+        return self.tokens.size(0)
+
+    def _bucket_tensors(self, n: int, src_len: int) -> None:
+        """Take the buffers of the bucket of ``n`` sentences (N) and source length Sb."""
+        g, r, get = self.pool.get, n * self.width, self.device
+        h, c = self.heads, self.capacity
+        self.self_k = [g(f"k{i}", (r, h, c, self.d_k), self.dtype, get)
+                       for i in range(self.layers)]
+        self.self_v = [g(f"v{i}", (r, h, c, self.d_v), self.dtype, get)
+                       for i in range(self.layers)]
+        self.tokens = g("tokens", (r,), torch.long, get)
+        self.order = g("order", (r,), torch.long, get)
+        self.max_len = g("max_len", (n,), torch.long, get)
+        self.cross_attn_mask = g("cross_mask", (n, 1, 1, src_len), torch.bool, get)
+
+    def _cross(self, n: int, src_len: int) -> tuple[list[Tensor], list[Tensor]]:
+        g, h = self.pool.get, self.heads
+        return ([g(f"ck{i}", (n, h, src_len, self.d_k), self.dtype, self.device)
+                 for i in range(self.layers)],
+                [g(f"cv{i}", (n, h, src_len, self.d_v), self.dtype, self.device)
+                 for i in range(self.layers)])
+
+    @torch.no_grad()
+    def start(self, memory: Tensor, src_mask: Tensor, project: Any) -> None:
+        """Set the cache up for the sentences of ``memory`` (N', S, D), ``src_mask`` (N', S)
+        bool: zeroed self-attention K/V, and the cross-attention K/V of every layer,
+        ``project(layer, memory)`` -> K (N, H, Sb, Dk), V (N, H, Sb, Dv), computed once
+        from the memory padded to the row and length buckets."""
+        live, s = memory.size(0), memory.size(1)
+        n, sb = row_bucket(live), length_bucket(s)
+        self.sentences = live
+        self._bucket_tensors(n, sb)
+        for x in self.self_k + self.self_v:
+            x.zero_()
+        pick = _padded_index(live, n, memory.device)  # dead sentences copy sentence 0
+        padded = memory.new_zeros(n, sb, memory.size(2))
+        padded[:, :s] = memory.index_select(0, pick)
+        mask = src_mask.new_zeros(n, sb)
+        mask[:, :s] = src_mask.index_select(0, pick)
+        self.cross_attn_mask.copy_(mask[:, None, None, :])
+        self.cross_k, self.cross_v = self._cross(n, sb)
+        for i in range(self.layers):
+            k, v = project(i, padded)
+            self.cross_k[i].copy_(k)
+            self.cross_v[i].copy_(v)
+        self.order.copy_(torch.arange(self.rows, device=self.device))
+        self.position.zero_()
+        self._max_len_from = None
+        self.step_width = 1
+
+    def set_step(self, last: Tensor, t: int, max_len: Tensor) -> None:
+        """Write the step's inputs into the static tensors: the last tokens (A*W, 1) of the
+        search's rows, the position ``t`` and the sentences' length limits (A,)."""
+        rows = last.size(0)
+        self.step_width = rows // self.sentences
+        if self.step_width == self.width:
+            self.tokens[:rows].copy_(last.view(-1))
+        else:
+            self.tokens.index_copy_(0, self._cache_rows(rows), last.view(-1))
+        self.position.fill_(t)
+        if not self._order_fresh and not self._order_identity:  # no reorder: keep the rows
+            self.order.copy_(torch.arange(self.rows, device=self.device))
+            self._order_identity = True
+        self._order_fresh = False
+        if max_len is not self._max_len_from:  # changes only at a read
+            self.max_len[: max_len.numel()].copy_(max_len)
+            self._max_len_from = max_len
+
+    def _cache_rows(self, rows: int) -> Tensor:
+        idx = torch.arange(rows, device=self.device)
+        w = self.step_width
+        return idx if w == self.width else (idx // w) * self.width + idx % w
+
+    def step_output(self, x: Tensor) -> Tensor:
+        """The search's rows (A*W, ...) of a step output (R, ...) of the cache's rows."""
+        n, w = self.sentences, self.step_width
+        if w == self.width:
+            return x[: n * w]
+        return x.view(-1, self.width, *x.shape[1:])[:n, :w].flatten(0, 1)
+
+    def key_mask(self) -> Tensor:
+        """(1, 1, 1, C) bool, True for the positions up to :attr:`position`."""
+        return (torch.arange(self.capacity, device=self.device) <= self.position)[None, None, None]
+
+    def append_self(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Apply :attr:`order` to this layer's K/V (R, H, C, ·), write the new keys (R, H, 1, Dk)
+        and values at :attr:`position`; returns the whole buffers (R, H, C, Dk|Dv)."""
+        pos = self.position.view(1)
+        buf_k, buf_v = self.self_k[layer], self.self_v[layer]
+        buf_k.copy_(buf_k.index_select(0, self.order))
+        buf_v.copy_(buf_v.index_select(0, self.order))
+        buf_k.index_copy_(2, pos, k)
+        buf_v.index_copy_(2, pos, v)
+        return buf_k, buf_v
+
+    @torch.no_grad()
+    def reorder(self, indices: Tensor, sources: Tensor | None = None) -> None:
+        """As :meth:`DecoderCache.reorder`, in the search's rows of its last step.
+
+        Args:
+            indices: (R',) long, search rows to keep (K per kept sentence), in their new order.
+            sources: (N',) long, sentences to keep, in their new order; None: all of them.
+        """
+        rows = self._cache_rows(self.sentences * self.step_width).index_select(0, indices)
+        if sources is None:
+            self.order[: rows.numel()].copy_(rows)
+            self._order_fresh, self._order_identity = True, False
+            return
+        live = sources.numel()
+        pick = _padded_index(live, row_bucket(live), self.device)
+        src = sources.index_select(0, pick)  # (N,) dead sentences copy the first kept one
+        rows = torch.cat([rows, rows[: self.width].repeat(pick.numel() - live)])
+        old_self = (self.self_k, self.self_v)
+        old_cross = (self.cross_k, self.cross_v, self.cross_attn_mask)
+        n, sb = pick.numel(), self.cross_attn_mask.size(-1)
+        old_max = self.max_len
+        self._bucket_tensors(n, sb)
+        for olds, news in zip(old_self, (self.self_k, self.self_v)):
+            for old, new in zip(olds, news):
+                new.copy_(old.index_select(0, rows))
+        self.cross_attn_mask.copy_(old_cross[2].index_select(0, src))
+        self.max_len.copy_(old_max.index_select(0, src))
+        cross_k, cross_v = self._cross(n, sb)
+        for olds, news in zip(old_cross[:2], (cross_k, cross_v)):
+            for old, new in zip(olds, news):
+                new.copy_(old.index_select(0, src))
+        self.cross_k, self.cross_v = cross_k, cross_v
+        self.order.copy_(torch.arange(self.rows, device=self.device))
+        self.sentences = live
+        self._max_len_from = None
+
+
+def _padded_index(live: int, total: int, device: torch.device) -> Tensor:
+    """(total,) long: 0 .. live - 1, then zeros (dead rows copy the first)."""
+    idx = torch.zeros(total, dtype=torch.long, device=device)
+    idx[:live] = torch.arange(live, device=device)
+    return idx

@@ -51,7 +51,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer_nmt.config import PAD_ID, ModelConfig, validate_model_config
 from transformer_nmt.errors import UserError
-from transformer_nmt.model.cache import DecoderCache
+from transformer_nmt.model.cache import (
+    BufferPool,
+    DecoderCache,
+    StaticDecoderCache,
+    length_bucket,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -794,6 +799,44 @@ class Transformer(nn.Module):
     def new_cache(self) -> DecoderCache:
         """An empty :class:`DecoderCache` for incremental decoding of one batch."""
         return DecoderCache(len(self.decoder_layers))
+
+    def new_static_cache(self, pool: BufferPool, width: int, steps: int,
+                         dtype: torch.dtype, device: torch.device) -> StaticDecoderCache:
+        """A :class:`StaticDecoderCache` for ``width`` rows per sentence and up to ``steps``
+        decoder positions, its K/V in ``dtype``; set it up with :meth:`start_static`."""
+        attn = self.decoder_layers[0].self_attn
+        capacity = length_bucket(steps)
+        if isinstance(self.tgt_positions, SinusoidalPositions):
+            self.tgt_positions(capacity)  # grow the table now, not in the traced step
+        return StaticDecoderCache(pool, len(self.decoder_layers), attn.heads, self.d_k, self.d_v,
+                                  width, capacity, dtype, device)
+
+    def start_static(self, cache: StaticDecoderCache, memory: Tensor, src_mask: Tensor) -> None:
+        """Set ``cache`` up for a batch: memory (N, S, D) and src_mask (N, S) bool from
+        :meth:`encode`; the cross-attention K/V are computed here, once."""
+        def project(i: int, padded: Tensor) -> tuple[Tensor, Tensor]:
+            return self.decoder_layers[i].cross_attn._memory_projections(padded)
+
+        cache.start(memory, src_mask, project)
+
+    def decode_static(self, cache: StaticDecoderCache) -> Tensor:
+        """One decoder step over a static cache: the tokens (R,) of :attr:`cache.tokens`
+        at position :attr:`cache.position` (a tensor), after the cache's pending row order;
+        no host read and no Python value of the step, so one traced graph serves every step
+        of a bucket (``decode.compile``).
+
+        Returns:
+            logits (R, V) of every cache row (dead rows included).
+        """
+        tokens = cache.tokens.view(-1, 1)  # (R, 1)
+        pos = self.tgt_positions.at(cache.position.view(1, 1), cache.capacity)  # (1, 1, D)
+        x = self.embed_dropout(self.tgt_embed_tokens(tokens) * self.embed_scale + pos)
+        self_mask = cache.key_mask()  # (1, 1, 1, C)
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, None, self_mask, False, cache.cross_attn_mask, cache, i)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self.output_projection(x[:, 0])  # (R, V)
 
     # ---- embedding -------------------------------------------------------------------
 

@@ -1,0 +1,149 @@
+"""The decoder step over a static cache of bucketed shapes (``decode.compile``): the same
+logits as the growing cache, the same hypotheses as the reference search when compiled
+(backend aot_eager on a CPU), and one compiled graph per bucket, none per step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.unit.decode import reference_beam_search as reference
+from tests.unit.decode.test_beam_search import random_sources, tiny_model
+from tests.unit.decode.test_device_search import (  # noqa: F401 (fixture)
+    batch,
+    reversal_pairs,
+    trained_model,
+)
+from transformer_nmt.config import BOS_ID
+from transformer_nmt.decode.beam_search import beam_search, greedy_search
+from transformer_nmt.decode.compiled_step import resolve_compile
+from transformer_nmt.model.cache import BufferPool, StaticDecoderCache
+
+
+def test_static_cache_step_equals_growing_cache():
+    """Several steps with beam reorders and a sentence leaving: the static cache's logits
+    (padded rows and length, masked keys) equal the growing cache's to 1e-5 (fp32)."""
+    model = tiny_model(seed=3, vocab=30, norm="pre")
+    src = random_sources([6, 3, 9], seed=2)
+    memory, src_mask = model.encode(src)
+    k, g = 3, torch.Generator().manual_seed(0)
+    growing = model.new_cache()
+    static = model.new_static_cache(BufferPool(), k, 8, torch.float32, torch.device("cpu"))
+    model.start_static(static, memory, src_mask)
+    last = torch.full((3, 1), BOS_ID)
+    n = 3
+    with torch.no_grad():
+        for t in range(6):
+            want = model.decode(last, memory, src_mask, growing)[:, -1]  # (n*W, V)
+            static.set_step(last, t, torch.full((n,), 50))
+            got = static.step_output(model.decode_static(static))
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            width = last.size(0) // n
+            rows = (torch.arange(n)[:, None] * width
+                    + torch.randint(0, width, (n, k), generator=g)).reshape(-1)
+            keep = None
+            if t == 3:  # the middle sentence leaves; the kept ones swap places
+                keep = torch.tensor([2, 0])
+                rows = rows.view(n, k)[keep].reshape(-1)
+                memory, src_mask, n = memory[keep], src_mask[keep], 2
+            growing.reorder(rows, sources=keep)
+            static.reorder(rows, sources=keep)
+            last = torch.randint(4, 30, (n * k, 1), generator=g)
+
+
+class CountGraphs:
+    """A ``torch.compile`` backend: aot_eager, counting the graphs it compiles."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+
+AOT_EAGER = CountGraphs()
+"""One backend for the equality tests, so that they share the graphs of equal shapes."""
+
+
+def same_tokens(got, want, where):
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want], where
+    for g, w in zip(got, want):
+        for a, b in zip(g, w):
+            assert a.score == pytest.approx(b.score, abs=1e-5, rel=1e-5), where
+
+
+@pytest.mark.parametrize("beam", [4, 5])
+def test_compiled_search_equals_reference_on_a_random_model(beam):
+    model = tiny_model(seed=21, vocab=30)
+    src = random_sources([7, 2, 12, 5], seed=6)
+    backend = AOT_EAGER
+    for nbest, stopping in ((1, "bound"), (2, "beam")):
+        kwargs = {"beam_size": beam, "nbest": nbest, "stopping": stopping, "max_len_b": 6}
+        got = beam_search(model, src, compile_step=True, compile_backend=backend, **kwargs)
+        same_tokens(got, reference.beam_search(model, src, **kwargs), kwargs)
+    got = greedy_search(model, src, 1.0, 6, compile_step=True, compile_backend=backend)
+    same_tokens(got, reference.greedy_search(model, src, 1.0, 6), "greedy")
+
+
+def test_compiled_search_equals_reference_on_a_trained_model(trained_model):  # noqa: F811
+    src, _, _ = batch(reversal_pairs(6, seed=7))
+    backend = AOT_EAGER
+    for beam in (4, 5):
+        kwargs = {"beam_size": beam, "max_len_b": 5}
+        got = beam_search(trained_model, src, compile_step=True, compile_backend=backend,
+                          **kwargs)
+        same_tokens(got, reference.beam_search(trained_model, src, **kwargs), kwargs)
+
+
+def test_compiled_graphs_bounded_by_buckets(monkeypatch):
+    """Batches of varying sentence and source lengths: one graph per (rows, capacity, source
+    length) bucket used, however many steps and batches; a second pass compiles nothing."""
+    model = tiny_model(seed=22, vocab=30)
+    backend = CountGraphs()
+    buckets: set[tuple[int, int, int]] = set()
+    steps = []
+    set_step = StaticDecoderCache.set_step
+
+    def noting(cache, last, t, max_len):
+        set_step(cache, last, t, max_len)
+        buckets.add((cache.rows, cache.capacity, cache.cross_attn_mask.size(-1)))
+        steps.append(t)
+
+    monkeypatch.setattr(StaticDecoderCache, "set_step", noting)
+    batches = [random_sources([3, 5], seed=1), random_sources([18, 17], seed=2)]
+    for src in batches:
+        beam_search(model, src, beam_size=2, max_len_b=6, compile_step=True,
+                    compile_backend=backend)
+    assert {c for _, c, _ in buckets} == {16, 32}  # two capacities, two source lengths
+    assert backend.graphs == len(buckets) < len(steps)
+    for src in batches:
+        beam_search(model, src, beam_size=2, max_len_b=6, compile_step=True,
+                    compile_backend=backend)
+    assert backend.graphs == len(buckets)
+
+
+def test_compile_values():
+    assert resolve_compile("auto", "cpu") is False
+    assert resolve_compile(None, "cuda") is True
+    assert resolve_compile("True", "cpu") is True
+    assert resolve_compile(False, "cuda") is False
+    with pytest.raises(ValueError, match="compile='sometimes'"):
+        resolve_compile("sometimes", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_search_with_cuda_graphs_equals_eager():
+    """reduce-overhead (a CUDA graph per bucket) on the GPU: the eager search's tokens."""
+    model = tiny_model(seed=23, vocab=30).cuda()
+    src = random_sources([7, 2, 12, 5, 9, 4, 3], seed=8).cuda()
+    for beam in (1, 4):
+        kwargs = {"max_len_b": 6}
+        if beam == 1:
+            want = greedy_search(model, src, 1.0, 6)
+            got = greedy_search(model, src, 1.0, 6, compile_step=True)
+        else:
+            want = beam_search(model, src, beam_size=beam, **kwargs)
+            got = beam_search(model, src, beam_size=beam, compile_step=True, **kwargs)
+        same_tokens(got, want, f"beam {beam}")
