@@ -363,11 +363,12 @@ class DecodeConfig:
     >= 1, or ``auto``: 8 on CUDA (the search stays on the device in between, finished
     sentences masked), 1 elsewhere (a finished sentence leaves the batch at once). The
     translations do not depend on it (docs/model.md, "Beam search on the device")."""
-    compile: str = "auto"
+    compile: str = "false"
     """Run the decoder step compiled over a static cache of bucketed shapes: ``true``,
-    ``false``, or ``auto``: on CUDA only (``torch.compile`` mode ``reduce-overhead``, a CUDA
-    graph per bucket); on a CPU compiling costs more than it saves. The same translations
-    either way (docs/model.md, "Compiled decoding step")."""
+    ``false`` (the default until a GPU has measured it), or ``auto``: on CUDA only
+    (``torch.compile`` mode ``reduce-overhead``, a CUDA graph per bucket); on a CPU compiling
+    costs more than it saves. The same translations either way (docs/model.md, "Compiled
+    decoding step")."""
     max_tokens: int = 8000
     """Source tokens per decoding batch."""
     max_input_tokens: int = 1000
