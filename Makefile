@@ -77,10 +77,10 @@ smoke: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests/unit
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 data: $(STAMP)
 	$(BIN)/nmt-prepare experiment=$(EXP) $(ARGS)

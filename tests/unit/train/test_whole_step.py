@@ -420,12 +420,6 @@ def _assert_ranks_agree(ranks: list[dict]) -> None:
     assert repr(a["figures"]) == repr(b["figures"]) and a["changed"] == b["changed"]
 
 
-TWO_RANKS = pytest.mark.xdist_group("whole_step_two_ranks")
-"""The tests of the ``two_ranks`` fixture run in one pytest-xdist worker (``--dist
-loadgroup``), so that its ranks are spawned once, not once per worker."""
-
-
-@TWO_RANKS
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_two_ranks_take_the_step_of_one_process_with_both_micro_batches(
         packed_batches, two_ranks, tmp_path, backend):
@@ -458,7 +452,6 @@ def test_two_ranks_take_the_step_of_one_process_with_both_micro_batches(
                                    atol=1e-9)
 
 
-@TWO_RANKS
 def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_both(two_ranks):
     """Rank 1's loss is NaN in step 2 of 3: both ranks leave their parameters and Adam state
     as they were in that step, count it skipped, and stay identical."""
@@ -469,7 +462,6 @@ def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_both(two_ranks):
         assert [f["stepped"] for f in r["figures"]] == [True, False, True]
 
 
-@TWO_RANKS
 def test_bf16_compression_sends_the_gradients_in_bf16_and_the_sums_in_float32(two_ranks):
     """grad_compression bf16 on two ranks: per step the counts and flags (float64), the
     gradients (bf16) and the loss and NLL sums (float32) are all-reduced; both ranks stay
