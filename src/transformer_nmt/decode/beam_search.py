@@ -89,6 +89,7 @@ from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, LenpenForm, Stopping
 from transformer_nmt.decode.compiled_step import StaticStep, resolve_compile
+from transformer_nmt.decode.sync import Reads, resolve_sync_every
 
 
 class NonFiniteScoresError(ValueError):
@@ -185,31 +186,6 @@ def _best_possible_score(
     return log_prob / lp_long.clamp(min=lp_short)
 
 
-SYNC_EVERY_CUDA = 8
-"""``decode.sync_every=auto`` on a CUDA device: the host reads the finished flags once every 8
-decoding steps (1 elsewhere, where the extra steps of finished sentences cost real compute)."""
-
-
-def resolve_sync_every(value: int | str | None, device: torch.device | str) -> int:
-    """Decoding steps between two host reads of the finished flags (``decode.sync_every``).
-
-    Args:
-        value: an int >= 1 (or its text), or ``auto``/None: :data:`SYNC_EVERY_CUDA` on a CUDA
-            device, 1 elsewhere.
-        device: where the search runs.
-
-    Raises:
-        ValueError: anything else (names the value).
-    """
-    if value is None or str(value).strip().lower() == "auto":
-        return SYNC_EVERY_CUDA if torch.device(device).type == "cuda" else 1
-    text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
-        raise ValueError(f"sync_every={value!r} must be auto or a whole number >= 1 (decoding "
-                         "steps between two host reads of the finished flags)")
-    return int(text)
-
-
 def _non_finite_error(t: int) -> NonFiniteScoresError:
     return NonFiniteScoresError(
         f"the model gave NaN or infinite logits at output position {t + 1} (NaN or inf "
@@ -285,28 +261,6 @@ def next_token_log_probs(
     return lprobs
 
 
-class _Reads:
-    """The host's view of the search between two reads of the device: which sentences may
-    still be active (a superset of the truly active ones), their length limits, and the
-    step of the next read."""
-
-    def __init__(self, max_len: list[int], sync_every: int) -> None:
-        self.max_len = max_len  # per original sentence
-        self.sync_every = sync_every
-        self.sentences = list(range(len(max_len)))  # original index of each active row
-        self.limits = set(max_len)
-
-    def keep(self, rows: list[int]) -> None:
-        """Only the active rows ``rows`` (indices into :attr:`sentences`) go on."""
-        self.sentences = [self.sentences[i] for i in rows]
-        self.limits = {self.max_len[i] for i in self.sentences}
-
-    def due(self, t: int) -> bool:
-        """Read after step ``t``: every ``sync_every`` steps, and at the last step any active
-        sentence may take (all are finished then)."""
-        return (t + 1) % self.sync_every == 0 or t >= max(self.limits)
-
-
 def _read_flags(active: Tensor, bad_step: Tensor) -> list[int]:
     """The one host read between steps: the active flags (A,) and the first step with
     non-finite scores; raises :class:`NonFiniteScoresError` when there is one. Returns the
@@ -323,6 +277,58 @@ def _note_non_finite(bad: Tensor, active: Tensor, bad_step: Tensor, t: int) -> T
     width = bad.numel() // active.numel()
     hit = (bad.view(-1, width).any(1) & active).any()
     return torch.where(hit & bad_step.lt(0), t, bad_step)
+
+
+def _check_arguments(src_tokens: Tensor, beam_size: int, nbest: int, lenpen_form: str,
+                     stopping: str) -> None:
+    """Raise ValueError for a non-2D input or a bad ``beam_size``, ``nbest``, ``lenpen_form``
+    or ``stopping`` (:func:`beam_search`'s arguments)."""
+    if src_tokens.dim() != 2:
+        raise ValueError(f"src_tokens must be (B, S), got shape {tuple(src_tokens.shape)}")
+    if beam_size < 1:
+        raise ValueError(f"beam_size={beam_size} must be >= 1")
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest={nbest} must be in [1, beam_size={beam_size}]")
+    if lenpen_form not in LENPEN_FORMS:
+        raise ValueError(f"lenpen_form={lenpen_form!r} is not one of {list(LENPEN_FORMS)}")
+    if stopping not in STOPPING_RULES:
+        raise ValueError(f"stopping={stopping!r} is not one of {list(STOPPING_RULES)}")
+
+
+def _merge_finished(fin_f: Tensor, fin_i: Tensor, cand_scores: Tensor, cand_beams: Tensor,
+                    is_eos: Tensor, t: int, top_k: int, lp_now: float) -> tuple[Tensor, Tensor]:
+    """Each sentence's finished n-best after step ``t``: the candidates among its best
+    ``top_k`` that end in ``eos`` (score ``log-prob / lp_now``) merged into ``fin_f`` (A, n, 2)
+    (score, log-prob) / ``fin_i`` (A, n, 2) (steps, beam) by a stable sort, so that a newcomer
+    with an equal score goes after the hypotheses already there. ``cand_*``, ``is_eos``:
+    (A, C) sorted best first. Returns the new (A, n, 2) pair."""
+    n_keep = fin_f.size(1)
+    fin_scores = cand_scores[:, :top_k] / lp_now  # (A, K)
+    fin = is_eos[:, :top_k] & torch.isfinite(fin_scores)  # (A, K)
+    new_f = torch.stack([fin_scores.masked_fill(~fin, -math.inf), cand_scores[:, :top_k]], 2)
+    new_i = torch.stack([torch.full_like(cand_beams[:, :top_k], t), cand_beams[:, :top_k]], 2)
+    all_f, all_i = torch.cat([fin_f, new_f], 1), torch.cat([fin_i, new_i], 1)  # (A, n+K, 2)
+    order = all_f[:, :, 0].sort(dim=1, descending=True, stable=True).indices[:, :n_keep]
+    order = order.unsqueeze(2).expand(-1, -1, 2)  # (A, n, 2)
+    return all_f.gather(1, order), all_i.gather(1, order)
+
+
+def _next_beams(cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor, is_eos: Tensor,
+                k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The next beam of each sentence: its best ``k`` candidates that do not end in ``eos``
+    (``cand_*``, ``is_eos``: (A, C) sorted best first; fewer than ``k`` candidates, a tiny
+    vocabulary at the first step, are padded with dead beams). Returns (A, K) scores, beams
+    extended and tokens."""
+    n_act, n_cand = cand_scores.shape
+    live_scores = cand_scores.masked_fill(is_eos, -math.inf)  # (A, C)
+    if n_cand < k:
+        pad = torch.full((n_act, k - n_cand), -math.inf, device=cand_scores.device)
+        live_scores = torch.cat([live_scores, pad], dim=1)  # (A, K')
+        cand_beams = torch.cat([cand_beams, cand_beams.new_zeros(n_act, k - n_cand)], 1)
+        cand_tokens = torch.cat([cand_tokens, cand_tokens.new_full((n_act, k - n_cand), EOS_ID)],
+                                1)
+    new_scores, sel = live_scores.topk(k, dim=1)  # (A, K), (A, K)
+    return new_scores, cand_beams.gather(1, sel), cand_tokens.gather(1, sel)
 
 
 @torch.inference_mode()
@@ -380,16 +386,7 @@ def beam_search(
             or a non-2D input.
         NonFiniteScoresError: NaN or infinite logits.
     """
-    if src_tokens.dim() != 2:
-        raise ValueError(f"src_tokens must be (B, S), got shape {tuple(src_tokens.shape)}")
-    if beam_size < 1:
-        raise ValueError(f"beam_size={beam_size} must be >= 1")
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest={nbest} must be in [1, beam_size={beam_size}]")
-    if lenpen_form not in LENPEN_FORMS:
-        raise ValueError(f"lenpen_form={lenpen_form!r} is not one of {list(LENPEN_FORMS)}")
-    if stopping not in STOPPING_RULES:
-        raise ValueError(f"stopping={stopping!r} is not one of {list(STOPPING_RULES)}")
+    _check_arguments(src_tokens, beam_size, nbest, lenpen_form, stopping)
     every = resolve_sync_every(sync_every, src_tokens.device)
     compiled = resolve_compile(compile_step, src_tokens.device)
     bsz = src_tokens.size(0)
@@ -403,7 +400,7 @@ def beam_search(
 
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
-    host = _Reads(max_len.tolist(), every)
+    host = Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
     static = (StaticStep(model, memory, src_mask, k, steps, compile_backend)
               if compiled else None)
@@ -450,29 +447,13 @@ def beam_search(
         # --- finished hypotheses: eos among the top K, merged into the sentence's n-best by a
         # stable sort (an equal newcomer goes after the hypotheses already there)
         lp_now = length_penalty(float(t + 1), lenpen, lenpen_form)
-        top_k = min(k, n_cand)
-        fin_scores = cand_scores[:, :top_k] / lp_now  # (A, K)
-        fin = is_eos[:, :top_k] & torch.isfinite(fin_scores)  # (A, K)
-        new_f = torch.stack([fin_scores.masked_fill(~fin, -math.inf), cand_scores[:, :top_k]], 2)
-        new_i = torch.stack([torch.full_like(cand_beams[:, :top_k], t), cand_beams[:, :top_k]], 2)
-        all_f, all_i = torch.cat([fin_f, new_f], 1), torch.cat([fin_i, new_i], 1)  # (A, n+K, 2)
-        order = all_f[:, :, 0].sort(dim=1, descending=True, stable=True).indices[:, :n_keep]
-        order = order.unsqueeze(2).expand(-1, -1, 2)  # (A, n, 2)
-        fin_f, fin_i = all_f.gather(1, order), all_i.gather(1, order)
+        fin_f, fin_i = _merge_finished(fin_f, fin_i, cand_scores, cand_beams, is_eos, t,
+                                       min(k, n_cand), lp_now)
         thresholds = fin_f[:, -1, 0]  # (A,) n-th best finished, -inf while fewer
 
         # --- next beam: the best K candidates that do not end in eos
-        live_scores = cand_scores.masked_fill(is_eos, -math.inf)  # (A, C)
-        if n_cand < k:  # tiny vocabulary at the first step: pad with dead beams
-            pad = torch.full((n_act, k - n_cand), -math.inf, device=device)
-            live_scores = torch.cat([live_scores, pad], dim=1)  # (A, K')
-            cand_beams = torch.cat([cand_beams, cand_beams.new_zeros(n_act, k - n_cand)], 1)
-            cand_tokens = torch.cat(
-                [cand_tokens, cand_tokens.new_full((n_act, k - n_cand), EOS_ID)], 1
-            )
-        new_scores, sel = live_scores.topk(k, dim=1)  # (A, K), (A, K)
-        new_beams = cand_beams.gather(1, sel)  # (A, K)
-        new_tokens = cand_tokens.gather(1, sel)  # (A, K)
+        new_scores, new_beams, new_tokens = _next_beams(cand_scores, cand_beams, cand_tokens,
+                                                        is_eos, k)  # (A, K) each
         step_hist = torch.stack([new_tokens, new_beams], 2)  # (A, K, 2)
         if n_act == bsz:
             hist[t].copy_(step_hist)
@@ -586,7 +567,7 @@ def greedy_search(
     device = src_tokens.device
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
-    host = _Reads(max_len.tolist(), every)
+    host = Reads(max_len.tolist(), every)
     steps = max(host.max_len) + 1
     static = (StaticStep(model, memory, src_mask, 1, steps, compile_backend)
               if compiled else None)
