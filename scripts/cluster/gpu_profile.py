@@ -174,7 +174,7 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.pad = 8 if device.type == "cuda" else 1
         self.whole = None
-        self.shape: tuple[int, int] | None = None
+        self.whole_args = None
         if cuda_graphs:
             if not packing:
                 raise ValueError("--cuda-graphs needs --packing (one static batch shape)")
@@ -184,7 +184,7 @@ class Trainer:
             self.autocast = lambda: autocast_context(cfg.trainer.precision, device)
 
     def step(self, batch) -> torch.Tensor:
-        if getattr(self, "whole_args", None) is not None:
+        if self.whole_args is not None:
             if self.whole is None:  # the run's one shape is the first batch's
                 self.whole = WholeStep(*self.whole_args, tuple(batch.src_tokens.shape),
                                        self.device, self.autocast, compile=True,
