@@ -25,12 +25,21 @@ machine's Python) and ``multi30k/`` (the Multi30k files as the official mirror n
    stopped at its time limit still returns what finished. Configurations that would start
    after ``--budget-s`` seconds are listed as not run.
 
+Compiling, not stepping, takes most of a configuration's time (3 graphs of 20-40 s each on an
+H200). So before the timed part (``--prewarm N``) every configuration runs once, untimed, N at
+a time within the GPU's memory, filling Inductor's on-disk cache (``<work>/inductor``) that the
+timed runs then read; the decoding part's model trains (eager) and the ``--checks`` of
+``gpu_check.py`` run beside them. Nothing is timed while anything else runs: the prewarm phase
+ends, its stragglers stopped, at ``--prewarm-s`` seconds. ``--work`` keeps the data, the cache
+and every configuration's own files (``gpu_profile.json``, logs) in one folder, so that a second
+call on the same machine (``--only`` the rest) starts warm; ``<out>`` holds the report alone.
+
 ``--smoke`` is the CPU path (the test suite runs it): a tiny model, ``aot_eager``, a few
 hundred training pairs, the base size on padded batches (every part of gpu_profile.py), on
 packed ones and on packed ones as one compiled step.
 
     make device-bundle                                   # here: device_bundle/
-    python scripts/cluster/device_measure.py --bundle device_bundle --out $OUT   # on the GPU
+    python scripts/cluster/device_measure.py --bundle device_bundle --work /tmp/dm --out $OUT
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,8 +72,16 @@ PARTS = ("step", "decode")
 DECODE_STEPS = 300
 """Training steps of the model the decoding part decodes (a few hundred: its outputs are
 sentences of realistic length, not yet good translations)."""
-DECODE_RESERVE_S = 150.0
-"""Seconds of ``--budget-s`` that the step configurations leave for the decoding part."""
+DECODE_RESERVE_S = 90.0
+"""Seconds of ``--budget-s`` that the step configurations leave for the decoding part (its
+model trained beside the prewarm; without it, the training's time comes out of this too)."""
+CHECKS = ("graphs_eager", "compile_eager", "fp16", "resume_curve")
+"""``gpu_check.py`` checks run during the prewarm phase, in this order: correctness, not speed
+(their figures of time are not quoted); the DDP checks need two GPUs."""
+GRAPH_MEMORY_FACTOR = 1.5
+"""Memory of a graphed configuration against the padded one at the same tokens (the CUDA
+graph's own pool); other configurations are counted at 1.2: an estimate for scheduling the
+prewarm, not a measurement."""
 
 
 def install_wheels(wheels: Path, target: Path) -> list[str]:
@@ -135,30 +153,38 @@ def decode_commands(tmp: Path, data_root: Path, out: Path, smoke: bool
                   "--repeats", "1", "--threads", "1", "--max-len-a", "0", "--max-len-b", "6"]
     else:
         train += ["model=base", f"trainer.max_steps={DECODE_STEPS}", "trainer.precision=bf16",
-                  "trainer.max_tokens=8192"]
+                  "trainer.max_tokens=8192", "trainer.compile=false"]  # no graphs to build
         bench += ["--size", "base", "--device", "cuda", "--precision", "bf16",
-                  "--sentences", "1000", "--repeats", "3", "--threads", "8"]
+                  "--sentences", "1000", "--repeats", "2", "--threads", "8"]
     return train, bench
+
+
+def last_checkpoint(run: Path) -> Path | None:
+    """The numbered checkpoint of ``run`` with the most steps, or None."""
+    found = [f for f in (run / "checkpoints").glob("checkpoint_*.pt")
+             if f.stem.rsplit("_", 1)[-1].isdigit()]
+    return max(found, key=lambda f: int(f.stem.rsplit("_", 1)[-1]), default=None)
 
 
 def run_decode(tmp: Path, data_root: Path, out: Path, env: dict[str, str], smoke: bool,
                timeout: float) -> dict:
-    """Train the model and decode with both toolkits: per toolkit its sentences/s, target
-    tokens/s, BLEU and share of outputs identical to ours, or why it did not run."""
+    """Train the model (unless a checkpoint is in ``tmp/run`` already: the prewarm phase
+    trained it) and decode with both toolkits: per toolkit its sentences/s, target tokens/s,
+    BLEU and share of outputs identical to ours, or why it did not run. The bench's own files
+    go to ``out``."""
     train, bench = decode_commands(tmp, data_root, out, smoke)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(train, env=env, cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout)
-        if proc.returncode != 0:
-            return {"status": f"training exit {proc.returncode}",
-                    "stderr_tail": proc.stderr[-1500:]}
-        found = sorted((f for f in (tmp / "run" / "checkpoints").glob("checkpoint_*.pt")
-                        if f.stem.rsplit("_", 1)[-1].isdigit()),
-                       key=lambda f: int(f.stem.rsplit("_", 1)[-1]))
-        if not found:
+        if last_checkpoint(tmp / "run") is None:
+            proc = subprocess.run(train, env=env, cwd=REPO, capture_output=True, text=True,
+                                  timeout=timeout)
+            if proc.returncode != 0:
+                return {"status": f"training exit {proc.returncode}",
+                        "stderr_tail": proc.stderr[-1500:]}
+        checkpoint = last_checkpoint(tmp / "run")
+        if checkpoint is None:
             return {"status": "training wrote no checkpoint"}
-        bench = [str(found[-1]) if a == "{checkpoint}" else a for a in bench]
+        bench = [str(checkpoint) if a == "{checkpoint}" else a for a in bench]
         left = timeout - (time.monotonic() - t0)
         proc = subprocess.run(bench, env=env, cwd=REPO, capture_output=True, text=True,
                               timeout=max(left, 1.0))
@@ -170,8 +196,111 @@ def run_decode(tmp: Path, data_root: Path, out: Path, env: dict[str, str], smoke
     toolkits = json.loads(results.read_text())["toolkits"]
     keys = ("sentences_per_s", "target_tokens_per_s", "bleu", "same_as_ours", "peak_gpu_mib")
     return {"status": "ran", "seconds": round(time.monotonic() - t0, 1),
-            "checkpoint_steps": int(found[-1].stem.rsplit("_", 1)[-1]),
+            "checkpoint_steps": int(checkpoint.stem.rsplit("_", 1)[-1]),
             "toolkits": {name: {k: r.get(k) for k in keys} for name, r in toolkits.items()}}
+
+
+class Job:
+    """One command of the prewarm phase, run in its own process group (so that stopping it
+    stops its compile workers too), its output to ``log``; ``gib``: the GPU memory it is
+    expected to hold."""
+
+    def __init__(self, name: str, cmd: list[str], log: Path, env: dict[str, str],
+                 gib: float = 0.0):
+        self.name, self.cmd, self.log, self.env, self.gib = name, cmd, log, env, gib
+        self.proc: subprocess.Popen | None = None
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as f:
+            self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=self.env, stdout=f,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.t0 = time.monotonic()
+
+    def stop(self) -> None:
+        """Kill the job's whole process group and wait for it."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def seconds(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
+
+
+def run_concurrently(jobs: list[Job], chain: list[Job], slots: int, memory_gib: float,
+                     deadline: float, poll_s: float = 0.2) -> dict[str, dict]:
+    """Run ``jobs`` at most ``slots`` at a time and ``chain`` one after another beside them,
+    never starting one whose ``gib`` would take the running jobs' sum over ``memory_gib``
+    (unless nothing else runs); at ``deadline`` (``time.monotonic()``) stop what still runs.
+    Returns each job's ``{"status", "seconds"}``: ran, exit N, stopped at the deadline, or not
+    started."""
+    pending, queue, running = list(jobs), list(chain), []
+    result: dict[str, dict] = {}
+
+    def used() -> float:
+        return sum(j.gib for j in running)
+
+    try:
+        while pending or queue or running:
+            if time.monotonic() >= deadline:
+                break
+            for job in list(pending):
+                if sum(j not in chain for j in running) >= slots:
+                    break
+                if running and used() + job.gib > memory_gib:
+                    continue
+                pending.remove(job)
+                job.start()
+                running.append(job)
+            if queue and not any(j in chain for j in running) and (
+                    not running or used() + queue[0].gib <= memory_gib):
+                running.append(queue.pop(0))
+                running[-1].start()
+            time.sleep(poll_s)
+            for job in [j for j in running if j.proc.poll() is not None]:
+                running.remove(job)
+                rc = job.proc.returncode
+                result[job.name] = {"status": "ran" if rc == 0 else f"exit {rc}",
+                                    "seconds": job.seconds()}
+    finally:
+        for job in running:
+            job.stop()
+            result[job.name] = {"status": "stopped at the deadline", "seconds": job.seconds()}
+    for job in pending + queue:
+        result[job.name] = {"status": "not started (deadline)", "seconds": 0.0}
+    return result
+
+
+def memory_gib(size: str, tokens: int, batch: str) -> float:
+    """GPU memory a configuration is expected to hold, GiB: ``train.batch_size``'s measured
+    fit times :data:`GRAPH_MEMORY_FACTOR` (graphed) or 1.2 (an estimate with headroom)."""
+    from transformer_nmt.train.batch_size import FIXED_GIB, GIB_PER_1K_TOKENS
+
+    fit = FIXED_GIB[size] + GIB_PER_1K_TOKENS[size] * tokens / 1000
+    return fit * (GRAPH_MEMORY_FACTOR if batch == "graphed" else 1.2)
+
+
+def check_command(key: str, work: Path, smoke: bool) -> list[str]:
+    """``gpu_check.py --only key`` with its runs in ``work/gpu_check`` and its report
+    ``work/gpu_check/<key>.json``."""
+    cmd = [sys.executable, str(REPO / "scripts" / "cluster" / "gpu_check.py"), "--only", key,
+           "--work", str(work / "gpu_check"), "--out", str(work / "gpu_check" / key)]
+    return cmd + (["--smoke"] if smoke else [])
+
+
+def check_outcome(key: str, work: Path, job_status: str) -> dict:
+    """The check's status, note and figures from its report, or the job's status."""
+    report = work / "gpu_check" / f"{key}.json"
+    if not report.is_file():
+        return {"status": job_status}
+    ran = [c for c in json.loads(report.read_text())["checks"]
+           if c["note"] != "not run (--only)"]
+    entry = ran[0] if ran else {"status": job_status}
+    return {k: entry.get(k) for k in ("name", "status", "note", "figures")}
 
 
 def summary_row(name: str, entry: dict) -> str:
@@ -201,6 +330,14 @@ def write_report(out: Path, report: dict) -> None:
             rows += [f"| {name} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:,.0f} "
                      f"| {r['bleu']:.2f} | {r['same_as_ours']:.3f} |"
                      for name, r in decode["toolkits"].items()]
+    if report.get("checks"):
+        rows += ["", "gpu_check.py, run during the prewarm phase:", "",
+                 "| check | status | note |", "|---|---|---|"]
+        rows += [f"| {key} | {c['status']} | {c.get('note') or ''} |"
+                 for key, c in report["checks"].items()]
+    if report.get("prewarm"):
+        rows += ["", "prewarm phase (untimed): " + ", ".join(
+            f"{name} {e['status']} ({e['seconds']} s)" for name, e in report["prewarm"].items())]
     for name, text in (("device_measure.json", json.dumps(report, indent=1)),
                        ("device_measure.md", "\n".join(rows) + "\n")):
         tmp = out / f".{name}.tmp"
@@ -209,7 +346,8 @@ def write_report(out: Path, report: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Install, prepare, run the plan and the decoding part; 0 when everything ran, else 1."""
+    """Install, prepare, prewarm, run the plan and the decoding part; 0 when everything ran,
+    else 1."""
     if not args.smoke:
         import torch
 
@@ -231,14 +369,25 @@ def run(args: argparse.Namespace) -> int:
     report: dict = {"command": " ".join(sys.argv), "configurations": {
         f"{s}-{t}-{b}": {"status": "not run"} for s, t, b in plan}}
     with tempfile.TemporaryDirectory(prefix="device_measure_") as tmp:
-        site, data_root = Path(tmp) / "site", Path(tmp) / "data"
+        work = Path(args.work) if args.work else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        site, data_root = work / "site", work / "data"
         report["installed"] = install_wheels(bundle / "wheels", site)
+        sys.path[:0] = [str(site), str(REPO / "src")]  # memory_gib's import
         env = child_env(site)
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor")  # the prewarm's, read later
+        env["NMT_MULTI30K_MIRROR"] = str(mirror)
         if args.smoke:  # the CPU path: one thread per child, as the test suite runs
             env["OMP_NUM_THREADS"] = "1"
         prepare(data_root, mirror, env, args.smoke)
         report["prepare_s"] = round(time.monotonic() - start, 1)
         write_report(out, report)
+        if args.prewarm > 0 and (plan or args.checks or "decode" in args.parts):
+            report["prewarm"] = prewarm(plan, args, work, data_root, env, out, start)
+            print(f"prewarm: {json.dumps(report['prewarm'])}", flush=True)
+            report["checks"] = {key: check_outcome(key, work, report["prewarm"].get(
+                f"check {key}", {}).get("status", "not run")) for key in args.checks}
+            write_report(out, report)
         for size, tokens, batch in plan:
             name = f"{size}-{tokens}-{batch}"
             entry = report["configurations"][name]
@@ -246,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
             if left < args.min_config_s:
                 entry["status"] = f"not run: {args.budget_s} s budget spent"
                 continue
-            folder = out / name
+            folder = work / "profiles" / name
             cmd = profile_command(size, tokens, batch, folder, data_root, args.smoke)
             t0 = time.monotonic()
             try:
@@ -269,7 +418,7 @@ def run(args: argparse.Namespace) -> int:
             write_report(out, report)
         if "decode" in args.parts:
             left = args.budget_s - (time.monotonic() - start)
-            report["decode"] = (run_decode(Path(tmp), data_root, out, env, args.smoke, left)
+            report["decode"] = (run_decode(work, data_root, work, env, args.smoke, left)
                                 if left >= args.min_config_s else
                                 {"status": f"not run: {args.budget_s} s budget spent"})
             print(f"decode: {report['decode']['status']}", flush=True)
@@ -278,9 +427,38 @@ def run(args: argparse.Namespace) -> int:
     write_report(out, report)
     print((out / "device_measure.md").read_text())
     statuses = [e["status"] for e in report["configurations"].values()]
+    statuses += [c["status"] for c in report.get("checks", {}).values()]
     if "decode" in report:
         statuses.append(report["decode"]["status"])
-    return 0 if all(x == "ran" for x in statuses) else 1
+    return 0 if all(x in ("ran", "passed") for x in statuses) else 1
+
+
+def prewarm(plan: list[tuple[str, int, str]], args: argparse.Namespace, work: Path,
+            data_root: Path, env: dict[str, str], out: Path, start: float) -> dict:
+    """The untimed phase: every configuration of ``plan`` once (``args.prewarm`` at a time,
+    within the GPU's memory) to fill Inductor's cache, beside them the decoding part's model
+    trained and ``args.checks`` one after another; everything still running at
+    ``args.prewarm_s`` seconds after ``start`` is stopped. Each job's status and seconds."""
+    jobs = []
+    if "decode" in args.parts:
+        train, _ = decode_commands(work, data_root, work, args.smoke)
+        jobs.append(Job("decode training", train, work / "logs" / "decode_train.log", env,
+                        gib=0.0 if args.smoke else 8.0))
+    for size, tokens, batch in plan:
+        name = f"{size}-{tokens}-{batch}"
+        cmd = profile_command(size, tokens, batch, work / "prewarm" / name, data_root,
+                              args.smoke)
+        jobs.append(Job(name, cmd, work / "logs" / f"prewarm_{name}.log", env,
+                        gib=0.0 if args.smoke else memory_gib(size, tokens, batch)))
+    chain = [Job(f"check {key}", check_command(key, work, args.smoke),
+                 work / "logs" / f"check_{key}.log", env, gib=0.0 if args.smoke else 10.0)
+             for key in args.checks]
+    memory = float("inf")
+    if not args.smoke:
+        import torch
+
+        memory = torch.cuda.get_device_properties(0).total_memory / 2**30 * 0.85
+    return run_concurrently(jobs, chain, args.prewarm, memory, start + args.prewarm_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,6 +475,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="step: the step configurations; decode: ours against Marian generate")
     p.add_argument("--only", nargs="+", default=None,
                    help="configurations to run, named <size>-<tokens>-<padded|packed|graphed>")
+    p.add_argument("--work", default=None,
+                   help="folder for the data, Inductor's cache, each configuration's files and "
+                        "logs (default: a temporary folder, removed at the end)")
+    p.add_argument("--prewarm", type=int, default=4,
+                   help="configurations compiled at a time before the timed part (0: none)")
+    p.add_argument("--prewarm-s", type=float, default=240.0,
+                   help="the prewarm phase stops what still runs this many seconds after the "
+                        "start")
+    p.add_argument("--checks", type=lambda v: [k for k in v.split(",") if k],
+                   default=list(CHECKS),
+                   help="comma-separated gpu_check.py keys run during the prewarm phase")
     p.add_argument("--smoke", action="store_true",
                    help="the CPU path: tiny model, small data, two configurations")
     args = p.parse_args(argv)

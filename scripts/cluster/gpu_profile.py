@@ -134,15 +134,31 @@ def batches_for(cfg, max_tokens: int, count: int, pad: int, longest: bool = Fals
                                 seed=1)
         rows, length = sampler.shape
         batches = [collate_packed([data[j] for j in b], rows=rows, length=length)
-                   for b in list(sampler)[:count]]
+                   for b in epochs(sampler, count)[:count]]
         return [b.pin_memory() for b in batches] if pin else batches
     sampler = LengthBucketSampler(data.src_sizes, data.tgt_sizes, max_tokens, shuffle=True,
                                   seed=1, pad_to_multiple=pad)
-    index = list(sampler)
+    index = list(sampler) if longest else epochs(sampler, count)
     if longest:
         index.sort(key=lambda b: -len(b) * max(int(data.tgt_sizes[j]) for j in b))
     batches = [collate([data[j] for j in b], pad_to_multiple=pad) for b in index[:count]]
     return [b.pin_memory() for b in batches] if pin else batches
+
+
+def epochs(sampler: LengthBucketSampler, count: int) -> list[list[int]]:
+    """The sampler's batches of epochs 0, 1, ... in the loop's order until there are at least
+    ``count`` (a large ``max_tokens`` on a small corpus gives few batches per epoch)."""
+    index: list[list[int]] = []
+    epoch = 0
+    while len(index) < count:
+        sampler.set_epoch(epoch)
+        got = list(sampler)
+        if not got:
+            break
+        index += got
+        epoch += 1
+    sampler.set_epoch(0)
+    return index
 
 
 class Trainer:

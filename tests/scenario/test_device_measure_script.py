@@ -6,8 +6,10 @@ the report is written; without a GPU or without the Multi30k files it says so in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -63,9 +65,10 @@ def test_the_plan_covers_both_sizes_budgets_and_batch_kinds():
     assert "--packing" not in padded and "--cuda-graphs" not in padded
 
 
-def _smoke(tmp_path: Path, mirror: Path, parts: str) -> tuple[dict, Path]:
-    """Run the CPU path with ``--parts parts`` from a bundle of the Multi30k files and a probe
-    wheel: (the report, the output folder)."""
+def _smoke(tmp_path: Path, mirror: Path, parts: str, *extra: str) -> tuple[dict, Path]:
+    """Run the CPU path with ``--parts parts`` (and ``extra`` arguments) from a bundle of the
+    Multi30k files and a probe wheel, its work folder ``tmp_path/work``: (the report, the
+    output folder)."""
     bundle = tmp_path / "bundle"
     (bundle / "multi30k").parent.mkdir(parents=True)
     (bundle / "multi30k").symlink_to(mirror)
@@ -73,15 +76,16 @@ def _smoke(tmp_path: Path, mirror: Path, parts: str) -> tuple[dict, Path]:
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--smoke", "--parts", parts, "--bundle", str(bundle),
-         "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600,
+         "--out", str(out), "--work", str(tmp_path / "work"), *extra], cwd=REPO,
+        capture_output=True, text=True, timeout=600,
         check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "device_measure.json").read_text()), out
 
 
 def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
-    report, out = _smoke(tmp_path, multi30k_mirror, "step")
-    assert "decode" not in report
+    report, out = _smoke(tmp_path, multi30k_mirror, "step", "--prewarm", "0")
+    assert "decode" not in report and "prewarm" not in report
     assert report["installed"] == ["measure_probe-0.1-py3-none-any.whl"]
     configs = report["configurations"]
     assert list(configs) == ["base-256-padded", "base-256-packed", "base-256-graphed"]
@@ -108,7 +112,9 @@ def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
     memory = padded["memory"]["rows"]
     assert [r["max_tokens"] for r in memory] == [256, 512]
     assert all(0 < r["padded_tokens"] <= r["max_tokens"] for r in memory)
-    profile_md = (out / "base-256-padded" / "gpu_profile.md").read_text()
+    assert sorted(f.name for f in out.iterdir()) == ["device_measure.json", "device_measure.md"]
+    profile_md = (tmp_path / "work" / "profiles" / "base-256-padded" / "gpu_profile.md"
+                  ).read_text()
     assert "| base | padded 256 |" in profile_md and "host time by op, base" in profile_md
     assert f"| `{padded['profile']['top_host_ops'][0][0]}` |" in profile_md
     markdown = (out / "device_measure.md").read_text()
@@ -117,8 +123,11 @@ def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
 
 def test_the_decoding_part_trains_a_model_and_times_ours_against_marian(tmp_path,
                                                                         multi30k_mirror):
-    report, out = _smoke(tmp_path, multi30k_mirror, "decode")
+    report, out = _smoke(tmp_path, multi30k_mirror, "decode", "--checks", "")
     assert list(report["configurations"]) == []  # the step part was not asked for
+    # the model trained in the untimed phase; the decoding part found its checkpoint
+    assert report["prewarm"] == {"decode training": {
+        "status": "ran", "seconds": report["prewarm"]["decode training"]["seconds"]}}
     decode = report["decode"]
     assert decode["status"] == "ran" and decode["checkpoint_steps"] == 10
     ours, marian = decode["toolkits"]["ours"], decode["toolkits"]["marian"]
@@ -134,3 +143,40 @@ def test_without_a_gpu_or_the_corpus_it_says_so_in_one_line(tmp_path):
                               check=False)
         assert proc.returncode == 2
         assert proc.stderr.startswith("error: no ") and proc.stderr.count("\n") == 1
+
+
+def _job(tmp_path: Path, name: str, seconds: float, gib: float = 0.0,
+         log: Path | None = None) -> device_measure.Job:
+    """A job that appends ``start <name>`` and ``end <name>`` to ``log`` around a sleep."""
+    log = log or tmp_path / "events"
+    code = (f"import time; open({str(log)!r}, 'a').write('start {name}\\n'); "
+            f"time.sleep({seconds}); open({str(log)!r}, 'a').write('end {name}\\n')")
+    return device_measure.Job(name, [sys.executable, "-c", code], tmp_path / f"{name}.log",
+                              dict(os.environ), gib=gib)
+
+
+def test_the_prewarm_phase_keeps_to_its_slots_memory_and_deadline(tmp_path):
+    events = tmp_path / "events"
+    jobs = [_job(tmp_path, "a", 0.5, gib=30), _job(tmp_path, "b", 0.5, gib=30),
+            _job(tmp_path, "c", 0.5, gib=30), _job(tmp_path, "d", 0.2, gib=5)]
+    chain = [_job(tmp_path, "x", 0.3, gib=5), _job(tmp_path, "y", 0.3, gib=5)]
+    result = device_measure.run_concurrently(jobs, chain, slots=3, memory_gib=70.0,
+                                             deadline=time.monotonic() + 60)
+    assert {k: v["status"] for k, v in result.items()} == dict.fromkeys("abcdxy", "ran")
+    running, most, gib = set(), 0, {"a": 30, "b": 30, "c": 30, "d": 5, "x": 5, "y": 5}
+    for line in events.read_text().split("\n")[:-1]:
+        what, name = line.split()
+        running.add(name) if what == "start" else running.discard(name)
+        assert sum(gib[n] for n in running) <= 70  # c waited for a or b
+        assert len(running & set("abcd")) <= 3 and len(running & set("xy")) <= 1
+        most = max(most, len(running))
+    assert most >= 3  # the jobs ran side by side
+    # at the deadline what runs is stopped (its process group killed), the rest not started
+    slow = [_job(tmp_path, "slow", 30), _job(tmp_path, "late", 0.1)]
+    t0 = time.monotonic()
+    result = device_measure.run_concurrently(slow, [], slots=1, memory_gib=1.0,
+                                             deadline=t0 + 1.0)
+    assert time.monotonic() - t0 < 10
+    assert result["slow"]["status"] == "stopped at the deadline"
+    assert result["late"] == {"status": "not started (deadline)", "seconds": 0.0}
+    assert "end slow" not in events.read_text()
