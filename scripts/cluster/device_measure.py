@@ -310,7 +310,8 @@ def summary_row(name: str, entry: dict) -> str:
     if not s:
         return f"| {name} | {entry['status']} | | | | | | |"
     mfu = f"{s['mfu']:.1%}" if s.get("mfu") else "-"
-    busy = f"{p['gpu_busy_share']:.1%}" if "gpu_busy_share" in p else "-"
+    busy = (f"{p['kernel_share_of_timed_step']:.1%}" if "kernel_share_of_timed_step" in p
+            else "-")
     top = ", ".join(f"`{op[:40]}` {ms}" for op, ms in (p.get("top_host_ops") or [])[:3])
     return (f"| {name} | {entry['status']} | {s['target_tokens_per_s']:,} | {mfu} | {busy} | "
             f"{p.get('host_ms_per_step', '-')} | {s.get('peak_allocated_gib', '-')} | {top} |")
@@ -318,8 +319,9 @@ def summary_row(name: str, entry: dict) -> str:
 
 def write_report(out: Path, report: dict) -> None:
     """``device_measure.json`` and ``.md`` in ``out`` (each written whole, then renamed)."""
-    rows = ["| configuration | status | target tok/s | MFU | GPU busy | host ms/step | "
-            "peak GiB | top host ops (ms/step) |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    rows = ["| configuration | status | target tok/s | MFU | kernel time / step | "
+            "host ms/step (profiled) | peak GiB | top host ops (ms/step) |",
+            "|---|---|---:|---:|---:|---:|---:|---|"]
     rows += [summary_row(name, entry) for name, entry in report["configurations"].items()]
     decode = report.get("decode")
     if decode:

@@ -278,6 +278,14 @@ PROFILER_WARMUP = 2
 """Steps the profiler runs before it records (its own start-up stays out of the figures)."""
 
 
+def device_kernels(events: list) -> list:
+    """The profiler's GPU kernels and copies: its events on the device, less the ranges that
+    ``record_function`` marks on the GPU's timeline (``ProfilerStep#N`` spans a whole step,
+    ``Optimizer.step#Adam.step`` the optimizer), which would count the step's time as busy."""
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+            and not getattr(e, "is_user_annotation", False)]
+
+
 def profile_steps(tr: Trainer, batches: list) -> dict:
     """Kernel time by kind and the GPU's idle share over ``batches`` (one step each; the
     first :data:`PROFILER_WARMUP` are run under the profiler but not recorded)."""
@@ -301,7 +309,7 @@ def profile_steps(tr: Trainer, batches: list) -> dict:
         wall_us = (time.perf_counter() - t0) * 1e6
     events = prof.events()
     if cuda:
-        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels = device_kernels(events)
         spans = [(e.time_range.start, e.time_range.end) for e in kernels]
         times = [(e.name, e.time_range.end - e.time_range.start) for e in kernels]
     else:  # the CPU: leaf aten ops by their own time
@@ -411,6 +419,9 @@ def run_size(size: str, args: argparse.Namespace, device: torch.device, result: 
     save()
     if "profile" in args.parts:
         result["profile"] = profile_steps(tr, batches[timed_end:])
+        # the profiler slows the host; the kernels' share of the step timed without it
+        result["profile"]["kernel_share_of_timed_step"] = round(
+            result["profile"]["kernel_ms_per_step"] / result["speed"]["ms_per_step"], 4)
         print(f"{size}: profile {json.dumps(result['profile']['share_by_kind'])}", flush=True)
         save()
     if "loss" in args.parts:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,6 +26,20 @@ def test_kernels_are_sorted_by_kind():
         == "optimizer"
     assert gpu_profile.kind_of("triton_red_fused__log_softmax_sum_3") == "loss"
     assert gpu_profile.kind_of("triton_per_fused_native_layer_norm_7") == "other"
+
+
+def test_ranges_marked_on_the_gpu_timeline_are_not_kernels():
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, device, annotation):
+        return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation)
+
+    events = [event("ProfilerStep#3", cuda, True), event("Optimizer.step#Adam.step", cuda, True),
+              event("nvjet_sm90_tst_128x128_64x6_4x2_h_bz_NNT", cuda, False),
+              event("Memcpy HtoD (Pinned -> Device)", cuda, False),
+              event("aten::mm", cpu, False), event("ProfilerStep#3", cpu, True)]
+    assert [e.name for e in gpu_profile.device_kernels(events)] == [
+        "nvjet_sm90_tst_128x128_64x6_4x2_h_bz_NNT", "Memcpy HtoD (Pinned -> Device)"]
 
 
 def test_busy_fraction_counts_overlapping_kernels_once():
