@@ -1,7 +1,9 @@
 # transformer-nmt: one entry point per pipeline stage.
 #   make install            venv + editable install with dev, export and cluster extras (CPU torch pinned unless torch is already there)
-#   make test               the whole test suite: unit tests and scenario tests (tests/scenario:
-#                           end to end, cluster simulations, reliability)
+#   make test               unit and scenario tests (tests/scenario: end to end, reliability),
+#                           all but the heavy tier: under 10 minutes on a 2-core CPU
+#   make test-heavy         the heavy tier (pytest -m heavy): GPU-machine scripts, the simulated
+#                           cluster and the sweeps, on the CPU; CI runs it after make test
 #   make test-fast          the unit tests only (tests/unit): about 1.5 minutes on a 2-core CPU
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make smoke              the whole default pipeline at smoke size (prepare, train, average,
@@ -9,7 +11,7 @@
 #   make all                the whole default job: train (data first), average, evaluate, table
 #                           (runs/results.md; the committed docs/results.md is rebuilt only when
 #                           asked: make table ARGS=table.output=docs/results.md)
-# test, test-fast, data, train, average, eval and table run `make install` first when the environment is
+# test, test-heavy, test-fast, data, train, average, eval and table run `make install` first when the environment is
 # missing or older than pyproject.toml (stamp file $(VENV)/.installed).
 #   make table3 EXP=wmt14_en_de_base [ARGS="hydra/launcher=slurm_torchrun ..."]   the paper's Table 3 sweep
 #   make table3-proxy       Table 3 at CPU scale on Multi30k (resumable; runs/table3_proxy/results.md
@@ -34,7 +36,7 @@ ARGS ?=
 # Multi30k is read from this local mirror when it exists (set it empty to download by URL).
 export NMT_MULTI30K_MIRROR ?= $(if $(wildcard ../shared/data/multi30k/train.en.gz),$(abspath ../shared/data/multi30k),)
 
-.PHONY: all install test test-fast data train average eval export table table3 table3-proxy plots lint clean bench-install bench gpu-check device-bundle
+.PHONY: all install test test-heavy test-fast data train average eval export table table3 table3-proxy plots lint clean bench-install bench gpu-check device-bundle
 
 # Benchmark environment: the peers are dependencies of the benchmarks only, never of the package.
 BENCH_VENV ?= .venv-bench
@@ -77,7 +79,10 @@ smoke: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not heavy" tests
+
+test-heavy: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m heavy tests
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit

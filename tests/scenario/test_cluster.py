@@ -38,7 +38,7 @@ from transformer_nmt.data.binarize import TokenDataset
 from transformer_nmt.fileio import bin_prefix
 from transformer_nmt.train.distributed import group_namespace
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 MICRO = [*TINY_MODEL, *TRAINER]
 

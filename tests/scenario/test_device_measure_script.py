@@ -83,6 +83,7 @@ def _smoke(tmp_path: Path, mirror: Path, parts: str, *extra: str) -> tuple[dict,
     return json.loads((out / "device_measure.json").read_text()), out
 
 
+@pytest.mark.heavy
 def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
     report, out = _smoke(tmp_path, multi30k_mirror, "step", "--prewarm", "0")
     assert "decode" not in report and "prewarm" not in report
@@ -121,6 +122,7 @@ def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
     assert "| base-256-padded | ran |" in markdown and "| base-256-packed | ran |" in markdown
 
 
+@pytest.mark.heavy
 def test_the_decoding_part_trains_a_model_and_times_ours_against_marian(tmp_path,
                                                                         multi30k_mirror):
     report, out = _smoke(tmp_path, multi30k_mirror, "decode", "--checks", "")

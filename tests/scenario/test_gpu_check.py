@@ -101,6 +101,7 @@ def test_without_cuda_every_gpu_part_is_skipped(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU stand-in")
+@pytest.mark.heavy
 def test_smoke_runs_every_command(tmp_path, multi30k_mirror):
     env = {**os.environ, "NMT_MULTI30K_MIRROR": str(multi30k_mirror), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out",

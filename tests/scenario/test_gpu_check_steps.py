@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.heavy  # make test-heavy, not make test (docs/ARCHITECTURE.md)
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts" / "cluster"))
 import gpu_step_checks  # noqa: E402  (found on the sys.path entry above)

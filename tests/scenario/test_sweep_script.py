@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.heavy  # make test-heavy, not make test (docs/ARCHITECTURE.md)
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench" / "sweep.py"
 

@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import TINY_MODEL
+
+pytestmark = pytest.mark.heavy  # make test-heavy, not make test (docs/ARCHITECTURE.md)
 
 BIN = Path(sys.executable).parent
 

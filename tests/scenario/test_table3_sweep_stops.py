@@ -12,9 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import TINY_MODEL
 
 from transformer_nmt.evaluate.report import build_report, load_results
+
+pytestmark = pytest.mark.heavy  # make test-heavy, not make test (docs/ARCHITECTURE.md)
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
