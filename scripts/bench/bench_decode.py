@@ -296,7 +296,8 @@ def worker(args) -> None:
 
 
 def profile_ours(args) -> None:
-    """torch.profiler over our beam search on the first ``args.profile`` sentences."""
+    """torch.profiler over our beam search on the first ``args.profile`` sentences (int8 when
+    ``--toolkits`` is ``ours_int8``)."""
     from torch.profiler import ProfilerActivity, profile
 
     from transformer_nmt.runtime import retain_freed_memory
@@ -304,6 +305,11 @@ def profile_ours(args) -> None:
     torch.set_num_threads(args.threads)
     retain_freed_memory()
     model, tokenizer = load(args)
+    if args.toolkits == "ours_int8":
+        from transformer_nmt.decode.quantize import quantize_int8
+
+        args.precision = "int8"
+        model = quantize_int8(model, args.checkpoint)
     lines = bc.read_lines(args.input)[: args.profile]
     decode_ours(model, tokenizer, lines[:8], args)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:

@@ -6,7 +6,9 @@ into PyTorch's dynamically quantized linear layer (``torch.ao.quantization.quant
 weights int8, symmetric, with one scale per output channel (per row of W); each product
 quantizes its input to 8 bits with a scale of its own (per tensor, from its range) and
 accumulates in int32 (fbgemm / oneDNN kernels on x86, QNNPACK on ARM). Embeddings, positional
-encodings, LayerNorms, softmax and the attention products stay float32. With tied embeddings
+encodings, LayerNorms, softmax and the attention products stay float32. The input's scale is
+one per call, so a sentence's int8 translation can depend on the other sentences of its batch
+(``decode.max_tokens``); fp32 does not (docs/benchmarks.md). With tied embeddings
 (``model.share_embeddings``) the pre-softmax projection gets an int8 copy of the embedding
 matrix; the embedding lookups keep the float32 table.
 
