@@ -2,8 +2,9 @@
 #   make install            venv + editable install with dev, export and cluster extras (CPU torch pinned unless torch is already there)
 #   make test               unit and scenario tests (tests/scenario: end to end, reliability),
 #                           all but the heavy tier: under 10 minutes on a 2-core CPU
-#   make test-heavy         the heavy tier (pytest -m heavy): GPU-machine scripts, the simulated
-#                           cluster and the sweeps, on the CPU; CI runs it after make test
+#   make test-heavy         the heavy tier (pytest -m heavy), on the CPU: the compiled, packed and
+#                           graphed GPU paths, GPU-machine scripts, the simulated cluster, the
+#                           sweeps; CI runs it after make test
 #   make test-fast          the unit tests only (tests/unit): about 1.5 minutes on a 2-core CPU
 #   make data|train|average|eval|table EXP=<experiment> ARGS="hydra.overrides=..."
 #   make smoke              the whole default pipeline at smoke size (prepare, train, average,

@@ -19,6 +19,8 @@ from transformer_nmt.decode.beam_search import beam_search, greedy_search
 from transformer_nmt.decode.compiled_step import resolve_compile
 from transformer_nmt.model.cache import BufferPool, StaticDecoderCache
 
+pytestmark = pytest.mark.heavy  # make test-heavy, not make test (docs/ARCHITECTURE.md)
+
 
 def test_static_cache_step_equals_growing_cache():
     """Several steps with beam reorders and a sentence leaving: the static cache's logits

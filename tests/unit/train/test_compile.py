@@ -12,6 +12,8 @@ from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.train import distributed
 from transformer_nmt.train.setup import wrap_model
 
+pytestmark = pytest.mark.heavy  # make test-heavy, not make test (docs/ARCHITECTURE.md)
+
 V = 23
 TINY = ModelConfig(
     name="test", encoder_layers=1, decoder_layers=1, d_model=16, d_ff=32, heads=2,

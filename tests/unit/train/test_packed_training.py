@@ -20,6 +20,8 @@ from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.train.loop import train
 from transformer_nmt.train.step import forward_backward
 
+pytestmark = pytest.mark.heavy  # make test-heavy, not make test (docs/ARCHITECTURE.md)
+
 TRAINER = [
     "model.dropout=0.1", "trainer.max_tokens=1024", "trainer.warmup_steps=10",
     "trainer.save_every_minutes=null", "trainer.log_every_steps=5", "trainer.num_workers=0",

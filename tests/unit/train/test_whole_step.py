@@ -32,6 +32,8 @@ from transformer_nmt.train.whole_step import WholeStep, adam_update
 from unit.train.test_host_bubble import HOST_READS, _same, _snapshot
 from unit.train.test_packed_training import TRAINER
 
+pytestmark = pytest.mark.heavy  # make test-heavy, not make test (docs/ARCHITECTURE.md)
+
 CPU = torch.device("cpu")
 V = 23
 
@@ -421,7 +423,6 @@ def _assert_ranks_agree(ranks: list[dict]) -> None:
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-@pytest.mark.heavy
 def test_two_ranks_take_the_step_of_one_process_with_both_micro_batches(
         packed_batches, two_ranks, tmp_path, backend):
     """Two gloo ranks, one micro-batch each, three whole steps (eager, and compiled with
@@ -453,7 +454,6 @@ def test_two_ranks_take_the_step_of_one_process_with_both_micro_batches(
                                    atol=1e-9)
 
 
-@pytest.mark.heavy
 def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_both(two_ranks):
     """Rank 1's loss is NaN in step 2 of 3: both ranks leave their parameters and Adam state
     as they were in that step, count it skipped, and stay identical."""
@@ -464,7 +464,6 @@ def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_both(two_ranks):
         assert [f["stepped"] for f in r["figures"]] == [True, False, True]
 
 
-@pytest.mark.heavy
 def test_bf16_compression_sends_the_gradients_in_bf16_and_the_sums_in_float32(two_ranks):
     """grad_compression bf16 on two ranks: per step the counts and flags (float64), the
     gradients (bf16) and the loss and NLL sums (float32) are all-reduced; both ranks stay
