@@ -157,7 +157,6 @@ def epochs(sampler: LengthBucketSampler, count: int) -> list[list[int]]:
             break
         index += got
         epoch += 1
-    sampler.set_epoch(0)
     return index
 
 

@@ -433,15 +433,8 @@ def beam_search(
         else:
             lprobs, bad = static(last, t, min_len, max_len)
         bad_step = _note_non_finite(bad, active, bad_step, t)
-        vocab = lprobs.size(-1)
-
-        per_row = min(2 * k, vocab)
-        row_lp, row_tokens = lprobs.topk(per_row, dim=1)  # (A*W, C'), sorted best first
-        cand = (scores.view(-1, 1) + row_lp).view(n_act, width * per_row)  # (A, W*C')
-        n_cand = min(2 * k, width * per_row)
-        cand_scores, cand_pos = cand.topk(n_cand, dim=1)  # (A, C), sorted best first
-        cand_beams = cand_pos // per_row  # (A, C) beam within the sentence
-        cand_tokens = row_tokens.view(n_act, -1).gather(1, cand_pos)  # (A, C)
+        cand_scores, cand_beams, cand_tokens = _candidates(lprobs, scores, k)  # (A, C) each
+        n_cand = cand_scores.size(1)
         is_eos = cand_tokens.eq(EOS_ID)  # (A, C)
 
         # --- finished hypotheses: eos among the top K, merged into the sentence's n-best by a
@@ -461,13 +454,8 @@ def beam_search(
             hist[t].index_copy_(0, sent_ids, step_hist)
 
         # --- early termination: finished sentences are masked now, dropped at the next read
-        if count_finished:  # K finished (the K-th best is finite), or no live beam left
-            done = thresholds.gt(-math.inf) | new_scores[:, 0].eq(-math.inf)  # (A,)
-        else:  # exact bound; all-dead beams give -inf <= anything
-            bound = _best_possible_score(new_scores[:, 0], t + 1, max_len, lenpen, lenpen_form)
-            done = bound <= thresholds  # (A,)
-        done |= max_len.le(t)  # eos was forced at this step: nothing may go on, whatever the scores
-        active = active & ~done
+        active = active & ~_sentence_done(new_scores[:, 0], thresholds, t, max_len,
+                                          count_finished, lenpen, lenpen_form)
         new_scores = new_scores.masked_fill(~active.unsqueeze(1), -math.inf)
         rows = (torch.arange(n_act, device=device) * width).unsqueeze(1) + new_beams  # (A, K)
         keep = None
@@ -490,6 +478,45 @@ def beam_search(
         t += 1
 
     return _hypotheses(out_f, out_i, hist[: t + 1], nbest)
+
+
+def _candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best C = min(2K, W*C') extensions of each sentence's W beams, best first.
+
+    Args:
+        lprobs: (A*W, V) constrained log-probabilities of the next token.
+        scores: (A, W) cumulative log-probabilities of the beams.
+        k: the beam size K.
+
+    Returns:
+        ``(scores, beams, tokens)``, each (A, C): the extension's cumulative log-probability,
+        the beam within the sentence it extends, the token it adds. The best 2K of a sentence
+        are among the best C' = min(2K, V) of each of its rows.
+    """
+    n_act, width = scores.shape
+    per_row = min(2 * k, lprobs.size(-1))
+    row_lp, row_tokens = lprobs.topk(per_row, dim=1)  # (A*W, C'), sorted best first
+    cand = (scores.view(-1, 1) + row_lp).view(n_act, width * per_row)  # (A, W*C')
+    cand_scores, cand_pos = cand.topk(min(2 * k, width * per_row), dim=1)  # (A, C)
+    cand_tokens = row_tokens.view(n_act, -1).gather(1, cand_pos)  # (A, C)
+    return cand_scores, cand_pos // per_row, cand_tokens
+
+
+def _sentence_done(best_live: Tensor, thresholds: Tensor, t: int, max_len: Tensor,
+                   count_finished: bool, lenpen: float, lenpen_form: str) -> Tensor:
+    """(A,) bool: the sentences whose search ends after step ``t``.
+
+    ``count_finished`` (``stopping="beam"``): K hypotheses finished (the K-th best,
+    ``thresholds``, is finite) or no live beam left (``best_live`` -inf); else the exact bound:
+    no live hypothesis can beat the n-th best finished one (all-dead beams give -inf <=
+    anything). A sentence at its maximum length (eos was forced at this step) always ends.
+    """
+    if count_finished:
+        done = thresholds.gt(-math.inf) | best_live.eq(-math.inf)
+    else:
+        bound = _best_possible_score(best_live, t + 1, max_len, lenpen, lenpen_form)
+        done = bound <= thresholds
+    return done | max_len.le(t)
 
 
 def _hypotheses(out_f: Tensor, out_i: Tensor, hist: Tensor, nbest: int) -> list[list[Hypothesis]]:
