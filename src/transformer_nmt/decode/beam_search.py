@@ -25,8 +25,9 @@ device only every ``sync_every`` steps, see "Host reads" below):
     2. The best C = 2K tokens of every beam (per-row top-k over V), then the best C of the
        W*C cumulative scores of each sentence: the same candidates as a top-k over all
        W*V continuations (a sentence's best C continuations are each among their own
-       beam's best C) without materialising the (A, W*V) sums. At most K of them end in
-       ``eos`` (one per beam), so at least K continue.
+       beam's best C) without materialising the (A, W*V) sums
+       (:mod:`transformer_nmt.decode.candidates`). At most K of them end in ``eos`` (one
+       per beam), so at least K continue.
     3. Candidates ending in ``eos`` that rank among the top K of their sentence become
        finished hypotheses (with K = 1 this is exactly greedy decoding). Each sentence's
        n-best list is a tensor of (score, log-prob, length, beam) entries, best first: the
@@ -88,6 +89,7 @@ import torch
 from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, LenpenForm, Stopping
+from transformer_nmt.decode.candidates import candidates
 from transformer_nmt.decode.compiled_step import StaticStep, resolve_compile
 from transformer_nmt.decode.sync import Reads, resolve_sync_every
 
@@ -194,21 +196,24 @@ def _non_finite_error(t: int) -> NonFiniteScoresError:
 
 def _constrained_log_probs(
     model: Any, last: Tensor, memory: Tensor, src_mask: Tensor, cache: Any, t: int,
-    min_len: int, max_len: Tensor, limit: bool,
-) -> tuple[Tensor, Tensor]:
+    min_len: int, max_len: Tensor, limit: bool, check_rows: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """The decoder step of :func:`next_token_log_probs` without a host read.
 
     Args:
         limit: force ``eos`` on the rows of sentences with ``max_len == t`` (False: the
             caller knows that no sentence is at its limit; the result is the same, cheaper).
+        check_rows: find the rows with non-finite log-probabilities (False: the caller reads
+            them from its top-k; on a CPU such a row is all NaN).
 
     Returns:
         ``(lprobs, bad)``: (A*W, V) float32 constrained log-probabilities and (A*W,) bool, True
-        for a row whose raw log-probabilities are not all finite.
+        for a row whose raw log-probabilities are not all finite (None without ``check_rows``).
     """
     logits = model.decode(last, memory, src_mask, cache)  # (A*W, 1, V)
     lprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (A*W, V)
-    bad = ~torch.isfinite(lprobs.amax(dim=-1))  # (A*W,) the largest is NaN or infinite
+    # (A*W,) the largest is NaN or infinite
+    bad = ~torch.isfinite(lprobs.amax(dim=-1)) if check_rows else None
     lprobs[:, PAD_ID] = -math.inf
     lprobs[:, BOS_ID] = -math.inf
     if t < min_len:
@@ -428,12 +433,14 @@ def beam_search(
         n_act, width = scores.shape
         if static is None:
             lprobs, bad = _constrained_log_probs(
-                model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
-            )  # (A*W, V)
+                model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits,
+                check_rows=device.type != "cpu")  # (A*W, V)
         else:
             lprobs, bad = static(last, t, min_len, max_len)
+        cand_scores, cand_beams, cand_tokens = candidates(lprobs, scores, k)  # (A, C) each
+        if bad is None:  # a CPU's log_softmax turns a non-finite row all NaN: one comes first
+            bad = cand_scores[:, 0].isnan()  # (A,)
         bad_step = _note_non_finite(bad, active, bad_step, t)
-        cand_scores, cand_beams, cand_tokens = _candidates(lprobs, scores, k)  # (A, C) each
         n_cand = cand_scores.size(1)
         is_eos = cand_tokens.eq(EOS_ID)  # (A, C)
 
@@ -478,28 +485,6 @@ def beam_search(
         t += 1
 
     return _hypotheses(out_f, out_i, hist[: t + 1], nbest)
-
-
-def _candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The best C = min(2K, W*C') extensions of each sentence's W beams, best first.
-
-    Args:
-        lprobs: (A*W, V) constrained log-probabilities of the next token.
-        scores: (A, W) cumulative log-probabilities of the beams.
-        k: the beam size K.
-
-    Returns:
-        ``(scores, beams, tokens)``, each (A, C): the extension's cumulative log-probability,
-        the beam within the sentence it extends, the token it adds. The best 2K of a sentence
-        are among the best C' = min(2K, V) of each of its rows.
-    """
-    n_act, width = scores.shape
-    per_row = min(2 * k, lprobs.size(-1))
-    row_lp, row_tokens = lprobs.topk(per_row, dim=1)  # (A*W, C'), sorted best first
-    cand = (scores.view(-1, 1) + row_lp).view(n_act, width * per_row)  # (A, W*C')
-    cand_scores, cand_pos = cand.topk(min(2 * k, width * per_row), dim=1)  # (A, C)
-    cand_tokens = row_tokens.view(n_act, -1).gather(1, cand_pos)  # (A, C)
-    return cand_scores, cand_pos // per_row, cand_tokens
 
 
 def _sentence_done(best_live: Tensor, thresholds: Tensor, t: int, max_len: Tensor,

@@ -66,6 +66,29 @@ def test_device_search_equals_reference_on_random_models(seed):
     compare(model, src, max_len_b=6)
 
 
+def test_device_search_equals_reference_with_a_vocabulary_taken_in_blocks(monkeypatch):
+    """A vocabulary of 2,048: the CPU's per-row top-k goes through blocks (beam 4: 32 columns,
+    beam 5: 16) and the search still gives the reference's hypotheses; the NaN check read from
+    that top-k still stops it at the first non-finite step."""
+    from transformer_nmt.decode import candidates as cand
+
+    assert cand.block_width(2048, 8) == 32 and cand.block_width(2048, 10) == 16
+    blocked = []
+    real = cand.row_topk
+    monkeypatch.setattr(cand, "row_topk", lambda x, k: blocked.append(
+        cand.block_width(x.size(1), k) is not None) or real(x, k))
+    model = tiny_model(seed=31, vocab=2048)
+    src = random_sources([4, 9, 2, 12, 6], seed=11)
+    compare(model, src, max_len_b=5, sync_values=(1,), settings=SETTINGS[::3])
+    assert blocked and all(blocked)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(math.nan)
+    for every in (1, 8):
+        with pytest.raises(NonFiniteScoresError, match="at output position 1 "):
+            beam_search(model, src, beam_size=4, max_len_b=4, sync_every=every)
+
+
 class Rounded(NoEarlyEos):
     """Logits rounded to whole numbers: many candidates and finished hypotheses tie exactly."""
 
