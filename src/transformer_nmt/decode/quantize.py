@@ -2,7 +2,8 @@
 
 :func:`quantize_int8` turns every ``nn.Linear`` of a loaded Transformer (the attention
 projections W^Q, W^K, W^V and W^O, both feed-forward layers, and the pre-softmax projection)
-into PyTorch's dynamically quantized linear layer (``torch.ao.quantization.quantize_dynamic``):
+into PyTorch's dynamically quantized linear layer (``torch.ao.quantization.quantize_dynamic``;
+the first feed-forward layer into its variant with the ReLU fused, the same values):
 weights int8, symmetric, with one scale per output channel (per row of W); each product
 quantizes its input to 8 bits with a scale of its own (per tensor, from its range) and
 accumulates in int32 (fbgemm / oneDNN kernels on x86, QNNPACK on ARM). Embeddings, positional
@@ -117,10 +118,18 @@ def quantize_int8(model: nn.Module, checkpoint: str | Path | None = None,
         raise UserError(f"decode.precision=int8 needs torch.ao.quantization, which torch "
                         f"{torch.__version__} here lacks ({e}); decode with "
                         "decode.precision=fp32") from e
-    spec: dict[Any, Any] = {nn.Linear: per_channel_dynamic_qconfig}
+    from torch.ao.nn.intrinsic import LinearReLU
+
+    from transformer_nmt.model.transformer import PositionwiseFeedForward
+
+    spec: dict[Any, Any] = {nn.Linear: per_channel_dynamic_qconfig,
+                            LinearReLU: per_channel_dynamic_qconfig}
     if not output_projection:
         spec["output_projection"] = None
     model.eval()
+    for ffn in model.modules():  # W_1 and the ReLU after it as one int8 layer
+        if isinstance(ffn, PositionwiseFeedForward) and isinstance(ffn.w_1, nn.Linear):
+            ffn.w_1, ffn.relu_in_w_1 = LinearReLU(ffn.w_1, nn.ReLU()), True
     with warnings.catch_warnings():
         # PyTorch marks its eager quantization API and quantized tensors deprecated
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -555,10 +555,16 @@ class PositionwiseFeedForward(nn.Module):
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
         self.activation_dropout = nn.Dropout(activation_dropout)
+        self.relu_in_w_1 = False
+        """True when ``w_1`` applies the ReLU itself (int8 decoding's fused layer,
+        :func:`transformer_nmt.decode.quantize.quantize_int8`)."""
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, n, D) -> (B, n, D)."""
-        return self.w_2(self.activation_dropout(F.relu(self.w_1(x))))
+        h = self.w_1(x)  # (B, n, d_ff)
+        if not self.relu_in_w_1:
+            h = F.relu(h)
+        return self.w_2(self.activation_dropout(h))
 
 
 class EncoderLayer(nn.Module):

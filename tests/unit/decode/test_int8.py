@@ -60,6 +60,35 @@ def test_int8_quantizes_every_linear_layer_per_output_channel(workspace, tokeniz
     assert decoding_model(model, DecodeConfig(precision="fp32"), "cpu") is model
 
 
+def test_int8_fuses_the_feed_forward_relu_without_changing_a_value(workspace, tokenizer):
+    """W_1 and its ReLU run as one int8 layer; the logits equal those of the layers quantized
+    one by one with the ReLU after W_1."""
+    import warnings
+
+    from torch.ao.nn.intrinsic.quantized.dynamic import LinearReLU
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from transformer_nmt.model.transformer import PositionwiseFeedForward
+
+    _, cfg = workspace
+    model, q = _int8_model(cfg, tokenizer.vocab_size, 3)
+    ffns = [m for m in q.modules() if isinstance(m, PositionwiseFeedForward)]
+    assert len(ffns) == 2 and all(m.relu_in_w_1 and isinstance(m.w_1, LinearReLU) for m in ffns)
+    plain = copy.deepcopy(model).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(plain, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
+                         inplace=True)
+    assert not any(m.relu_in_w_1 for m in plain.modules() if isinstance(m, PositionwiseFeedForward))
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, tokenizer.vocab_size, (6, 9), generator=g)
+    src[:, -1] = EOS_ID
+    tgt = torch.randint(4, tokenizer.vocab_size, (6, 7), generator=g)
+    tgt[:, 0] = BOS_ID
+    with torch.no_grad():
+        assert torch.equal(q(src, tgt), plain(src, tgt))
+
+
 def test_int8_log_probs_and_beam_search_agree_with_fp32(workspace, tokenizer):
     """int8 log-probabilities within a tolerance of fp32's, and int8 beam search giving fp32's
     tokens for at least 12 of 16 sentences, on the tests' untrained tiny model.
