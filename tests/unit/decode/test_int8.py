@@ -34,6 +34,17 @@ def _int8_model(cfg, vocab_size: int, seed: int):
     return model, quantize_int8(copy.deepcopy(model))
 
 
+def _random_batch(vocab: int, rows: int, src_len: int, tgt_len: int, seed: int):
+    """(src (rows, src_len) ending in eos, tgt_in (rows, tgt_len) starting with bos), random
+    content tokens."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (rows, src_len), generator=g)
+    src[:, -1] = EOS_ID
+    tgt = torch.randint(4, vocab, (rows, tgt_len), generator=g)
+    tgt[:, 0] = BOS_ID
+    return src, tgt
+
+
 def test_int8_quantizes_every_linear_layer_per_output_channel(workspace, tokenizer):
     _, cfg = workspace
     model, q = _int8_model(cfg, tokenizer.vocab_size, 1)
@@ -80,11 +91,7 @@ def test_int8_fuses_the_feed_forward_relu_without_changing_a_value(workspace, to
         quantize_dynamic(plain, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
                          inplace=True)
     assert not any(m.relu_in_w_1 for m in plain.modules() if isinstance(m, PositionwiseFeedForward))
-    g = torch.Generator().manual_seed(1)
-    src = torch.randint(4, tokenizer.vocab_size, (6, 9), generator=g)
-    src[:, -1] = EOS_ID
-    tgt = torch.randint(4, tokenizer.vocab_size, (6, 7), generator=g)
-    tgt[:, 0] = BOS_ID
+    src, tgt = _random_batch(tokenizer.vocab_size, 6, 9, 7, seed=1)
     with torch.no_grad():
         assert torch.equal(q(src, tgt), plain(src, tgt))
 
@@ -107,11 +114,7 @@ def test_int8_log_probs_and_beam_search_agree_with_fp32(workspace, tokenizer):
     """
     _, cfg = workspace
     model, q = _int8_model(cfg, tokenizer.vocab_size, 2)
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, tokenizer.vocab_size, (16, 10), generator=g)
-    src[:, -1] = EOS_ID
-    tgt = torch.randint(4, tokenizer.vocab_size, (16, 8), generator=g)
-    tgt[:, 0] = BOS_ID
+    src, tgt = _random_batch(tokenizer.vocab_size, 16, 10, 8, seed=0)
     with torch.no_grad():
         ref = model(src, tgt).log_softmax(-1)  # (B, T, V)
         got = q(src, tgt).log_softmax(-1)
