@@ -54,7 +54,7 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if width is None or rows == 0:
         return x.topk(k, dim=1)
     blocks = vocab // width
-    block_max = x.view(rows, blocks, width).amax(dim=-1)  # (R, V/B); NaN propagates
+    block_max = x.reshape(rows, blocks, width).amax(dim=-1)  # (R, V/B); NaN propagates
     best_blocks = block_max.topk(k, dim=1).indices.sort(dim=1).values  # (R, k) in column order
     columns = (best_blocks.unsqueeze(-1) * width
                + torch.arange(width, device=x.device)).view(rows, k * width)  # (R, k*B)

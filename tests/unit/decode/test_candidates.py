@@ -23,6 +23,13 @@ def test_row_topk_is_torch_topk(vocab, k):
     assert torch.equal(values, want_values) and torch.equal(columns, want_columns)
 
 
+def test_row_topk_of_a_strided_matrix():
+    x = torch.randn(8000, 20).t()  # (20, 8000), not contiguous
+    values, columns = row_topk(x, 8)
+    want_values, want_columns = x.topk(8, dim=1)
+    assert torch.equal(values, want_values) and torch.equal(columns, want_columns)
+
+
 def test_blocks_are_taken_where_they_pay():
     # the blocks divide the row, and there are at least 8 of them per wanted entry
     assert block_width(8000, 8) == 32 and block_width(37000, 8) == 40
