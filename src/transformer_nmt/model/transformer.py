@@ -418,9 +418,11 @@ class MultiHeadAttention(nn.Module):
             return None, cache.cross_k[layer], cache.cross_v[layer]  # (N, H, S, Dk|Dv)
         k, v = self._memory_projections(memory)  # (N, H, S, Dk|Dv)
         if cache is not None:
-            # laid out once as the later steps' products read them (K^T and V contiguous);
-            # the fused projection's strided views would be copied by every step's matmul
-            k, v = k.transpose(-2, -1).contiguous().transpose(-2, -1), v.contiguous()
+            if self._cpu_step(memory):
+                # laid out once as the CPU step's matmuls read them (K^T and V contiguous):
+                # the fused projection's strided views would be copied by every step's matmul
+                # (SDPA elsewhere wants K's last dimension contiguous, as the views have it)
+                k, v = k.transpose(-2, -1).contiguous().transpose(-2, -1), v.contiguous()
             cache.cross_k[layer], cache.cross_v[layer] = k, v
         return None, k, v
 

@@ -92,6 +92,25 @@ def test_cache_reorder_matches_reordered_forward(variant):
     torch.testing.assert_close(torch.cat(after, 1), full[:, 3:], atol=1e-5, rtol=0)
 
 
+def test_cached_cross_attention_layout_follows_the_step_that_reads_it(monkeypatch):
+    """The CPU step's matmuls get K^T and V contiguous (no copy per step); the SDPA step of
+    other devices keeps K's last dimension contiguous, as its fused kernels need."""
+    model = make_model()
+    src = random_batch([5, 3], seed=5)
+    tgt = random_batch([1, 1], seed=6)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = model.new_cache()
+        model.decode(tgt, memory, src_mask, cache)
+        assert all(k.transpose(-2, -1).is_contiguous() for k in cache.cross_k)
+        assert all(v.is_contiguous() for v in cache.cross_v)
+        monkeypatch.setattr(MultiHeadAttention, "_cpu_step", lambda self, x: False)
+        cache = model.new_cache()
+        model.decode(tgt, memory, src_mask, cache)
+        assert all(k.stride(-1) == 1 and not k.transpose(-2, -1).is_contiguous()
+                   for k in cache.cross_k)
+
+
 @pytest.mark.parametrize("path", ["matmul", "sdpa"])
 @pytest.mark.parametrize("variant", ["post_sinusoidal", "pre_norm", "dk_ne_dv"])
 def test_beams_share_cross_attention_rows(variant, path):
