@@ -113,13 +113,12 @@ def quantize_int8(model: nn.Module, checkpoint: str | Path | None = None,
             "checkpoint (decode.checkpoint=...)")
     torch.backends.quantized.engine = quantized_engine()
     try:  # quantization: loaded late (nmt-translate without int8 never imports it)
+        from torch.ao.nn.intrinsic import LinearReLU
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
     except ImportError as e:
         raise UserError(f"decode.precision=int8 needs torch.ao.quantization, which torch "
                         f"{torch.__version__} here lacks ({e}); decode with "
                         "decode.precision=fp32") from e
-    from torch.ao.nn.intrinsic import LinearReLU
-
     from transformer_nmt.model.transformer import PositionwiseFeedForward
 
     spec: dict[Any, Any] = {nn.Linear: per_channel_dynamic_qconfig,
