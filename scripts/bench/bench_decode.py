@@ -179,6 +179,17 @@ def load(args):
     return model, tokenizer
 
 
+def ours_model(model, args, int8: bool):
+    """Our model as ``ours`` decodes it, or with ``int8`` as ``ours_int8`` does: quantized
+    (``decode.precision=int8``, which ``args.precision`` then says for the decode config)."""
+    if not int8:
+        return model
+    from transformer_nmt.decode.quantize import quantize_int8
+
+    args.precision = "int8"
+    return quantize_int8(model, args.checkpoint)
+
+
 def spm_path(args) -> Path:
     """The SentencePiece model: ``--spm``, else the prepared Multi30k EN-DE's under data/."""
     from transformer_nmt.fileio import spm_model_path
@@ -230,12 +241,7 @@ def worker(args) -> None:
         return wrapper
 
     if args.worker in ("ours", "ours_int8"):
-        engine = model.to(args.device)
-        if args.worker == "ours_int8":
-            from transformer_nmt.decode.quantize import quantize_int8
-
-            args.precision = "int8"  # this worker's decode config
-            engine = quantize_int8(engine, args.checkpoint)
+        engine = ours_model(model.to(args.device), args, args.worker == "ours_int8")
         engine.decode = counted(engine.decode)
 
         def run(x):
@@ -305,11 +311,7 @@ def profile_ours(args) -> None:
     torch.set_num_threads(args.threads)
     retain_freed_memory()
     model, tokenizer = load(args)
-    if args.toolkits == "ours_int8":
-        from transformer_nmt.decode.quantize import quantize_int8
-
-        args.precision = "int8"
-        model = quantize_int8(model, args.checkpoint)
+    model = ours_model(model, args, args.toolkits == "ours_int8")
     lines = bc.read_lines(args.input)[: args.profile]
     decode_ours(model, tokenizer, lines[:8], args)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
