@@ -3,8 +3,9 @@ with our engine twice, in batches of two sizes (``decode.max_tokens``), in fp32 
 (``decode.precision=int8``), and prints per precision the number of sentences whose output
 differs between the two batchings and the sacreBLEU of each.
 
-fp32 must give 0 (padding and batch-mates change nothing). int8 uses PyTorch's dynamic
-quantization, whose input scale is one per tensor: per batch, so its outputs can differ.
+fp32 gives 0 (batch-mates change nothing). int8 quantizes each input row with its own scale, so
+its batch-mates change no rounding either; what can still differ is a sentence's padding (the
+fp32 rounding of masked attention, which int8's rounding to 8 bits may then amplify).
 
     .venv/bin/python scripts/micro/int8_batch_dependence.py \\
         --checkpoint runs/multi30k_en_de/checkpoints/averaged.pt --max-tokens 8000 500

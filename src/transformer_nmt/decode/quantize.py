@@ -2,16 +2,14 @@
 
 :func:`quantize_int8` turns every ``nn.Linear`` of a loaded Transformer (the attention
 projections W^Q, W^K, W^V and W^O, both feed-forward layers, and the pre-softmax projection)
-into PyTorch's dynamically quantized linear layer (``torch.ao.quantization.quantize_dynamic``;
-the first feed-forward layer into its variant with the ReLU fused, the same values):
-weights int8, symmetric, with one scale per output channel (per row of W); each product
-quantizes its input to 8 bits with a scale of its own (per tensor, from its range) and
-accumulates in int32 (fbgemm / oneDNN kernels on x86, QNNPACK on ARM). Embeddings, positional
-encodings, LayerNorms, softmax and the attention products stay float32. The input's scale is
-one per call, so a sentence's int8 translation can depend on the other sentences of its batch
-(``decode.max_tokens``); fp32 does not (docs/benchmarks.md). With tied embeddings
-(``model.share_embeddings``) the pre-softmax projection gets an int8 copy of the embedding
-matrix; the embedding lookups keep the float32 table.
+into an :class:`Int8Linear`: weights int8, symmetric, with one scale per output channel (per
+row of W, PyTorch's ``per_channel_dynamic_qconfig``); each product quantizes every row of its
+input with a scale of that row's own (its largest magnitude) and accumulates in int32 (fbgemm
+on x86, QNNPACK or oneDNN elsewhere), as CTranslate2 does. A sentence's int8 translation thus
+does not depend on the other sentences of its batch (``decode.max_tokens``), as fp32's does
+not. Embeddings, positional encodings, LayerNorms, softmax and the attention products stay
+float32. With tied embeddings (``model.share_embeddings``) the pre-softmax projection gets an
+int8 copy of the embedding matrix; the embedding lookups keep the float32 table.
 
 :func:`decoding_model` is what ``nmt-translate``, ``nmt-evaluate`` and ``nmt-plot`` call once
 per loaded model: the model itself for fp32 / bf16 / fp16, the quantized model for int8 (on a
@@ -72,13 +70,106 @@ def quantized_engine() -> str:
 
 
 def is_quantized(model: Any) -> bool:
-    """True when ``model`` holds a dynamically quantized (int8) linear layer."""
+    """True when ``model`` holds an int8 linear layer (:class:`Int8Linear`)."""
     modules = getattr(model, "modules", None)
-    if modules is None:
-        return False
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear  # quantization: loaded late
+    return modules is not None and any(isinstance(m, Int8Linear) for m in modules())
 
-    return any(isinstance(m, DynamicLinear) for m in modules())
+
+ROW_SCALE, ROW_ZERO_POINT = 1.0 / 63, 64
+"""The 8-bit encoding of a row divided by its largest magnitude (values in [-1, 1]): codes 1 to
+127, 7 bits as PyTorch's x86 kernels use (``reduce_range``: their 16-bit pair sums of AVX2
+cannot overflow)."""
+
+
+def _fixed_scale_product(packed: Any) -> bool:
+    """Whether this engine's int8 product takes a fixed input scale (fbgemm, PyTorch's x86
+    engine: ``linear_with_input_q_dq_qweight_dq_output_fp32``); elsewhere :class:`Int8Linear`
+    fixes the scale through an anchor row."""
+    try:
+        torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            torch.zeros(1, _weight(packed).size(1)), ROW_SCALE, ROW_ZERO_POINT, packed)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return True
+
+
+def _weight(packed: Any) -> torch.Tensor:
+    return torch.ops.quantized.linear_unpack(packed)[0]
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with int8 weights (one scale per output channel) and each input row
+    quantized to 8 bits with its own scale, int32 accumulation.
+
+    A row x_r is divided by s_r = max_i |x_ri| (exactly 1 at its largest entry), so every row
+    shares one fixed encoding (:data:`ROW_SCALE`, :data:`ROW_ZERO_POINT`); the int8 product
+    runs without a bias and y_r = s_r (W (x_r / s_r)) + b. Where the engine's product takes no
+    fixed scale, a first row holding -1 and 1 makes the range it measures [-1, 1] for any batch.
+    A row's result therefore depends on that row only. NaN or inf in a row make that row's
+    output NaN or inf (its scale carries them).
+
+    Args:
+        weight: (N, K) qint8, per-channel symmetric (from ``quantize_dynamic``).
+        bias: (N,) float32 or None.
+        relu: apply max(0, .) to the output (the first feed-forward layer).
+
+    Shapes: x (..., K) float32 -> (..., N) float32.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> None:
+        super().__init__()
+        from torch.ao.nn.quantized.modules.linear import LinearPackedParams
+
+        self.out_features, self.in_features = weight.shape
+        self.relu = relu
+        self.weight_packed = LinearPackedParams(dtype=torch.qint8)
+        self.weight_packed.set_weight_bias(weight, None)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.fixed_scale = _fixed_scale_product(self.weight_packed._packed_params)
+        # QNNPACK has no 16-bit pair sums to protect (and warns that it ignores the flag)
+        self.reduce_range = torch.backends.quantized.engine != "qnnpack"
+        anchor = torch.zeros(self.in_features)
+        anchor[0], anchor[-1] = -1.0, 1.0
+        self.register_buffer("anchor", anchor, persistent=False)
+
+    @classmethod
+    def from_dynamic(cls, layer: nn.Module, relu: bool) -> Int8Linear:
+        """From PyTorch's dynamically quantized ``Linear`` (its int8 weight and float bias)."""
+        return cls(layer.weight(), layer.bias(), relu)
+
+    def weight(self) -> torch.Tensor:
+        """(N, K) qint8, the quantized weight."""
+        return _weight(self.weight_packed._packed_params)
+
+    def __repr__(self) -> str:
+        return (f"Int8Linear(in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, relu={self.relu}, "
+                f"fixed_scale={self.fixed_scale})")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.in_features)  # (R, K)
+        if rows.size(0) == 0:
+            return x.new_zeros(*lead, self.out_features)
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)  # (R, 1)
+        packed = self.weight_packed._packed_params
+        if self.fixed_scale:
+            y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+                rows / scale, ROW_SCALE, ROW_ZERO_POINT, packed)  # (R, N)
+        else:
+            xs = rows.new_empty(rows.size(0) + 1, self.in_features)  # (1 + R, K)
+            xs[0] = self.anchor
+            # a non-finite row (NaN after the division) would stop the range's measurement; its
+            # scale still makes its output NaN
+            torch.div(rows, scale, out=xs[1:]).nan_to_num_(0.0)
+            y = torch.ops.quantized.linear_dynamic(xs, packed, reduce_range=self.reduce_range)[1:]
+        if self.bias is None:
+            y.mul_(scale)
+        else:
+            torch.addcmul(self.bias, y, scale, out=y)
+        if self.relu:
+            y.relu_()
+        return y.view(*lead, self.out_features)
 
 
 def quantize_int8(model: nn.Module, checkpoint: str | Path | None = None,
@@ -92,8 +183,8 @@ def quantize_int8(model: nn.Module, checkpoint: str | Path | None = None,
             it float32.
 
     Returns:
-        ``model``, its ``nn.Linear`` modules replaced by
-        ``torch.ao.nn.quantized.dynamic.Linear`` (int8 weights, one scale per output channel).
+        ``model``, its ``nn.Linear`` modules replaced by :class:`Int8Linear` (int8 weights, one
+        scale per output channel; one input scale per row), W_1 with its ReLU.
 
     Raises:
         UserError: the model is not on the CPU, holds NaN or infinite weights (no int8 scale
@@ -113,7 +204,7 @@ def quantize_int8(model: nn.Module, checkpoint: str | Path | None = None,
             "checkpoint (decode.checkpoint=...)")
     torch.backends.quantized.engine = quantized_engine()
     try:  # quantization: loaded late (nmt-translate without int8 never imports it)
-        from torch.ao.nn.intrinsic import LinearReLU
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
     except ImportError as e:
         raise UserError(f"decode.precision=int8 needs torch.ao.quantization, which torch "
@@ -121,20 +212,23 @@ def quantize_int8(model: nn.Module, checkpoint: str | Path | None = None,
                         "decode.precision=fp32") from e
     from transformer_nmt.model.transformer import PositionwiseFeedForward
 
-    spec: dict[Any, Any] = {nn.Linear: per_channel_dynamic_qconfig,
-                            LinearReLU: per_channel_dynamic_qconfig}
+    spec: dict[Any, Any] = {nn.Linear: per_channel_dynamic_qconfig}
     if not output_projection:
         spec["output_projection"] = None
     model.eval()
-    for ffn in model.modules():  # W_1 and the ReLU after it as one int8 layer
-        if isinstance(ffn, PositionwiseFeedForward) and isinstance(ffn.w_1, nn.Linear):
-            ffn.w_1, ffn.relu_in_w_1 = LinearReLU(ffn.w_1, nn.ReLU()), True
     with warnings.catch_warnings():
         # PyTorch marks its eager quantization API and quantized tensors deprecated
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_channel", category=UserWarning)
         try:
             quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
+            for parent in list(model.modules()):
+                for child_name, child in list(parent.named_children()):
+                    if isinstance(child, DynamicLinear):
+                        relu = isinstance(parent, PositionwiseFeedForward) and child_name == "w_1"
+                        setattr(parent, child_name, Int8Linear.from_dynamic(child, relu))
+                        if relu:
+                            parent.relu_in_w_1 = True
         except (RuntimeError, AssertionError) as e:
             raise UserError(f"{name}: cannot quantize it to int8 with PyTorch's "
                             f"{torch.backends.quantized.engine} engine ({e}); decode with "

@@ -1,6 +1,7 @@
 """decode.precision=int8 (transformer_nmt.decode.quantize): the linear layers quantized to int8
-with one scale per output channel, its scores close to fp32's, nmt-translate and nmt-evaluate
-through it, results.json and nmt-table labelling it, and its refusals."""
+with one scale per output channel and one input scale per row, a sentence's translation
+independent of its batch, its scores close to fp32's, nmt-translate and nmt-evaluate through it,
+results.json and nmt-table labelling it, and its refusals."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from transformer_nmt.config import BOS_ID, EOS_ID, DecodeConfig
 from transformer_nmt.decode import quantize
 from transformer_nmt.decode.beam_search import beam_search
 from transformer_nmt.decode.quantize import (
+    Int8Linear,
     check_int8_device,
     decoding_model,
     is_quantized,
@@ -54,13 +56,17 @@ def test_int8_quantizes_every_linear_layer_per_output_channel(workspace, tokeniz
     assert len(float_linears) == 4 + 7 + 1
     for name, float_linear in float_linears.items():
         layer = q.get_submodule(name)
-        assert isinstance(layer, torch.ao.nn.quantized.dynamic.Linear), name
+        assert isinstance(layer, Int8Linear), name
         w = layer.weight()
         assert w.dtype == torch.qint8 and w.qscheme() == torch.per_channel_affine, name
         # one scale per output channel (row of W), each the row's largest |w| / 127.5 or so
         scales = w.q_per_channel_scales()
         assert scales.shape == (float_linear.out_features,), name
         assert torch.allclose(w.dequantize(), float_linear.weight, atol=float(scales.max()))
+        if float_linear.bias is None:
+            assert layer.bias is None, name
+        else:
+            assert torch.equal(layer.bias, float_linear.bias), name
     assert is_quantized(q) and not is_quantized(model)
     # embeddings, positions and LayerNorms stay float32; the tied embedding keeps its table
     assert q.embed_tokens.weight.dtype == torch.float32
@@ -71,29 +77,74 @@ def test_int8_quantizes_every_linear_layer_per_output_channel(workspace, tokeniz
     assert decoding_model(model, DecodeConfig(precision="fp32"), "cpu") is model
 
 
-def test_int8_fuses_the_feed_forward_relu_without_changing_a_value(workspace, tokenizer):
-    """W_1 and its ReLU run as one int8 layer; the logits equal those of the layers quantized
-    one by one with the ReLU after W_1."""
-    import warnings
-
-    from torch.ao.nn.intrinsic.quantized.dynamic import LinearReLU
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
+def test_int8_first_feed_forward_layer_applies_the_relu(workspace, tokenizer):
+    """W_1's int8 layer applies the ReLU (in place) and the feed-forward block skips its own:
+    the same values as W_1 without it followed by the ReLU."""
     from transformer_nmt.model.transformer import PositionwiseFeedForward
 
     _, cfg = workspace
-    model, q = _int8_model(cfg, tokenizer.vocab_size, 3)
+    _, q = _int8_model(cfg, tokenizer.vocab_size, 3)
     ffns = [m for m in q.modules() if isinstance(m, PositionwiseFeedForward)]
-    assert len(ffns) == 2 and all(m.relu_in_w_1 and isinstance(m.w_1, LinearReLU) for m in ffns)
-    plain = copy.deepcopy(model).eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quantize_dynamic(plain, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
-                         inplace=True)
-    assert not any(m.relu_in_w_1 for m in plain.modules() if isinstance(m, PositionwiseFeedForward))
-    src, tgt = _random_batch(tokenizer.vocab_size, 6, 9, 7, seed=1)
+    assert len(ffns) == 2 and all(m.relu_in_w_1 and m.w_1.relu and not m.w_2.relu for m in ffns)
+    w_1 = ffns[0].w_1
+    plain = Int8Linear(w_1.weight(), w_1.bias, relu=False)
+    x = torch.randn(3, 5, w_1.in_features, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(w_1(x), torch.relu(plain(x)))
+
+
+def _rows_of_many_magnitudes(k: int) -> torch.Tensor:
+    """(7, k): rows of largest magnitude about 1e-3 .. 1e3, one row of zeros."""
+    g = torch.Generator().manual_seed(4)
+    magnitude = torch.tensor([1e-3, 1.0, 10.0, 1e3, 0.5, 2.0, 0.0])
+    return torch.randn(7, k, generator=g) * magnitude[:, None]
+
+
+@pytest.mark.parametrize("engine,fixed_scale", [("x86", True), ("x86", False), ("qnnpack", False)])
+def test_int8_layer_quantizes_each_row_with_its_own_scale(monkeypatch, engine, fixed_scale):
+    """Each row's result depends on that row only (bit for bit the row alone) and is as close
+    to the float product relative to the row's own size (about 1 %) for rows of 1e-3 and 1e3
+    in one batch; a row of zeros gives the bias; a NaN row gives NaN and leaves the others.
+    Both forms of the product: a fixed input scale (fbgemm) and the anchor row (QNNPACK,
+    oneDNN)."""
+    if engine not in torch.backends.quantized.supported_engines:
+        pytest.skip(f"no {engine} engine in this PyTorch build")
+    monkeypatch.setattr(torch.backends.quantized, "engine", engine)
+    if not fixed_scale:
+        monkeypatch.setattr(quantize, "_fixed_scale_product", lambda packed: False)
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Linear(64, 48)).eval()
+    layer = quantize_int8(copy.deepcopy(dense))[0]
+    assert isinstance(layer, Int8Linear) and layer.fixed_scale == fixed_scale
+    x = _rows_of_many_magnitudes(64)
     with torch.no_grad():
-        assert torch.equal(q(src, tgt), plain(src, tgt))
+        y, ref = layer(x), dense(x)
+        assert torch.equal(y, torch.cat([layer(x[i:i + 1]) for i in range(len(x))]))
+        assert torch.equal(layer(x.view(7, 1, 64)), y.view(7, 1, 48))  # any leading shape
+        error = (y - ref).abs().amax(1) / x.abs().amax(1).clamp_min(1e-30)  # (7,)
+        assert float(error[:-1].max()) < 0.03, error
+        assert torch.equal(y[-1], dense[0].bias)
+        bad = x.clone()
+        bad[2, 5] = float("nan")
+        y_bad = layer(bad)
+        assert bool(y_bad[2].isnan().all()) and torch.equal(y_bad[[0, 1, 3, 4, 5, 6]],
+                                                          y[[0, 1, 3, 4, 5, 6]])
+        assert layer(x[:0]).shape == (0, 48)
+
+
+def test_int8_translation_of_a_sentence_does_not_depend_on_its_batch(workspace, tokenizer):
+    """Each sentence of a batch decoded alone gives the batch's tokens and score: the input
+    scales are per row, so the batch-mates change no rounding (sources of one length, so that
+    padding plays no part)."""
+    _, cfg = workspace
+    _, q = _int8_model(cfg, tokenizer.vocab_size, 2)
+    src, _ = _random_batch(tokenizer.vocab_size, 12, 9, 1, seed=3)
+    src[::3, :-1] = src[::3, :-1].flip(1)  # a spread of contents
+    with torch.no_grad():
+        batch = [h[0] for h in beam_search(q, src, beam_size=4, max_len_b=8)]
+        alone = [beam_search(q, src[i:i + 1], beam_size=4, max_len_b=8)[0][0]
+                 for i in range(len(src))]
+    assert [h.tokens for h in alone] == [h.tokens for h in batch]
+    assert all(abs(a.score - b.score) < 1e-5 for a, b in zip(alone, batch))
 
 
 def test_int8_log_probs_and_beam_search_agree_with_fp32(workspace, tokenizer):
@@ -101,7 +152,7 @@ def test_int8_log_probs_and_beam_search_agree_with_fp32(workspace, tokenizer):
     tokens for at least 12 of 16 sentences, on the tests' untrained tiny model.
 
     The tolerances come from the arithmetic: each product rounds its weights to 1/254 of their
-    row's range and its input to 1/254 (1/127 with x86's reduce_range) of the input's range,
+    row's range and each input row to 1/126 of its own range (7 bits, as x86's reduce_range),
     about 0.5% relative error per layer; through the 1 + 1 layers and the pre-softmax map that
     moves a log-probability by ~0.02 on average and ~0.15 at most (seeds 0-2: 0.022 / 0.156),
     so a best hypothesis found by both scores within 0.15 of itself (18 tokens, length
