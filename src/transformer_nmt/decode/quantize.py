@@ -84,7 +84,7 @@ cannot overflow)."""
 def _fixed_scale_product(packed: Any) -> bool:
     """Whether this engine's int8 product takes a fixed input scale (fbgemm, PyTorch's x86
     engine: ``linear_with_input_q_dq_qweight_dq_output_fp32``); elsewhere :class:`Int8Linear`
-    fixes the scale through an anchor row."""
+    fixes the scale through two anchor rows."""
     try:
         torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
             torch.zeros(1, _weight(packed).size(1)), ROW_SCALE, ROW_ZERO_POINT, packed)
@@ -104,7 +104,7 @@ class Int8Linear(nn.Module):
     A row x_r is divided by s_r = max_i |x_ri| (exactly 1 at its largest entry), so every row
     shares one fixed encoding (:data:`ROW_SCALE`, :data:`ROW_ZERO_POINT`); the int8 product
     runs without a bias and y_r = s_r (W (x_r / s_r)) + b. Where the engine's product takes no
-    fixed scale, a first row holding -1 and 1 makes the range it measures [-1, 1] for any batch.
+    fixed scale, two first rows of -1 and of 1 make the range it measures [-1, 1] for any batch.
     A row's result therefore depends on that row only. NaN or inf in a row make that row's
     output NaN or inf (its scale carries them).
 
@@ -128,8 +128,8 @@ class Int8Linear(nn.Module):
         self.fixed_scale = _fixed_scale_product(self.weight_packed._packed_params)
         # QNNPACK has no 16-bit pair sums to protect (and warns that it ignores the flag)
         self.reduce_range = torch.backends.quantized.engine != "qnnpack"
-        anchor = torch.zeros(self.in_features)
-        anchor[0], anchor[-1] = -1.0, 1.0
+        anchor = torch.ones(2, self.in_features)
+        anchor[0] = -1.0
         self.register_buffer("anchor", anchor, persistent=False)
 
     @classmethod
@@ -157,12 +157,12 @@ class Int8Linear(nn.Module):
             y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
                 rows / scale, ROW_SCALE, ROW_ZERO_POINT, packed)  # (R, N)
         else:
-            xs = rows.new_empty(rows.size(0) + 1, self.in_features)  # (1 + R, K)
-            xs[0] = self.anchor
+            xs = rows.new_empty(rows.size(0) + 2, self.in_features)  # (2 + R, K)
+            xs[:2] = self.anchor
             # a non-finite row (NaN after the division) would stop the range's measurement; its
             # scale still makes its output NaN
-            torch.div(rows, scale, out=xs[1:]).nan_to_num_(0.0)
-            y = torch.ops.quantized.linear_dynamic(xs, packed, reduce_range=self.reduce_range)[1:]
+            torch.div(rows, scale, out=xs[2:]).nan_to_num_(0.0)
+            y = torch.ops.quantized.linear_dynamic(xs, packed, reduce_range=self.reduce_range)[2:]
         if self.bias is None:
             y.mul_(scale)
         else:

@@ -104,7 +104,7 @@ def test_int8_layer_quantizes_each_row_with_its_own_scale(monkeypatch, engine, f
     """Each row's result depends on that row only (bit for bit the row alone) and is as close
     to the float product relative to the row's own size (about 1 %) for rows of 1e-3 and 1e3
     in one batch; a row of zeros gives the bias; a NaN row gives NaN and leaves the others.
-    Both forms of the product: a fixed input scale (fbgemm) and the anchor row (QNNPACK,
+    Both forms of the product: a fixed input scale (fbgemm) and the anchor rows (QNNPACK,
     oneDNN)."""
     if engine not in torch.backends.quantized.supported_engines:
         pytest.skip(f"no {engine} engine in this PyTorch build")
@@ -129,6 +129,13 @@ def test_int8_layer_quantizes_each_row_with_its_own_scale(monkeypatch, engine, f
         assert bool(y_bad[2].isnan().all()) and torch.equal(y_bad[[0, 1, 3, 4, 5, 6]],
                                                           y[[0, 1, 3, 4, 5, 6]])
         assert layer(x[:0]).shape == (0, 48)
+        # one input feature: each row is -1 or 1 after its scale, both ends of the range
+        narrow = nn.Sequential(nn.Linear(1, 3)).eval()
+        x1 = torch.tensor([[-2.0], [0.5], [3.0]])
+        narrow_int8 = quantize_int8(copy.deepcopy(narrow))[0]
+        got = narrow_int8(x1)
+        assert torch.allclose(got, narrow(x1), atol=0.03 * 3.0), (got, narrow(x1))
+        assert torch.equal(got, torch.cat([narrow_int8(x1[i:i + 1]) for i in range(3)]))
 
 
 def test_int8_translation_of_a_sentence_does_not_depend_on_its_batch(workspace, tokenizer):
