@@ -210,8 +210,9 @@ def _constrained_log_probs(
         ``(lprobs, bad)``: (A*W, V) float32 constrained log-probabilities and (A*W,) bool, True
         for a row whose raw log-probabilities are not all finite (None without ``check_rows``).
     """
-    logits = model.decode(last, memory, src_mask, cache)  # (A*W, 1, V)
-    lprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (A*W, V)
+    logits = model.decode(last, memory, src_mask, cache)[:, -1, :].float()  # (A*W, V)
+    # in place where no gradient is tracked (the searches): the same values, no second buffer
+    lprobs = torch.log_softmax(logits, dim=-1, out=None if logits.requires_grad else logits)
     # (A*W,) the largest is NaN or infinite
     bad = ~torch.isfinite(lprobs.amax(dim=-1)) if check_rows else None
     lprobs[:, PAD_ID] = -math.inf
