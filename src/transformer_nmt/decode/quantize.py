@@ -81,13 +81,13 @@ ROW_SCALE, ROW_ZERO_POINT = 1.0 / 63, 64
 cannot overflow)."""
 
 
-def _fixed_scale_product(packed: Any) -> bool:
+def _fixed_scale_product(packed: Any, in_features: int) -> bool:
     """Whether this engine's int8 product takes a fixed input scale (fbgemm, PyTorch's x86
     engine: ``linear_with_input_q_dq_qweight_dq_output_fp32``); elsewhere :class:`Int8Linear`
     fixes the scale through two anchor rows."""
     try:
         torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            torch.zeros(1, _weight(packed).size(1)), ROW_SCALE, ROW_ZERO_POINT, packed)
+            torch.zeros(1, in_features), ROW_SCALE, ROW_ZERO_POINT, packed)
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
     return True
@@ -125,11 +125,14 @@ class Int8Linear(nn.Module):
         self.weight_packed = LinearPackedParams(dtype=torch.qint8)
         self.weight_packed.set_weight_bias(weight, None)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.fixed_scale = _fixed_scale_product(self.weight_packed._packed_params)
+        self.fixed_scale = _fixed_scale_product(self.weight_packed._packed_params,
+                                                self.in_features)
         # QNNPACK has no 16-bit pair sums to protect (and warns that it ignores the flag)
         self.reduce_range = torch.backends.quantized.engine != "qnnpack"
-        anchor = torch.ones(2, self.in_features)
-        anchor[0] = -1.0
+        anchor = None
+        if not self.fixed_scale:
+            anchor = torch.ones(2, self.in_features)
+            anchor[0] = -1.0
         self.register_buffer("anchor", anchor, persistent=False)
 
     @classmethod
@@ -210,8 +213,6 @@ def quantize_int8(model: nn.Module, checkpoint: str | Path | None = None,
         raise UserError(f"decode.precision=int8 needs torch.ao.quantization, which torch "
                         f"{torch.__version__} here lacks ({e}); decode with "
                         "decode.precision=fp32") from e
-    from transformer_nmt.model.transformer import PositionwiseFeedForward
-
     spec: dict[Any, Any] = {nn.Linear: per_channel_dynamic_qconfig}
     if not output_projection:
         spec["output_projection"] = None
@@ -222,18 +223,28 @@ def quantize_int8(model: nn.Module, checkpoint: str | Path | None = None,
         warnings.filterwarnings("ignore", message=".*quantize_per_channel", category=UserWarning)
         try:
             quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
-            for parent in list(model.modules()):
-                for child_name, child in list(parent.named_children()):
-                    if isinstance(child, DynamicLinear):
-                        relu = isinstance(parent, PositionwiseFeedForward) and child_name == "w_1"
-                        setattr(parent, child_name, Int8Linear.from_dynamic(child, relu))
-                        if relu:
-                            parent.relu_in_w_1 = True
+            _replace_dynamic_linears(model, DynamicLinear)
         except (RuntimeError, AssertionError) as e:
             raise UserError(f"{name}: cannot quantize it to int8 with PyTorch's "
                             f"{torch.backends.quantized.engine} engine ({e}); decode with "
                             "decode.precision=fp32") from e
     return model
+
+
+def _replace_dynamic_linears(model: nn.Module, dynamic_linear: type) -> None:
+    """Every ``dynamic_linear`` child of ``model`` (PyTorch's dynamically quantized layer)
+    replaced by an :class:`Int8Linear` of the same weights; a feed-forward block's W_1 applies
+    its ReLU itself (``relu_in_w_1``)."""
+    from transformer_nmt.model.transformer import PositionwiseFeedForward
+
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if not isinstance(child, dynamic_linear):
+                continue
+            relu = isinstance(parent, PositionwiseFeedForward) and child_name == "w_1"
+            setattr(parent, child_name, Int8Linear.from_dynamic(child, relu))
+            if relu:
+                parent.relu_in_w_1 = True
 
 
 def decoding_model(model: Any, decode_cfg: Any, device: torch.device | str,

@@ -110,7 +110,7 @@ def test_int8_layer_quantizes_each_row_with_its_own_scale(monkeypatch, engine, f
         pytest.skip(f"no {engine} engine in this PyTorch build")
     monkeypatch.setattr(torch.backends.quantized, "engine", engine)
     if not fixed_scale:
-        monkeypatch.setattr(quantize, "_fixed_scale_product", lambda packed: False)
+        monkeypatch.setattr(quantize, "_fixed_scale_product", lambda packed, in_features: False)
     torch.manual_seed(0)
     dense = nn.Sequential(nn.Linear(64, 48)).eval()
     layer = quantize_int8(copy.deepcopy(dense))[0]
