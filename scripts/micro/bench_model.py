@@ -10,7 +10,7 @@ Examples::
     python scripts/micro/bench_model.py --device cpu --iterations 3 --warmup 1
     python scripts/micro/bench_model.py --preset big --device cuda --iterations 20
     python scripts/micro/bench_model.py --decode --device cpu   # incremental decoding steps
-    python scripts/micro/bench_model.py --cache-ops --threads 1 --rounds 5  # K/V cache update
+    python scripts/micro/bench_model.py --cache-ops --threads 1 --rounds 5  # K/V cache + attention
     python scripts/micro/bench_model.py --adam --preset tiny --vocab 8000 --threads 2  # Adam step
 
 Prints target tokens per second and peak memory (CUDA: torch.cuda.max_memory_allocated;
@@ -123,14 +123,17 @@ def bench_adam(model: Transformer, args) -> None:
 
 
 def bench_cache_ops(args) -> None:
-    """One layer's self-attention K/V update per beam-search step, append + reorder.
+    """One layer's self-attention K/V update per beam-search step (append + reorder) and the
+    step's attention over the result (q K^T, softmax, P V; one query per row).
 
-    ``DecoderCache`` (gather the kept rows into its other buffer pair, write the new slot)
-    against growing by ``torch.cat`` and re-indexing with ``index_select`` (two copies into
-    fresh tensors), for 4 heads of d_k 64, with glibc set to keep freed memory as
-    nmt-translate does. The two are timed in ``--rounds`` alternating rounds (the first of a
-    round changes every round, so load that comes and goes falls on both); the table has the
-    median milliseconds per update of each, their ratio and its range over the rounds.
+    Three variants: ``DecoderCache`` with its CPU layout (``contiguous``: the kept rows
+    gathered into fresh contiguous K/V of exactly L positions), ``DecoderCache`` with reused
+    buffers (``buffers``, the layout of other devices: the gather writes into the other buffer
+    pair, attention reads strided views), and growing by ``torch.cat`` then re-indexing with
+    ``index_select`` (two copies into fresh tensors). 4 heads of d_k 64, glibc set to keep
+    freed memory as nmt-translate does. The variants are timed in ``--rounds`` rounds whose
+    order rotates (load that comes and goes falls on each); the table has the median
+    milliseconds of each and the ratio buffers / contiguous with its range over the rounds.
     """
     retain_freed_memory()
     heads, d_k = 4, 64
@@ -143,39 +146,46 @@ def bench_cache_ops(args) -> None:
             fn()
         return (time.perf_counter() - start) / args.iterations * 1e3
 
-    print(f"{args.rounds} alternating rounds of {args.iterations} updates each, "
+    print(f"{args.rounds} rotating rounds of {args.iterations} updates + attention each, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
-    print("| rows x cached positions | torch.cat then index_select | DecoderCache "
-          "| cat / DecoderCache (rounds' range) |")
-    print("|---|---:|---:|---:|")
+    print("| rows x cached positions | torch.cat then index_select | DecoderCache buffers "
+          "| DecoderCache contiguous | buffers / contiguous (rounds' range) |")
+    print("|---|---:|---:|---:|---:|")
+    names = ("concat", "buffers", "contiguous")
     for rows, length in [(2400, 10), (2400, 30), (400, 60)]:
         k_old, v_old = (torch.randn(rows, heads, length, d_k, generator=g) for _ in range(2))
-        k_new, v_new = (torch.randn(rows, heads, 1, d_k, generator=g) for _ in range(2))
+        k_new, v_new, q = (torch.randn(rows, heads, 1, d_k, generator=g) for _ in range(3))
         order = torch.randint(0, rows, (rows,), generator=g)
-        concat = functools.partial(_concat_then_select, k_old, v_old, k_new, v_new, order)
-        cache = DecoderCache(1)
-        cache.append_self(0, k_old, v_old)
-        cache.length = length  # every call appends position `length` again
-        buffered = functools.partial(_cache_update, cache, k_new, v_new, order)
-        times: dict[str, list[float]] = {"concat": [], "buffered": []}
+        fns = {"concat": functools.partial(_concat_then_select, k_old, v_old, k_new, v_new,
+                                           order, q)}
+        for name in names[1:]:
+            cache = DecoderCache(1, contiguous=name == "contiguous")
+            cache.append_self(0, k_old, v_old)
+            cache.length = length  # every call appends position `length` again
+            fns[name] = functools.partial(_cache_update, cache, k_new, v_new, order, q)
+        times: dict[str, list[float]] = {name: [] for name in names}
         for r in range(args.rounds):
-            pair = [("concat", concat), ("buffered", buffered)]
-            for name, fn in pair if r % 2 == 0 else pair[::-1]:
-                times[name].append(timed(fn))
-        a, b = (statistics.median(times[k]) for k in ("concat", "buffered"))
-        ratios = [c / d for c, d in zip(times["concat"], times["buffered"])]
-        print(f"| {rows:,} x {length} | {a:.2f} ms | {b:.2f} ms | {a / b:.2f} "
+            for name in names[r % 3:] + names[:r % 3]:
+                times[name].append(timed(fns[name]))
+        med = {name: statistics.median(times[name]) for name in names}
+        ratios = [b / c for b, c in zip(times["buffers"], times["contiguous"])]
+        print(f"| {rows:,} x {length} | {med['concat']:.2f} ms | {med['buffers']:.2f} ms "
+              f"| {med['contiguous']:.2f} ms | {med['buffers'] / med['contiguous']:.2f} "
               f"({min(ratios):.2f}-{max(ratios):.2f}) |")
 
 
-def _concat_then_select(k_old, v_old, k_new, v_new, order) -> None:
-    torch.cat([k_old, k_new], 2).index_select(0, order)
-    torch.cat([v_old, v_new], 2).index_select(0, order)
+def _attend(q, k, v) -> None:
+    torch.matmul(torch.matmul(q, k.transpose(-2, -1)).softmax(-1), v)
 
 
-def _cache_update(cache: DecoderCache, k_new, v_new, order) -> None:
+def _concat_then_select(k_old, v_old, k_new, v_new, order, q) -> None:
+    _attend(q, torch.cat([k_old, k_new], 2).index_select(0, order),
+            torch.cat([v_old, v_new], 2).index_select(0, order))
+
+
+def _cache_update(cache: DecoderCache, k_new, v_new, order, q) -> None:
     cache.reorder(order)
-    cache.append_self(0, k_new, v_new)
+    _attend(q, *cache.append_self(0, k_new, v_new))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -196,10 +206,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--adam", action="store_true",
                    help="time one Adam step over the preset's parameters (loop, foreach, fused)")
     p.add_argument("--cache-ops", action="store_true",
-                   help="time the decoder cache's K/V update per layer and step against "
-                        "torch.cat + index_select")
+                   help="time the decoder cache's K/V update and attention per layer and "
+                        "step, its two layouts and torch.cat + index_select")
     p.add_argument("--rounds", type=int, default=1,
-                   help="--cache-ops: alternating rounds of each variant (medians reported)")
+                   help="--cache-ops: rotating rounds of the variants (medians reported)")
     args = p.parse_args(argv)
     if args.cache_ops:
         if args.threads:

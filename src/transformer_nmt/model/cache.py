@@ -25,23 +25,29 @@ class DecoderCache:
     its cross-attention K/V (beam search keeps R = N x K), which a beam reorder never has
     to touch.
 
-    Self-attention K/V live in reused buffers (capacity doubles when full) and
     :meth:`reorder` is lazy: the next :meth:`append_self` of each layer gathers the kept
-    rows with one ``index_select`` (docs/model.md, "Decoder cache", has the design and its
+    rows with one ``index_select``. On a CPU the self-attention K/V are then contiguous
+    tensors of exactly L positions, rebuilt by each call (the step's attention matmuls read
+    them twice as fast as strided views); elsewhere they live in reused buffers whose
+    capacity doubles when full (docs/model.md, "Decoder cache", has the design and its
     timings). Inference only: the buffers are written in place, which autograd does not
     allow.
 
     Attributes:
         length: target positions already decoded (L); the next call starts at this position.
+        contiguous: True: the CPU layout (contiguous K/V rebuilt per call); False: reused
+            buffers; None (the default): the CPU layout on a CPU, buffers elsewhere.
         cross_attn_mask: (N, 1, 1, S) bool or None, the source padding mask for
             cross-attention, computed once with the cross K/V.
     """
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, contiguous: bool | None = None) -> None:
         self.length = 0
+        self.contiguous = contiguous
         # Per layer: two (rows, H, capacity, Dk|Dv) K/V buffer pairs used in turn (a reorder
-        # gathers from one into the other, so steady-state steps allocate nothing), the
-        # index of the pair in use, the rows in use, and a row order not yet applied.
+        # gathers from one into the other, so steady-state steps allocate nothing; the
+        # contiguous layout keeps its (rows, H, L, Dk|Dv) pair in slot 0), the index of the
+        # pair in use, the rows in use, and a row order not yet applied.
         self._buffers: list[list[tuple[Tensor, Tensor] | None]] = [
             [None, None] for _ in range(num_layers)
         ]
@@ -95,6 +101,8 @@ class DecoderCache:
                     f"decoder cache holds {held} target rows, the decode call brought "
                     f"{rows}; reorder the cache to the new rows first"
                 )
+        if self.contiguous or (self.contiguous is None and k.device.type == "cpu"):
+            return self._append_contiguous(layer, order, start, k, v)
         cur = self._current[layer]
         pair = self._buffers[layer][cur]
         capacity = 0 if pair is None else pair[0].size(2)
@@ -119,6 +127,28 @@ class DecoderCache:
         buf_k[:, :, start:end] = k
         buf_v[:, :, start:end] = v
         return buf_k[:, :, :end], buf_v[:, :, :end]  # (R, H, L + t, Dk|Dv)
+
+    def _append_contiguous(self, layer: int, order: Tensor | None, start: int, k: Tensor,
+                           v: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`append_self` with K/V rebuilt as contiguous (R, H, L + t, Dk|Dv) tensors,
+        the kept rows gathered straight into them (held in buffer slot 0)."""
+        rows, end = k.size(0), start + k.size(2)
+        old = self._buffers[layer][self._current[layer]]
+        pair = (k.new_empty(rows, k.size(1), end, k.size(3)),
+                v.new_empty(rows, v.size(1), end, v.size(3)))
+        if start > 0:
+            assert old is not None
+            for buf, new in zip(old, pair):
+                held = buf[: self._rows[layer], :, :start]
+                if order is None:
+                    new[:, :, :start].copy_(held)
+                else:
+                    torch.index_select(held, 0, order, out=new[:, :, :start])
+        pair[0][:, :, start:] = k
+        pair[1][:, :, start:] = v
+        self._buffers[layer][0], self._current[layer] = pair, 0
+        self._pending[layer], self._rows[layer] = None, rows
+        return pair
 
     @torch.no_grad()
     def reorder(self, indices: Tensor, sources: Tensor | None = None) -> None:

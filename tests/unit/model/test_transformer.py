@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from transformer_nmt.config import BOS_ID, CONFIG_DIR, PAD_ID, ModelConfig
+from transformer_nmt.model.cache import DecoderCache
 from transformer_nmt.model.transformer import (
     MultiHeadAttention,
     Transformer,
@@ -55,18 +56,29 @@ def preset(name: str) -> ModelConfig:
 # ---- incremental decoding ---------------------------------------------------------------
 
 
+CACHE_LAYOUTS = {"contiguous": True, "buffers": False}
+"""DecoderCache.contiguous: the CPU's layout and the one other devices use."""
+
+
+def new_cache(model, layout: str = "contiguous") -> DecoderCache:
+    cache = model.new_cache()
+    cache.contiguous = CACHE_LAYOUTS[layout]
+    return cache
+
+
+@pytest.mark.parametrize("layout", sorted(CACHE_LAYOUTS))
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_cached_decoding_equals_full_forward(variant):
+def test_cached_decoding_equals_full_forward(variant, layout):
     model = make_model(**VARIANTS[variant])
     src = random_batch([7, 4, 5], seed=1)  # source padding in rows 1 and 2
     tgt = random_batch([6, 6, 6], seed=2)
     with torch.no_grad():
         full = model(src, tgt)  # (B, T, V)
         memory, src_mask = model.encode(src)
-        cache = model.new_cache()
+        cache = new_cache(model, layout)
         steps = [model.decode(tgt[:, i : i + 1], memory, src_mask, cache) for i in range(6)]
         # several new positions in one cached call (offset causal mask), then single steps
-        cache2 = model.new_cache()
+        cache2 = new_cache(model, layout)
         chunks = [model.decode(tgt[:, :3], memory, src_mask, cache2)]
         chunks += [model.decode(tgt[:, 3:5], memory, src_mask, cache2)]
         chunks += [model.decode(tgt[:, 5:6], memory, src_mask, cache2)]
@@ -75,21 +87,50 @@ def test_cached_decoding_equals_full_forward(variant):
     torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("layout", sorted(CACHE_LAYOUTS))
 @pytest.mark.parametrize("variant", ["post_sinusoidal", "pre_norm", "learned_positions"])
-def test_cache_reorder_matches_reordered_forward(variant):
+def test_cache_reorder_matches_reordered_forward(variant, layout):
     model = make_model(**VARIANTS[variant])
     src = random_batch([5, 8, 3, 6], seed=3)
     tgt = random_batch([7, 7, 7, 7], seed=4)
     order = torch.tensor([2, 0, 0, 3])  # permute, repeat row 0, drop row 1
     with torch.no_grad():
         memory, src_mask = model.encode(src)
-        cache = model.new_cache()
+        cache = new_cache(model, layout)
         for i in range(3):
             model.decode(tgt[:, i : i + 1], memory, src_mask, cache)
         cache.reorder(order, sources=order)
         after = [model.decode(tgt[order, i : i + 1], memory, src_mask, cache) for i in range(3, 7)]
         full = model(src[order], tgt[order])
     torch.testing.assert_close(torch.cat(after, 1), full[:, 3:], atol=1e-5, rtol=0)
+
+
+def test_cache_layouts_hold_the_same_keys_and_values():
+    """Both self-attention layouts return the same K/V, bit for bit, through growth, reorders
+    that shrink, repeat and grow the rows, and a switch of layout midway; the CPU layout's are
+    contiguous (what its attention matmuls read fastest)."""
+    g = torch.Generator().manual_seed(7)
+    caches = {name: DecoderCache(2, contiguous=flag) for name, flag in CACHE_LAYOUTS.items()}
+    rows = 4
+    orders = {3: torch.tensor([1, 1, 3]), 9: torch.tensor([2, 0, 1, 2, 0]), 20: None}
+    for step in range(40):
+        if step == 25:
+            caches["contiguous"].contiguous, caches["buffers"].contiguous = False, True
+        order = orders.get(step)
+        if order is not None:
+            rows = order.numel()
+        k, v = torch.randn(rows, 2, 1, 3, generator=g), torch.randn(rows, 2, 1, 5, generator=g)
+        got = {}
+        for name, cache in caches.items():
+            if order is not None:
+                cache.reorder(order)
+            got[name] = [cache.append_self(layer, k + layer, v - layer) for layer in (0, 1)]
+            cache.length += 1
+            if cache.contiguous:
+                assert all(x.is_contiguous() for pair in got[name] for x in pair)
+        for (ka, va), (kb, vb) in zip(got["contiguous"], got["buffers"]):
+            assert ka.shape == (rows, 2, step + 1, 3) and vb.shape == (rows, 2, step + 1, 5)
+            assert torch.equal(ka, kb) and torch.equal(va, vb)
 
 
 def test_cached_cross_attention_layout_follows_the_step_that_reads_it(monkeypatch):
