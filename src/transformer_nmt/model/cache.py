@@ -112,14 +112,8 @@ class DecoderCache:
             new_k, new_v = self._buffer_pair(layer, nxt, rows, new_capacity, k, v)
             if start > 0:
                 held = self._rows[layer]
-                for old, new in ((pair[0][:held, :, :start], new_k[:rows, :, :start]),
-                                 (pair[1][:held, :, :start], new_v[:rows, :, :start])):
-                    if order is None:
-                        new.copy_(old)
-                    elif k.device.type == "cpu":  # one copy: gather straight into the buffer
-                        torch.index_select(old, 0, order, out=new)
-                    else:
-                        new.copy_(old.index_select(0, order))
+                _copy_rows(pair[0][:held, :, :start], new_k[:rows, :, :start], order)
+                _copy_rows(pair[1][:held, :, :start], new_v[:rows, :, :start], order)
             self._current[layer], self._pending[layer] = nxt, None
             pair = (new_k, new_v)
         self._rows[layer] = rows
@@ -138,12 +132,9 @@ class DecoderCache:
                 v.new_empty(rows, v.size(1), end, v.size(3)))
         if start > 0:
             assert old is not None
-            for buf, new in zip(old, pair):
-                held = buf[: self._rows[layer], :, :start]
-                if order is None:
-                    new[:, :, :start].copy_(held)
-                else:
-                    torch.index_select(held, 0, order, out=new[:, :, :start])
+            held = self._rows[layer]
+            _copy_rows(old[0][:held, :, :start], pair[0][:, :, :start], order)
+            _copy_rows(old[1][:held, :, :start], pair[1][:, :, :start], order)
         pair[0][:, :, start:] = k
         pair[1][:, :, start:] = v
         self._buffers[layer][0], self._current[layer] = pair, 0
@@ -186,6 +177,16 @@ class DecoderCache:
             for i, x in enumerate(store):
                 if x is not None:
                     store[i] = x.index_select(0, sources)
+
+
+def _copy_rows(src: Tensor, dst: Tensor, order: Tensor | None) -> None:
+    """``dst`` = ``src``, or its rows ``order`` (a view of a K/V buffer: (R, H, L, D))."""
+    if order is None:
+        dst.copy_(src)
+    elif src.device.type == "cpu":  # one copy: gather straight into the view
+        torch.index_select(src, 0, order, out=dst)
+    else:
+        dst.copy_(src.index_select(0, order))
 
 
 LENGTH_BUCKET = 16
