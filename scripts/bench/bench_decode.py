@@ -5,6 +5,9 @@ One trained transformer-nmt checkpoint is decoded by
 * ``ours``: ``translate.translate_lines`` (our batching and ``beam_search``);
 * ``ours_int8`` (CPU): the same with ``decode.precision=int8``, the model's linear layers
   quantized to int8 with one scale per output channel (``transformer_nmt.decode.quantize``);
+* ``ours_compiled``: the same with ``decode.compile=true``, the decoder step compiled over a
+  static cache (on CUDA a CUDA graph per shape bucket; each bucket compiles the first time it
+  is met, so the first pass includes compiling: time ``--repeats 2`` or more);
 * ``fairseq``: fairseq's ``SequenceGenerator`` (the search engine of ``fairseq-generate``)
   on a ``TransformerModel`` holding the same weights (bench_common.port_to_fairseq);
 * ``marian``: Hugging Face ``MarianMTModel.generate(num_beams=K)`` on the same weights
@@ -26,8 +29,9 @@ can beat the best finished one), which runs more decoder steps.
 
 The timed span covers SentencePiece encoding, search and decoding back to text, after a
 warm-up on ``--warmup-sentences`` sentences; each toolkit decodes the input ``--repeats``
-times and the fastest pass is reported (all are in the results file). Each toolkit runs in its own
-process (its own peak RSS / GPU memory). Target tokens count each output's tokens plus its eos.
+times and the fastest pass is reported (all are in the results file, which is rewritten after
+each toolkit). Each toolkit runs in its own process (its own peak RSS / GPU memory). Target
+tokens count each output's tokens plus its eos.
 
 Examples::
 
@@ -60,6 +64,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as bc
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig
+
+OURS = ("ours", "ours_int8", "ours_compiled")
+"""Our engine's toolkits: as nmt-translate runs it, with int8 weights, with the compiled step."""
 
 
 def decode_config(args) -> DecodeConfig:
@@ -223,7 +230,7 @@ def check_port(model, ported, kind: str) -> float:
 def worker(args) -> None:
     """Decode the input with one toolkit; write timings and translations as JSON."""
     torch.set_num_threads(args.threads)
-    ours = args.worker in ("ours", "ours_int8")
+    ours = args.worker in OURS
     if (ours and not args.system_malloc) or (not ours and args.peers_retain_freed_memory):
         from transformer_nmt.runtime import retain_freed_memory
 
@@ -240,7 +247,9 @@ def worker(args) -> None:
             return fn(tokens, *a, **kw)
         return wrapper
 
-    if args.worker in ("ours", "ours_int8"):
+    if args.worker in OURS:
+        if args.worker == "ours_compiled":
+            args.compile = "true"
         engine = ours_model(model.to(args.device), args, args.worker == "ours_int8")
         engine.decode = counted(engine.decode)
 
@@ -372,12 +381,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--toolkits", default="ours,fairseq,marian,ct2_float32,ct2_int8",
-                   help="comma-separated: ours, ours_int8 (CPU), fairseq, marian, ct2_float32, "
+                   help="comma-separated: ours, ours_int8 (CPU), ours_compiled, fairseq, marian, "
+                        "ct2_float32, "
                         "ct2_int8, ct2_float16 (GPU)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=int, default=0,
                    help="profile ours on this many sentences instead of benchmarking")
-    p.add_argument("--worker", choices=["ours", "ours_int8", "fairseq", "marian", "ct2_float32",
+    p.add_argument("--worker", choices=[*OURS, "fairseq", "marian", "ct2_float32",
                                         "ct2_int8", "ct2_float16"],
                    help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -439,13 +449,13 @@ def main(argv: list[str] | None = None) -> None:
         results["toolkits"][name] = r
         print(f"[bench_decode] {name}: {r['sentences_per_s']:.1f} sentences/s, "
               f"{r['target_tokens_per_s']:,.0f} target tokens/s", flush=True)
-    if "ours" in results["toolkits"]:
-        ours_out = bc.read_lines(out / "ours.de")
-        for name, r in results["toolkits"].items():
-            other = bc.read_lines(out / f"{name}.de")
-            r["same_as_ours"] = float(np.mean([a == b for a, b in zip(ours_out, other)]))
-    results["machine_after"] = bc.machine_info()["load_average"]
-    bc.write_json(out / "results.json", results)
+        if "ours" in results["toolkits"]:
+            ours_out = bc.read_lines(out / "ours.de")
+            for other_name, other in results["toolkits"].items():
+                lines = bc.read_lines(out / f"{other_name}.de")
+                other["same_as_ours"] = float(np.mean([a == b for a, b in zip(ours_out, lines)]))
+        results["machine_after"] = bc.machine_info()["load_average"]
+        bc.write_json(out / "results.json", results)  # what finished, should a later one fail
     print(f"\n[bench_decode] results: {out / 'results.json'}\n")
     print(markdown(results))
 

@@ -18,7 +18,9 @@ machine's Python) and ``multi30k/`` (the Multi30k files as the official mirror n
    test_2016_flickr with ours and with Hugging Face transformers' ``MarianMTModel.generate`` on
    the same weights (``scripts/bench/bench_decode.py --toolkits ours,marian``, bf16, the
    peers' length penalty and stopping rule): tokens/s, BLEU and the share of identical
-   outputs; :data:`DECODE_RESERVE_S` seconds of the budget are kept for it;
+   outputs; :data:`DECODE_RESERVE_S` seconds of the budget are kept for it. With
+   ``--decode-toolkits ours,marian,ours_compiled`` ours runs also with ``decode.compile`` (a
+   CUDA graph per shape bucket), whose buckets the prewarm phase compiles once, untimed;
 4. writes ``<out>/device_measure.json`` (every configuration's speed: target tokens/s, MFU,
    peak memory; and its profile: the GPU-busy share of a step, host time per step and its top
    host ops) and ``<out>/device_measure.md``, after every configuration, so that a call
@@ -72,6 +74,8 @@ PARTS = ("step", "decode")
 DECODE_STEPS = 300
 """Training steps of the model the decoding part decodes (a few hundred: its outputs are
 sentences of realistic length, not yet good translations)."""
+DECODE_TOOLKITS = "ours,marian"
+"""The decoding part's toolkits by default: ours (eager) and Marian's ``generate``."""
 DECODE_RESERVE_S = 90.0
 """Seconds of ``--budget-s`` that the step configurations leave for the decoding part (its
 model trained beside the prewarm; without it, the training's time comes out of this too)."""
@@ -131,12 +135,12 @@ def profile_command(size: str, tokens: int, batch: str, out: Path, data_root: Pa
     return cmd
 
 
-def decode_commands(tmp: Path, data_root: Path, out: Path, smoke: bool
-                    ) -> tuple[list[str], list[str]]:
+def decode_commands(tmp: Path, data_root: Path, out: Path, smoke: bool,
+                    toolkits: str = DECODE_TOOLKITS) -> tuple[list[str], list[str]]:
     """``(train, bench)``: ``nmt-train`` of the model to decode (the base size, bf16, in
     ``tmp/run``; with ``smoke`` the tiny one on the CPU) and ``bench_decode.py`` over
-    test_2016_flickr with ours and Marian's ``generate``; the bench command's checkpoint is
-    the placeholder ``{checkpoint}``."""
+    test_2016_flickr with ``toolkits`` (bench_decode.py's names); the bench command's
+    checkpoint is the placeholder ``{checkpoint}``."""
     train = [sys.executable, "-m", "transformer_nmt.cli.train", "experiment=multi30k_en_de",
              f"data.root={data_root}", f"run_dir={tmp / 'run'}", "trainer.keep_last=1",
              f"trainer.validate_every_steps={10 ** 6}"]
@@ -146,7 +150,7 @@ def decode_commands(tmp: Path, data_root: Path, out: Path, smoke: bool
              str(data_root / "spm" / "multi30k_en_de" / "spm.model"),
              "--input", str(raw / "test_2016_flickr.en"),
              "--reference", str(raw / "test_2016_flickr.de"),
-             "--toolkits", "ours,marian", "--out", str(out / "decode")]
+             "--toolkits", toolkits, "--out", str(out / "decode")]
     if smoke:
         train += [*SMOKE_DATA, "trainer.max_steps=10"]
         bench += ["--size", "tiny", "--sentences", "8", "--warmup-sentences", "2",
@@ -167,13 +171,19 @@ def last_checkpoint(run: Path) -> Path | None:
 
 
 def run_decode(tmp: Path, data_root: Path, out: Path, env: dict[str, str], smoke: bool,
-               timeout: float) -> dict:
+               timeout: float, toolkits: str = DECODE_TOOLKITS, **bench_args: str) -> dict:
     """Train the model (unless a checkpoint is in ``tmp/run`` already: the prewarm phase
-    trained it) and decode with both toolkits: per toolkit its sentences/s, target tokens/s,
-    BLEU and share of outputs identical to ours, or why it did not run. The bench's own files
-    go to ``out``."""
-    train, bench = decode_commands(tmp, data_root, out, smoke)
+    trained it) and decode with each of ``toolkits``: per toolkit its sentences/s, target
+    tokens/s, BLEU, share of outputs identical to ours and every pass's seconds, or why it
+    did not run (the toolkits that finished before a failure or the budget's end are kept).
+    The bench's own files go to ``out``; ``bench_args`` replace its ``--name value`` pairs
+    (``repeats="1"``)."""
+    train, bench = decode_commands(tmp, data_root, out, smoke, toolkits)
+    for name, value in bench_args.items():
+        flag = "--" + name.replace("_", "-")
+        bench[bench.index(flag) + 1] = value
     t0 = time.monotonic()
+    status, tail, checkpoint = "ran", "", None
     try:
         if last_checkpoint(tmp / "run") is None:
             proc = subprocess.run(train, env=env, cwd=REPO, capture_output=True, text=True,
@@ -186,18 +196,23 @@ def run_decode(tmp: Path, data_root: Path, out: Path, env: dict[str, str], smoke
             return {"status": "training wrote no checkpoint"}
         bench = [str(checkpoint) if a == "{checkpoint}" else a for a in bench]
         left = timeout - (time.monotonic() - t0)
+        (out / "decode" / "results.json").unlink(missing_ok=True)  # an earlier call's
         proc = subprocess.run(bench, env=env, cwd=REPO, capture_output=True, text=True,
                               timeout=max(left, 1.0))
+        if proc.returncode != 0:
+            status, tail = f"bench exit {proc.returncode}", proc.stderr[-1500:]
     except subprocess.TimeoutExpired:
-        return {"status": f"stopped after {timeout:.0f} s (budget)"}
+        status = f"stopped after {timeout:.0f} s (budget)"
     results = out / "decode" / "results.json"
-    if proc.returncode != 0 or not results.is_file():
-        return {"status": f"bench exit {proc.returncode}", "stderr_tail": proc.stderr[-1500:]}
-    toolkits = json.loads(results.read_text())["toolkits"]
-    keys = ("sentences_per_s", "target_tokens_per_s", "bleu", "same_as_ours", "peak_gpu_mib")
-    return {"status": "ran", "seconds": round(time.monotonic() - t0, 1),
-            "checkpoint_steps": int(checkpoint.stem.rsplit("_", 1)[-1]),
-            "toolkits": {name: {k: r.get(k) for k in keys} for name, r in toolkits.items()}}
+    if not results.is_file():
+        return {"status": status, **({"stderr_tail": tail} if tail else {})}
+    done = json.loads(results.read_text())["toolkits"]
+    keys = ("sentences_per_s", "target_tokens_per_s", "bleu", "same_as_ours", "peak_gpu_mib",
+            "all_seconds")
+    entry = {"status": status, "seconds": round(time.monotonic() - t0, 1),
+             "checkpoint_steps": int(checkpoint.stem.rsplit("_", 1)[-1]) if checkpoint else None,
+             "toolkits": {name: {k: r.get(k) for k in keys} for name, r in done.items()}}
+    return {**entry, **({"stderr_tail": tail} if tail else {})}
 
 
 class Job:
@@ -317,6 +332,14 @@ def summary_row(name: str, entry: dict) -> str:
             f"{p.get('host_ms_per_step', '-')} | {s.get('peak_allocated_gib', '-')} | {top} |")
 
 
+def decode_row(name: str, r: dict) -> str:
+    """One toolkit of the decoding part as a row of the markdown table."""
+    same = "-" if r.get("same_as_ours") is None else f"{r['same_as_ours']:.3f}"
+    passes = ", ".join(f"{x:.2f}" for x in r.get("all_seconds") or [])
+    return (f"| {name} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:,.0f} | "
+            f"{r['bleu']:.2f} | {same} | {passes} |")
+
+
 def write_report(out: Path, report: dict) -> None:
     """``device_measure.json`` and ``.md`` in ``out`` (each written whole, then renamed)."""
     rows = ["| configuration | status | target tok/s | MFU | kernel time / step | "
@@ -327,11 +350,9 @@ def write_report(out: Path, report: dict) -> None:
     if decode:
         rows += ["", f"decoding test_2016_flickr, beam 4: {decode['status']}", ""]
         if decode.get("toolkits"):
-            rows += ["| toolkit | sentences/s | target tok/s | BLEU | same as ours |",
-                     "|---|---:|---:|---:|---:|"]
-            rows += [f"| {name} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:,.0f} "
-                     f"| {r['bleu']:.2f} | {r['same_as_ours']:.3f} |"
-                     for name, r in decode["toolkits"].items()]
+            rows += ["| toolkit | sentences/s | target tok/s | BLEU | same as ours | "
+                     "seconds of each pass |", "|---|---:|---:|---:|---:|---|"]
+            rows += [decode_row(name, r) for name, r in decode["toolkits"].items()]
     if report.get("checks"):
         rows += ["", "gpu_check.py, run during the prewarm phase:", "",
                  "| check | status | note |", "|---|---|---|"]
@@ -420,7 +441,8 @@ def run(args: argparse.Namespace) -> int:
             write_report(out, report)
         if "decode" in args.parts:
             left = args.budget_s - (time.monotonic() - start)
-            report["decode"] = (run_decode(work, data_root, work, env, args.smoke, left)
+            report["decode"] = (run_decode(work, data_root, work, env, args.smoke, left,
+                                           args.decode_toolkits)
                                 if left >= args.min_config_s else
                                 {"status": f"not run: {args.budget_s} s budget spent"})
             print(f"decode: {report['decode']['status']}", flush=True)
@@ -443,8 +465,12 @@ def prewarm(plan: list[tuple[str, int, str]], args: argparse.Namespace, work: Pa
     ``args.prewarm_s`` seconds after ``start`` is stopped. Each job's status and seconds."""
     jobs = []
     if "decode" in args.parts:
-        train, _ = decode_commands(work, data_root, work, args.smoke)
-        jobs.append(Job("decode training", train, work / "logs" / "decode_train.log", env,
+        name, cmd = "decode training", decode_commands(work, data_root, work, args.smoke)[0]
+        if "ours_compiled" in args.decode_toolkits.split(","):
+            name = "decode training and compiling"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--decode-prewarm", "--work",
+                   str(work), *(["--smoke"] if args.smoke else [])]
+        jobs.append(Job(name, cmd, work / "logs" / "decode_train.log", env,
                         gib=0.0 if args.smoke else 8.0))
     for size, tokens, batch in plan:
         name = f"{size}-{tokens}-{batch}"
@@ -461,6 +487,17 @@ def prewarm(plan: list[tuple[str, int, str]], args: argparse.Namespace, work: Pa
 
         memory = torch.cuda.get_device_properties(0).total_memory / 2**30 * 0.85
     return run_concurrently(jobs, chain, args.prewarm, memory, start + args.prewarm_s)
+
+
+def decode_prewarm(work: Path, smoke: bool) -> int:
+    """The prewarm phase's decoding job with ``ours_compiled``: train the model (unless its
+    checkpoint is there) and decode once, untimed, with the compiled step, so that each shape
+    bucket's graph is in Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) when the decoding part
+    times it. 0 when both ran."""
+    entry = run_decode(work, work / "data", work / "decode_prewarm", dict(os.environ), smoke,
+                       24 * 3600.0, "ours_compiled", repeats="1", warmup_sentences="0")
+    print(json.dumps(entry), flush=True)
+    return 0 if entry["status"] == "ran" else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -488,9 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checks", type=lambda v: [k for k in v.split(",") if k],
                    default=list(CHECKS),
                    help="comma-separated gpu_check.py keys run during the prewarm phase")
+    p.add_argument("--decode-toolkits", default=DECODE_TOOLKITS,
+                   help="the decoding part's bench_decode.py toolkits (ours_compiled: ours with "
+                        "decode.compile, its buckets compiled in the prewarm phase)")
     p.add_argument("--smoke", action="store_true",
                    help="the CPU path: tiny model, small data, two configurations")
+    p.add_argument("--decode-prewarm", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.decode_prewarm:  # the prewarm phase's job, in its own process
+        return decode_prewarm(Path(args.work), args.smoke)
     return run(args)
 
 

@@ -125,17 +125,63 @@ def test_smoke_run_prepares_measures_and_reports(tmp_path, multi30k_mirror):
 @pytest.mark.heavy
 def test_the_decoding_part_trains_a_model_and_times_ours_against_marian(tmp_path,
                                                                         multi30k_mirror):
-    report, out = _smoke(tmp_path, multi30k_mirror, "decode", "--checks", "")
+    report, out = _smoke(tmp_path, multi30k_mirror, "decode", "--checks", "",
+                         "--decode-toolkits", "ours,marian,ours_compiled")
     assert list(report["configurations"]) == []  # the step part was not asked for
-    # the model trained in the untimed phase; the decoding part found its checkpoint
-    assert report["prewarm"] == {"decode training": {
-        "status": "ran", "seconds": report["prewarm"]["decode training"]["seconds"]}}
+    # the model trained, and the compiled step decoded once, in the untimed phase
+    job = "decode training and compiling"
+    assert report["prewarm"] == {job: {"status": "ran",
+                                       "seconds": report["prewarm"][job]["seconds"]}}
+    prewarmed = json.loads((tmp_path / "work" / "decode_prewarm" / "decode" / "results.json"
+                            ).read_text())["toolkits"]
+    assert list(prewarmed) == ["ours_compiled"]
+    assert len(prewarmed["ours_compiled"]["all_seconds"]) == 1
+    # the decoding part found its checkpoint
     decode = report["decode"]
     assert decode["status"] == "ran" and decode["checkpoint_steps"] == 10
-    ours, marian = decode["toolkits"]["ours"], decode["toolkits"]["marian"]
+    toolkits = decode["toolkits"]
+    ours, marian = toolkits["ours"], toolkits["marian"]
     assert ours["same_as_ours"] == 1.0 and 0.0 <= marian["same_as_ours"] <= 1.0
+    assert toolkits["ours_compiled"]["same_as_ours"] == 1.0  # the compiled step: same search
     assert ours["target_tokens_per_s"] > 0 and marian["target_tokens_per_s"] > 0
-    assert "| marian |" in (out / "device_measure.md").read_text()
+    markdown = (out / "device_measure.md").read_text()
+    assert "| marian |" in markdown and "| ours_compiled |" in markdown
+
+
+def test_the_decoding_part_keeps_the_toolkits_that_finished(tmp_path, monkeypatch):
+    """A bench that fails (or meets the budget) after some toolkits: their figures are kept,
+    with the failure as the status; an earlier call's results are never taken for new ones."""
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "checkpoint_7.pt").write_bytes(b"")
+    results = tmp_path / "decode" / "results.json"
+    results.parent.mkdir()
+    results.write_text("stale")
+    seen = []
+
+    def bench(cmd, **kw):
+        seen.append(cmd)
+        if len(seen) == 2:
+            raise subprocess.TimeoutExpired(cmd, 1.0)
+        results.write_text(json.dumps({"toolkits": {"ours": {
+            "sentences_per_s": 10.0, "target_tokens_per_s": 100.0, "bleu": 1.0,
+            "same_as_ours": 1.0, "all_seconds": [0.2, 0.1]}}}))
+        return subprocess.CompletedProcess(cmd, 1, "", "ours_compiled: boom")
+
+    monkeypatch.setattr(device_measure.subprocess, "run", bench)
+    entry = device_measure.run_decode(tmp_path, tmp_path / "data", tmp_path, {}, True, 60.0,
+                                      "ours,ours_compiled", repeats="5")
+    assert entry["status"] == "bench exit 1" and entry["stderr_tail"] == "ours_compiled: boom"
+    assert entry["checkpoint_steps"] == 7 and list(entry["toolkits"]) == ["ours"]
+    assert entry["toolkits"]["ours"]["all_seconds"] == [0.2, 0.1]
+    cmd = seen[0]
+    assert cmd[cmd.index("--toolkits") + 1] == "ours,ours_compiled"
+    assert cmd[cmd.index("--repeats") + 1] == "5"
+    assert cmd[cmd.index("--checkpoint") + 1].endswith("checkpoint_7.pt")
+    assert "| ours | 10.0 | 100 | 1.00 | 1.000 | 0.20, 0.10 |" == device_measure.decode_row(
+        "ours", entry["toolkits"]["ours"])
+    # stopped at the budget before writing anything: the earlier results are gone, not shown
+    entry = device_measure.run_decode(tmp_path, tmp_path / "data", tmp_path, {}, True, 60.0)
+    assert entry == {"status": "stopped after 60 s (budget)"} and not results.exists()
 
 
 def test_without_a_gpu_or_the_corpus_it_says_so_in_one_line(tmp_path):
