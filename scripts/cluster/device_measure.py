@@ -176,12 +176,15 @@ def run_decode(tmp: Path, data_root: Path, out: Path, env: dict[str, str], smoke
     trained it) and decode with each of ``toolkits``: per toolkit its sentences/s, target
     tokens/s, BLEU, share of outputs identical to ours and every pass's seconds, or why it
     did not run (the toolkits that finished before a failure or the budget's end are kept).
-    The bench's own files go to ``out``; ``bench_args`` replace its ``--name value`` pairs
-    (``repeats="1"``)."""
+    The bench's own files go to ``out``; ``bench_args`` set its ``--name value`` pairs
+    (``repeats="1"``), replacing or adding them."""
     train, bench = decode_commands(tmp, data_root, out, smoke, toolkits)
     for name, value in bench_args.items():
         flag = "--" + name.replace("_", "-")
-        bench[bench.index(flag) + 1] = value
+        if flag in bench:
+            bench[bench.index(flag) + 1] = value
+        else:
+            bench += [flag, value]
     t0 = time.monotonic()
     status, tail, checkpoint = "ran", "", None
     try:

@@ -228,3 +228,34 @@ def test_the_prewarm_phase_keeps_to_its_slots_memory_and_deadline(tmp_path):
     assert result["slow"]["status"] == "stopped at the deadline"
     assert result["late"] == {"status": "not started (deadline)", "seconds": 0.0}
     assert "end slow" not in events.read_text()
+
+
+def test_the_prewarm_decodes_once_with_the_compiled_step_on_a_gpu_machine(tmp_path,
+                                                                         monkeypatch):
+    """The prewarm's decoding job as a GPU machine runs it (not the smoke path): the model
+    trains when no checkpoint is there, then one untimed pass of ``ours_compiled`` without a
+    warm-up, on CUDA in bf16."""
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        if len(calls) == 1:  # the training writes its checkpoint
+            (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+            (tmp_path / "run" / "checkpoints" / "checkpoint_300.pt").write_bytes(b"")
+        else:
+            results = tmp_path / "decode_prewarm" / "decode" / "results.json"
+            results.parent.mkdir(parents=True, exist_ok=True)
+            results.write_text(json.dumps({"toolkits": {"ours_compiled": {
+                "sentences_per_s": 1.0, "target_tokens_per_s": 2.0, "bleu": 0.0,
+                "all_seconds": [30.0]}}}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(device_measure.subprocess, "run", fake_run)
+    assert device_measure.decode_prewarm(tmp_path, smoke=False) == 0
+    train, bench = calls
+    assert "model=base" in train and "trainer.precision=bf16" in train
+    flags = {a: bench[i + 1] for i, a in enumerate(bench) if a.startswith("--")}
+    assert flags["--toolkits"] == "ours_compiled" and flags["--repeats"] == "1"
+    assert flags["--warmup-sentences"] == "0" and flags["--device"] == "cuda"
+    assert flags["--precision"] == "bf16" and flags["--checkpoint"].endswith("checkpoint_300.pt")
+    assert flags["--out"] == str(tmp_path / "decode_prewarm" / "decode")
