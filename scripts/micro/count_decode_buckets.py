@@ -1,10 +1,14 @@
-"""The shape buckets ``decode.compile`` meets on an input: how many graphs the compiled decoder
-step builds before its first timed pass, and how many steps each serves.
+"""The shape buckets ``decode.compile`` meets on an input: how many CUDA graphs the compiled
+decoder step records (one per bucket) before its first timed pass, and how many steps each
+serves.
 
 The search runs as ``decode.compile=true`` runs it (the static cache, its row, cache-length and
 source-length buckets), with the step computed eagerly instead of compiled, so that the count
 needs no GPU (about a minute for 1,000 sentences on two CPU cores). Prints one line per bucket
-(cache rows R, cache length C, padded source length Sb: steps) and the total.
+(cache rows R, cache length C, padded source length Sb: steps) and the total. ``--compile``
+compiles the step as ``decode.compile`` does, with the ``aot_eager`` backend (the graphs
+traced, no code generated), counts the graphs ``torch.compile`` builds for all the buckets,
+and says whether the translations equal the eager search's.
 
     .venv/bin/python scripts/micro/count_decode_buckets.py \
         --checkpoint runs/multi30k_en_de/checkpoints/averaged.pt
@@ -13,6 +17,7 @@ needs no GPU (about a minute for 1,000 sentences on two CPU cores). Prints one l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections import Counter
 
 import torch
@@ -24,8 +29,20 @@ from transformer_nmt.data.bpe import SentencePieceTokenizer
 from transformer_nmt.decode.translate import translate_lines
 
 
-def main(argv: list[str] | None = None) -> Counter:
-    """Run the search and print the buckets; returns ``{(R, C, Sb): steps}``."""
+class CountingBackend:
+    """A ``torch.compile`` backend: ``aot_eager``, counting the graphs it is given."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the search and print the buckets: ``{"buckets": {(R, C, Sb): steps}, "graphs":
+    graphs compiled (None without --compile), "same_as_eager": bool or None}``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--spm", default="data/spm/multi30k_en_de/spm.model")
@@ -34,15 +51,21 @@ def main(argv: list[str] | None = None) -> Counter:
     p.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--compile", action="store_true",
+                   help="compile the step (aot_eager) and count the graphs built")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     buckets: Counter = Counter()
+    backend = CountingBackend() if args.compile else None
+    original = compiled_step._compiled_step
 
-    def counted(device, backend):  # the step uncompiled, its cache's shapes counted
+    def counted(device, _backend):  # the step (compiled or not), its cache's shapes counted
+        fn = original(device, backend) if backend else compiled_step.static_log_probs
+
         def step(model, cache, min_len):
             rows, _, length, _ = cache.self_k[0].shape
             buckets[(rows, length, cache.cross_attn_mask.shape[-1])] += 1
-            return compiled_step.static_log_probs(model, cache, min_len)
+            return fn(model, cache, min_len)
         return step
 
     model, _ = load_model(args.checkpoint, "cpu")
@@ -52,16 +75,25 @@ def main(argv: list[str] | None = None) -> Counter:
     cfg = DecodeConfig(beam_size=args.beam, lenpen=0.6, lenpen_form="fairseq", stopping="beam",
                        max_len_a=1.0, max_len_b=50, max_tokens=args.max_tokens, device="cpu",
                        compile="true")
-    compiled, compiled_step._compiled_step = compiled_step._compiled_step, counted
+    tokenizer = SentencePieceTokenizer(args.spm)
+    compiled_step._compiled_step = counted
     try:
-        translate_lines(model, SentencePieceTokenizer(args.spm), lines, cfg, "cpu")
+        outputs, _ = translate_lines(model, tokenizer, lines, cfg, "cpu")
     finally:
-        compiled_step._compiled_step = compiled
+        compiled_step._compiled_step = original
     for (rows, length, src), steps in sorted(buckets.items()):
         print(f"R {rows:5d}  C {length:4d}  Sb {src:4d}: {steps} steps")
-    print(f"{len(buckets)} buckets (graphs to compile), {sum(buckets.values())} steps, "
+    print(f"{len(buckets)} buckets, {sum(buckets.values())} steps, "
           f"{len(lines)} sentences, max_tokens {args.max_tokens}, beam {args.beam}")
-    return buckets
+    same = None
+    if backend:
+        eager, _ = translate_lines(model, tokenizer, lines,
+                                   dataclasses.replace(cfg, compile="false"), "cpu")
+        same = outputs == eager
+        print(f"{backend.graphs} graphs compiled for them; translations "
+              f"{'equal to' if same else 'DIFFERENT from'} the eager search's")
+    return {"buckets": buckets, "graphs": backend.graphs if backend else None,
+            "same_as_eager": same}
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 One function, :func:`static_log_probs`, computes a step's constrained log-probabilities over a
 :class:`~transformer_nmt.model.cache.StaticDecoderCache` with tensor ops only, so that
-``torch.compile`` traces one graph per bucket of shapes (rows, capacity, padded source length)
-and, on CUDA (mode ``reduce-overhead``), replays it as a CUDA graph. :class:`StaticStep` is what
+``torch.compile`` traces it with symbolic shapes (rows, capacity, padded source length), so one
+compiled graph serves every bucket of shapes, and on CUDA (mode ``reduce-overhead``) records a
+CUDA graph per bucket and replays it. :class:`StaticStep` is what
 the searches call each step. docs/model.md, "Compiled decoding step", has the design.
 
 Shape legend as in :mod:`transformer_nmt.decode.beam_search`; R the static cache's rows.
@@ -16,6 +17,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
+import torch.fx.experimental._config as fx_config
 from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
@@ -60,22 +62,23 @@ def static_log_probs(model: Any, cache: Any, min_len: int) -> tuple[Tensor, Tens
 
 
 RECOMPILE_LIMIT = 256
-"""Graphs the compiled step may hold (one per row, length and source-length bucket)."""
+"""Graphs the compiled step may hold (two serve every bucket: a step with a pending beam
+reorder and one without)."""
 
 _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> BufferPool
 _COMPILED: dict[Any, Callable] = {}
 
 
 def _compiled_step(device: torch.device, backend: Any) -> Callable:
-    """:func:`static_log_probs` under ``torch.compile`` with static shapes: mode
-    ``reduce-overhead`` on CUDA without ``backend`` (a CUDA graph per bucket), else
-    ``backend`` (default inductor)."""
+    """:func:`static_log_probs` under ``torch.compile`` with dynamic shapes (the buckets'
+    sizes symbolic: one compilation serves them all): mode ``reduce-overhead`` on CUDA without
+    ``backend`` (a CUDA graph recorded per bucket), else ``backend`` (default inductor)."""
     key = (device.type, backend)
     if key not in _COMPILED:
         if backend is None and device.type == "cuda":
-            fn = torch.compile(static_log_probs, mode="reduce-overhead", dynamic=False)
+            fn = torch.compile(static_log_probs, mode="reduce-overhead", dynamic=True)
         else:
-            fn = torch.compile(static_log_probs, backend=backend or "inductor", dynamic=False)
+            fn = torch.compile(static_log_probs, backend=backend or "inductor", dynamic=True)
         _COMPILED[key] = fn
     return _COMPILED[key]
 
@@ -102,6 +105,7 @@ class StaticStep:
         cache.set_step(last, t, max_len)
         if self.device.type == "cuda":  # the outputs of the previous replay are done with
             torch.compiler.cudagraph_mark_step_begin()
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            lprobs, bad = self.fn(self.model, cache, min_len)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), \
+                fx_config.patch(use_duck_shape=False):
+            lprobs, bad = self.fn(self.model, cache, min_len)  # no size tied to an equal one
         return cache.step_output(lprobs), cache.step_output(bad)

@@ -194,8 +194,9 @@ LENGTH_BUCKET = 16
 
 
 def row_bucket(sentences: int) -> int:
-    """Sentences a static cache holds for ``sentences`` live ones: the next power of two."""
-    return 1 << max(sentences - 1, 0).bit_length()
+    """Sentences a static cache holds for ``sentences`` live ones: the next power of two, at
+    least 2 (a dimension of size 1 would be specialized by ``torch.compile``: one more graph)."""
+    return max(1 << max(sentences - 1, 0).bit_length(), 2)
 
 
 def length_bucket(length: int) -> int:
@@ -232,7 +233,8 @@ class StaticDecoderCache:
     R = N x K rows, K per sentence (``width``); rows past the live ones are dead (any finite
     values, never read back). The step writes its new K/V at :attr:`position`, a 0-d long
     tensor, and attends over all C positions with the keys past it masked, so one traced
-    graph serves every step of a bucket. The search's rows map onto the cache's: with W rows
+    graph serves every step of a bucket (and, traced with symbolic R, N, C and Sb, every
+    bucket). The search's rows map onto the cache's: with W rows
     per sentence (1 at the first step, K after), search row r is cache row
     (r // W) * K + r % W.
 

@@ -1,15 +1,32 @@
 """scripts/micro/count_decode_buckets.py: the buckets it counts are those of the compiled
-step's static cache, and it runs the same steps as the eager search."""
+step's static cache, it runs the same steps as the eager search, and with --compile the
+graphs torch.compile builds for all the buckets are at most two."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import new_model, write_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts" / "micro"))
 import count_decode_buckets  # noqa: E402
+
+
+def _run(workspace, tokenizer, tmp_path, *extra):
+    """The script on the workspace's 12 test sentences with a tiny model: (its result, the
+    checkpoint, the source file)."""
+    from transformer_nmt.fileio import raw_path, spm_model_path
+
+    _, cfg = workspace
+    path = tmp_path / "model.pt"
+    write_checkpoint(path, new_model(cfg, tokenizer.vocab_size, seed=3), cfg, step=10)
+    source = raw_path(cfg.data, "test_2016_flickr", "en")
+    result = count_decode_buckets.main([
+        "--checkpoint", str(path), "--spm", str(spm_model_path(cfg.data)), "--input",
+        str(source), "--max-tokens", "40", "--beam", "3", "--threads", "1", *extra])
+    return result, path, source
 
 
 def test_buckets_cover_the_eager_searchs_steps(workspace, tokenizer, tmp_path, capsys):
@@ -17,18 +34,13 @@ def test_buckets_cover_the_eager_searchs_steps(workspace, tokenizer, tmp_path, c
     from transformer_nmt.checkpoint import load_model
     from transformer_nmt.config import DecodeConfig
     from transformer_nmt.decode.translate import translate_lines
-    from transformer_nmt.fileio import raw_path, spm_model_path
     from transformer_nmt.model.cache import LENGTH_BUCKET
 
-    _, cfg = workspace
-    path = tmp_path / "model.pt"
-    write_checkpoint(path, new_model(cfg, tokenizer.vocab_size, seed=3), cfg, step=10)
-    source = raw_path(cfg.data, "test_2016_flickr", "en")
     before = compiled_step._compiled_step
-    buckets = count_decode_buckets.main([
-        "--checkpoint", str(path), "--spm", str(spm_model_path(cfg.data)), "--input",
-        str(source), "--max-tokens", "40", "--beam", "3", "--threads", "1"])
+    result, path, source = _run(workspace, tokenizer, tmp_path)
+    buckets = result["buckets"]
     assert compiled_step._compiled_step is before  # the eager stand-in is taken out again
+    assert result["graphs"] is None and result["same_as_eager"] is None
     # rows: beam x a power of two of sentences; lengths: multiples of the length bucket
     assert buckets and all(rows % 3 == 0 and (rows // 3) & (rows // 3 - 1) == 0
                            for rows, _, _ in buckets)
@@ -51,4 +63,13 @@ def test_buckets_cover_the_eager_searchs_steps(workspace, tokenizer, tmp_path, c
         max_len_b=50, max_tokens=40, device="cpu", compile="false"), "cpu")
     assert sum(buckets.values()) == calls
     out = capsys.readouterr().out
-    assert f"{len(buckets)} buckets (graphs to compile), {calls} steps, 12 sentences" in out
+    assert f"{len(buckets)} buckets, {calls} steps, 12 sentences" in out
+
+
+@pytest.mark.heavy
+def test_with_compile_two_graphs_serve_every_bucket(workspace, tokenizer, tmp_path, capsys):
+    result, _, _ = _run(workspace, tokenizer, tmp_path, "--compile")
+    assert len(result["buckets"]) > 2 and 1 <= result["graphs"] <= 2
+    assert result["same_as_eager"] is True
+    assert f"{result['graphs']} graphs compiled for them; translations equal to the eager " \
+        "search's" in capsys.readouterr().out
