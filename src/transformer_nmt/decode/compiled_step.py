@@ -12,12 +12,13 @@ Shape legend as in :mod:`transformer_nmt.decode.beam_search`; R the static cache
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
 import weakref
 from typing import Any, Callable
 
 import torch
-import torch.fx.experimental._config as fx_config
 from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
@@ -65,6 +66,20 @@ RECOMPILE_LIMIT = 256
 """Graphs the compiled step may hold (two serve every bucket: a step with a pending beam
 reorder and one without)."""
 
+
+def _no_duck_sizing() -> contextlib.AbstractContextManager:
+    """Tracing without "duck sizing" (``torch.fx.experimental._config.use_duck_shape``): a
+    bucket's size that equals another size at trace time (d_k, say) is not tied to it (which
+    would make it static). A no-op on a torch without that setting."""
+    try:
+        config = importlib.import_module("torch.fx.experimental._config")
+    except ImportError:
+        return contextlib.nullcontext()
+    if not hasattr(config, "use_duck_shape"):
+        return contextlib.nullcontext()
+    return config.patch(use_duck_shape=False)
+
+
 _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> BufferPool
 _COMPILED: dict[Any, Callable] = {}
 
@@ -105,7 +120,6 @@ class StaticStep:
         cache.set_step(last, t, max_len)
         if self.device.type == "cuda":  # the outputs of the previous replay are done with
             torch.compiler.cudagraph_mark_step_begin()
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), \
-                fx_config.patch(use_duck_shape=False):
-            lprobs, bad = self.fn(self.model, cache, min_len)  # no size tied to an equal one
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), _no_duck_sizing():
+            lprobs, bad = self.fn(self.model, cache, min_len)
         return cache.step_output(lprobs), cache.step_output(bad)
