@@ -67,17 +67,24 @@ RECOMPILE_LIMIT = 256
 reorder and one without)."""
 
 
-def _no_duck_sizing() -> contextlib.AbstractContextManager:
-    """Tracing without "duck sizing" (``torch.fx.experimental._config.use_duck_shape``): a
-    bucket's size that equals another size at trace time (d_k, say) is not tied to it (which
-    would make it static). A no-op on a torch without that setting."""
+def _fx_config() -> Any:
+    """``torch.fx.experimental._config`` where it has ``use_duck_shape``, else None."""
     try:
         config = importlib.import_module("torch.fx.experimental._config")
     except ImportError:
-        return contextlib.nullcontext()
-    if not hasattr(config, "use_duck_shape"):
-        return contextlib.nullcontext()
-    return config.patch(use_duck_shape=False)
+        return None
+    return config if hasattr(config, "use_duck_shape") else None
+
+
+_FX_CONFIG = _fx_config()  # looked up once, not at every step
+
+
+def _no_duck_sizing() -> contextlib.AbstractContextManager:
+    """Tracing without "duck sizing" (``use_duck_shape``): a bucket's size that equals another
+    size at trace time (d_k, say) is not tied to it (which would make it static). A no-op on a
+    torch without that setting."""
+    return (_FX_CONFIG.patch(use_duck_shape=False) if _FX_CONFIG is not None
+            else contextlib.nullcontext())
 
 
 _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> BufferPool
