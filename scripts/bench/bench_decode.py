@@ -6,8 +6,8 @@ One trained transformer-nmt checkpoint is decoded by
 * ``ours_int8`` (CPU): the same with ``decode.precision=int8``, the model's linear layers
   quantized to int8 with one scale per output channel (``transformer_nmt.decode.quantize``);
 * ``ours_compiled``: the same with ``decode.compile=true``, the decoder step compiled over a
-  static cache (on CUDA a CUDA graph per shape bucket; each bucket compiles the first time it
-  is met, so the first pass includes compiling: time ``--repeats 2`` or more);
+  static cache (compiled once; on CUDA a CUDA graph recorded for each shape bucket the first
+  time it is met, so the first pass includes both: time ``--repeats 2`` or more);
 * ``fairseq``: fairseq's ``SequenceGenerator`` (the search engine of ``fairseq-generate``)
   on a ``TransformerModel`` holding the same weights (bench_common.port_to_fairseq);
 * ``marian``: Hugging Face ``MarianMTModel.generate(num_beams=K)`` on the same weights
@@ -247,7 +247,7 @@ def worker(args) -> None:
             return fn(tokens, *a, **kw)
         return wrapper
 
-    if args.worker in OURS:
+    if ours:
         if args.worker == "ours_compiled":
             args.compile = "true"
         engine = ours_model(model.to(args.device), args, args.worker == "ours_int8")
@@ -375,8 +375,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
     p.add_argument("--compile", default="false", choices=["auto", "true", "false"],
                    help="decode.compile of ours: the decoder step compiled over a static cache "
-                        "(a CUDA graph per bucket on CUDA; the first batch of each bucket "
-                        "compiles, so time the later repeats)")
+                        "(compiled once, a CUDA graph recorded per bucket on CUDA, both in the "
+                        "first pass: time the later repeats)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=2)

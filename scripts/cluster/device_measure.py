@@ -20,7 +20,7 @@ machine's Python) and ``multi30k/`` (the Multi30k files as the official mirror n
    peers' length penalty and stopping rule): tokens/s, BLEU and the share of identical
    outputs; :data:`DECODE_RESERVE_S` seconds of the budget are kept for it. With
    ``--decode-toolkits ours,marian,ours_compiled`` ours runs also with ``decode.compile`` (a
-   CUDA graph per shape bucket), whose buckets the prewarm phase compiles once, untimed;
+   CUDA graph per shape bucket), whose step the prewarm phase compiles once, untimed;
 4. writes ``<out>/device_measure.json`` (every configuration's speed: target tokens/s, MFU,
    peak memory; and its profile: the GPU-busy share of a step, host time per step and its top
    host ops) and ``<out>/device_measure.md``, after every configuration, so that a call
@@ -494,9 +494,9 @@ def prewarm(plan: list[tuple[str, int, str]], args: argparse.Namespace, work: Pa
 
 def decode_prewarm(work: Path, smoke: bool) -> int:
     """The prewarm phase's decoding job with ``ours_compiled``: train the model (unless its
-    checkpoint is there) and decode once, untimed, with the compiled step, so that each shape
-    bucket's graph is in Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) when the decoding part
-    times it. 0 when both ran."""
+    checkpoint is there) and decode once, untimed, with the compiled step, so that its graphs
+    are in Inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) when the decoding part times it. 0
+    when both ran."""
     entry = run_decode(work, work / "data", work / "decode_prewarm", dict(os.environ), smoke,
                        24 * 3600.0, "ours_compiled", repeats="1", warmup_sentences="0")
     print(json.dumps(entry), flush=True)
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated gpu_check.py keys run during the prewarm phase")
     p.add_argument("--decode-toolkits", default=DECODE_TOOLKITS,
                    help="the decoding part's bench_decode.py toolkits (ours_compiled: ours with "
-                        "decode.compile, its buckets compiled in the prewarm phase)")
+                        "decode.compile, its step compiled in the prewarm phase)")
     p.add_argument("--smoke", action="store_true",
                    help="the CPU path: tiny model, small data, two configurations")
     p.add_argument("--decode-prewarm", action="store_true", help=argparse.SUPPRESS)
