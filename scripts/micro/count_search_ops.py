@@ -1,0 +1,206 @@
+"""Operations per beam-search step: the decoder call against the search around it, for our
+engine and for Hugging Face ``generate`` on the exported model.
+
+On a GPU every operation an eager step dispatches costs host time (Python, the dispatcher,
+at least one kernel launch), so a step whose kernels are short is as slow as its count of
+operations. This script counts them without a GPU: every operation the search dispatches
+(views, reshapes and allocations left out: they launch nothing) is recorded by a
+``TorchDispatchMode`` and attributed to the encoder, the decoder call, or the search around
+the decoder (the top-k, the n-best lists, the finished flags, the cache reorder between
+decoder calls), then divided by the decoder calls (the steps).
+
+``--device cuda`` counts on a GPU, exactly what it runs. On a CPU the model takes two
+CPU-only paths (matmul attention for one query, the contiguous cache) and the top-k its
+block form; ``--gpu-paths`` takes the GPU's instead (SDPA, the reused cache buffers, one
+``torch.topk``, the flags read every 8 steps), so that the CPU counts what a GPU's eager
+step dispatches, except the non-finite check (on a GPU 3 operations of the step's
+log-probabilities, on a CPU read from the top-k). ``--marian`` counts
+``MarianMTModel.generate`` (num_beams = K, the same length penalty and stopping rule) on the
+exported model as well; it needs transformers (``make bench-install``).
+
+    .venv-bench/bin/python scripts/micro/count_search_ops.py \\
+        --checkpoint runs/multi30k_en_de/checkpoints/averaged.pt --gpu-paths --marian
+
+Prints one line per engine and returns ``{engine: {"steps", "encoder", "decoder", "search",
+"search_ops", "decoder_ops"}}``: operations per step (the encoder's per batch), and the
+search's and the decoder's by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+FREE = frozenset({
+    "view", "reshape", "_unsafe_view", "_reshape_alias", "as_strided", "transpose", "t",
+    "expand", "select", "slice", "unsqueeze", "squeeze", "permute", "alias", "split",
+    "split_with_sizes", "narrow", "view_as", "detach", "unbind", "chunk", "diagonal",
+    "resolve_conj", "resolve_neg", "lift_fresh", "empty", "empty_like", "new_empty",
+    "empty_strided", "dropout", "contiguous", "size", "stride", "dim", "is_nonzero", "sym_size",
+})
+"""Operations that launch no kernel (views, allocations; dropout in eval mode returns its
+input): not counted."""
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the dispatched operations (not those in :data:`FREE`) per part: ``part`` names
+    the one running now (``search`` outside the encoder and decoder calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.part = "search"
+        self.ops = {"encoder": Counter(), "decoder": Counter(), "search": Counter()}
+        self.calls = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in FREE:
+            self.ops[self.part][name] += 1
+        return func(*args, **(kwargs or {}))
+
+    @contextmanager
+    def within(self, part: str):
+        """Attribute the operations of this block to ``part`` (and count one call of it)."""
+        outer, self.part = self.part, part
+        self.calls[part] += 1
+        try:
+            yield
+        finally:
+            self.part = outer
+
+
+def attribute(counter: OpCounter, obj, method: str, part: str) -> None:
+    """Wrap ``obj.method`` (on the instance) so its operations count as ``part``."""
+    inner = getattr(obj, method)
+
+    def wrapped(*args, **kwargs):
+        with counter.within(part):
+            return inner(*args, **kwargs)
+
+    setattr(obj, method, wrapped)
+
+
+@contextmanager
+def gpu_paths(model):
+    """The model and the search take the branches a GPU takes, on a CPU."""
+    from transformer_nmt.decode import candidates
+    from transformer_nmt.model.transformer import MultiHeadAttention
+
+    new_cache = model.new_cache
+
+    def buffered_cache():
+        cache = new_cache()
+        cache.contiguous = False  # the reused K/V buffers of other devices
+        return cache
+
+    with ExitStack() as stack:
+        for target, name, value in ((MultiHeadAttention, "_cpu_step", lambda self, x: False),
+                                    (candidates, "block_width", lambda vocab, k: None),
+                                    (model, "new_cache", buffered_cache)):
+            old = getattr(target, name)
+            setattr(target, name, value)
+            stack.callback(setattr, target, name, old)
+        yield
+
+
+def summary(counter: OpCounter, steps: int) -> dict:
+    """Operations per step of the decoder and of the search, per batch of the encoder."""
+    per = max(steps, 1)
+    return {
+        "steps": steps,
+        "encoder": sum(counter.ops["encoder"].values()) / max(counter.calls["encoder"], 1),
+        "decoder": sum(counter.ops["decoder"].values()) / per,
+        "search": sum(counter.ops["search"].values()) / per,
+        "search_ops": {k: v / per for k, v in counter.ops["search"].most_common()},
+        "decoder_ops": {k: v / per for k, v in counter.ops["decoder"].most_common()},
+    }
+
+
+def count_ours(model, tokenizer, lines, args) -> dict:
+    """Our beam search as nmt-translate runs it (``stopping=beam``, ``lenpen_form=fairseq``)."""
+    from transformer_nmt.config import DecodeConfig
+    from transformer_nmt.decode.translate import translate_lines
+
+    cfg = DecodeConfig(beam_size=args.beam, lenpen=0.6, lenpen_form="fairseq", stopping="beam",
+                       max_len_a=1.0, max_len_b=50, max_tokens=args.max_tokens,
+                       device=args.device, compile="false",
+                       sync_every="8" if args.gpu_paths else "auto")
+    counter = OpCounter()
+    attribute(counter, model, "encode", "encoder")
+    attribute(counter, model, "decode", "decoder")
+    with ExitStack() as stack:
+        if args.gpu_paths:
+            stack.enter_context(gpu_paths(model))
+        translate_lines(model, tokenizer, lines[:2], cfg, args.device)  # warm-up, not counted
+        counter.calls.clear()
+        with torch.no_grad(), counter:
+            translate_lines(model, tokenizer, lines, cfg, args.device)
+    return summary(counter, counter.calls["decoder"])
+
+
+def count_marian(model, tokenizer, lines, args) -> dict:
+    """``MarianMTModel.generate`` on the exported model, scripts/bench/bench_decode.py's call."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_common as bc
+    import bench_decode as bd
+
+    marian = bc.port_to_marian(model).to(args.device).eval()
+    bench_args = argparse.Namespace(beam=args.beam, lenpen=0.6, max_len_a=1.0, max_len_b=50,
+                                    max_tokens=args.max_tokens, device=args.device,
+                                    precision="fp32")
+    counter = OpCounter()
+    attribute(counter, marian.model.encoder, "forward", "encoder")
+    attribute(counter, marian.model.decoder, "forward", "decoder")
+    bd.decode_marian(marian, tokenizer, lines[:2], bench_args)
+    counter.calls.clear()
+    with torch.no_grad(), counter:
+        bd.decode_marian(marian, tokenizer, lines, bench_args)
+    return summary(counter, counter.calls["decoder"])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Count and print; see the module docstring for the result."""
+    from transformer_nmt.checkpoint import load_model
+    from transformer_nmt.data.bpe import SentencePieceTokenizer
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--spm", default="data/spm/multi30k_en_de/spm.model")
+    p.add_argument("--input", default="data/raw/multi30k_en_de/test_2016_flickr.en")
+    p.add_argument("--sentences", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--gpu-paths", action="store_true",
+                   help="on a CPU, take the branches a GPU takes (see the docstring)")
+    p.add_argument("--marian", action="store_true",
+                   help="count Hugging Face generate on the exported model as well")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    if args.gpu_paths and args.device != "cpu":
+        p.error("--gpu-paths emulates a GPU's branches on a CPU; with --device cuda they run")
+    torch.set_num_threads(args.threads)
+    model, _ = load_model(args.checkpoint, args.device)
+    model.eval()
+    tokenizer = SentencePieceTokenizer(args.spm)
+    lines = Path(args.input).read_text(encoding="utf-8").splitlines()[: args.sentences]
+    results = {"ours": count_ours(model, tokenizer, lines, args)}
+    if args.marian:
+        results["marian"] = count_marian(model, tokenizer, lines, args)
+    where = "GPU paths on a CPU" if args.gpu_paths else args.device
+    for name, r in results.items():
+        top = ", ".join(f"{k} {v:.1f}" for k, v in list(r["search_ops"].items())[:8])
+        print(f"{name} ({where}): {r['steps']} steps, operations per step: decoder "
+              f"{r['decoder']:.1f}, search {r['search']:.1f} ({top}); encoder {r['encoder']:.1f} "
+              "per batch")
+    return results
+
+
+if __name__ == "__main__":
+    main()

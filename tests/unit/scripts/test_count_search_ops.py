@@ -1,0 +1,67 @@
+"""scripts/micro/count_search_ops.py: the operations it counts fall where they run (decoder
+call, search around it, encoder), per decoder call; --gpu-paths takes the GPU's attention and
+cache on a CPU and puts the CPU's back afterwards; generate is counted the same way."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import new_model, write_checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts" / "micro"))
+import count_search_ops  # noqa: E402
+
+
+def _run(workspace, tokenizer, tmp_path, *extra):
+    from transformer_nmt.fileio import raw_path, spm_model_path
+
+    _, cfg = workspace
+    path = tmp_path / "model.pt"
+    write_checkpoint(path, new_model(cfg, tokenizer.vocab_size, seed=3), cfg, step=10)
+    return count_search_ops.main([
+        "--checkpoint", str(path), "--spm", str(spm_model_path(cfg.data)), "--input",
+        str(raw_path(cfg.data, "test_2016_flickr", "en")), "--sentences", "6",
+        "--beam", "3", "--threads", "1", *extra])
+
+
+def test_operations_are_counted_per_decoder_call_where_they_run(workspace, tokenizer, tmp_path,
+                                                                capsys):
+    from transformer_nmt.decode import candidates
+    from transformer_nmt.model.transformer import MultiHeadAttention
+
+    cpu_step, block_width = MultiHeadAttention._cpu_step, candidates.block_width
+    cpu = _run(workspace, tokenizer, tmp_path)["ours"]
+    gpu = _run(workspace, tokenizer, tmp_path, "--gpu-paths")["ours"]
+    # the CPU's branches are back
+    assert MultiHeadAttention._cpu_step is cpu_step and candidates.block_width is block_width
+    for r in (cpu, gpu):
+        assert r["steps"] > 1 and r["encoder"] > 0 and r["decoder"] > 0 and r["search"] > 0
+        # the search picks each step's candidates and reorders the cache between calls
+        assert r["search_ops"]["topk"] >= 1 and r["search_ops"].get("index_select", 0) > 0
+        assert "embedding" in r["decoder_ops"] and "embedding" not in r["search_ops"]
+        assert not set(count_search_ops.FREE) & set(r["decoder_ops"])
+    # one query per row: matmuls on a CPU, SDPA on the GPU's path
+    assert "matmul" in cpu["decoder_ops"]
+    assert "scaled_dot_product_attention" not in cpu["decoder_ops"]
+    assert "scaled_dot_product_attention" in gpu["decoder_ops"]
+    assert "matmul" not in gpu["decoder_ops"]
+    out = capsys.readouterr().out
+    assert f"ours (cpu): {cpu['steps']} steps, operations per step: decoder" in out
+    assert "ours (GPU paths on a CPU):" in out
+
+
+def test_generate_is_counted_beside_ours(workspace, tokenizer, tmp_path):
+    pytest.importorskip("transformers")
+    result = _run(workspace, tokenizer, tmp_path, "--marian")
+    marian = result["marian"]
+    assert marian["steps"] > 1 and marian["decoder"] > 0 and marian["search"] > 0
+    assert "embedding" in marian["decoder_ops"]
+
+
+def test_gpu_paths_with_cuda_is_refused(workspace, tokenizer, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        _run(workspace, tokenizer, tmp_path, "--gpu-paths", "--device", "cuda")
+    assert e.value.code == 2
+    assert "--gpu-paths emulates" in capsys.readouterr().err
