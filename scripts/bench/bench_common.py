@@ -183,6 +183,18 @@ def write_json(path: Path, data: Any) -> None:
         json.dump(data, f, indent=2)
 
 
+def add_search_arguments(parser: Any, sentences: int) -> None:
+    """The arguments of a script that searches a trained model on the test sentences:
+    ``--checkpoint``, ``--spm``, ``--input``, ``--sentences`` (default ``sentences``),
+    ``--max-tokens`` (source tokens per batch) and ``--beam``."""
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--spm", default="data/spm/multi30k_en_de/spm.model")
+    parser.add_argument("--input", default="data/raw/multi30k_en_de/test_2016_flickr.en")
+    parser.add_argument("--sentences", type=int, default=sentences)
+    parser.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
+    parser.add_argument("--beam", type=int, default=4)
+
+
 def read_lines(path: str | Path) -> list[str]:
     """Lines of a UTF-8 text file without their newlines."""
     with open(path, encoding="utf-8") as f:

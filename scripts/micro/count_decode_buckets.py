@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -27,6 +29,9 @@ from transformer_nmt.checkpoint import load_model
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.data.bpe import SentencePieceTokenizer
 from transformer_nmt.decode.translate import translate_lines
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_common as bc  # noqa: E402
 
 
 class CountingBackend:
@@ -44,12 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the search and print the buckets: ``{"buckets": {(R, C, Sb): steps}, "graphs":
     graphs compiled (None without --compile), "same_as_eager": bool or None}``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--spm", default="data/spm/multi30k_en_de/spm.model")
-    p.add_argument("--input", default="data/raw/multi30k_en_de/test_2016_flickr.en")
-    p.add_argument("--sentences", type=int, default=1000)
-    p.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
-    p.add_argument("--beam", type=int, default=4)
+    bc.add_search_arguments(p, sentences=1000)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--compile", action="store_true",
                    help="compile the step (aot_eager) and count the graphs built")

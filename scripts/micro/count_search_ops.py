@@ -37,6 +37,9 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_common as bc  # noqa: E402
+
 FREE = frozenset({
     "view", "reshape", "_unsafe_view", "_reshape_alias", "as_strided", "transpose", "t",
     "expand", "select", "slice", "unsqueeze", "squeeze", "permute", "alias", "split",
@@ -146,8 +149,6 @@ def count_ours(model, tokenizer, lines, args) -> dict:
 
 def count_marian(model, tokenizer, lines, args) -> dict:
     """``MarianMTModel.generate`` on the exported model, scripts/bench/bench_decode.py's call."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import bench_common as bc
     import bench_decode as bd
 
     marian = bc.port_to_marian(model).to(args.device).eval()
@@ -170,12 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
     from transformer_nmt.data.bpe import SentencePieceTokenizer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--spm", default="data/spm/multi30k_en_de/spm.model")
-    p.add_argument("--input", default="data/raw/multi30k_en_de/test_2016_flickr.en")
-    p.add_argument("--sentences", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
-    p.add_argument("--beam", type=int, default=4)
+    bc.add_search_arguments(p, sentences=64)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--gpu-paths", action="store_true",
                    help="on a CPU, take the branches a GPU takes (see the docstring)")
