@@ -13,8 +13,8 @@ decoder calls), then divided by the decoder calls (the steps).
 CPU-only paths (matmul attention for one query, the contiguous cache) and the top-k its
 block form; ``--gpu-paths`` takes the GPU's instead (SDPA, the reused cache buffers, one
 ``torch.topk``, the flags read every 8 steps), so that the CPU counts what a GPU's eager
-step dispatches, except the non-finite check (on a GPU 3 operations of the step's
-log-probabilities, on a CPU read from the top-k). ``--marian`` counts
+step dispatches, except the non-finite check (on a GPU 3 operations on the step's
+log-probabilities, on a CPU 1 on its top-k: a GPU's step dispatches 2 more). ``--marian`` counts
 ``MarianMTModel.generate`` (num_beams = K, the same length penalty and stopping rule) on the
 exported model as well; it needs transformers (``make bench-install``).
 
@@ -45,7 +45,7 @@ FREE = frozenset({
     "expand", "select", "slice", "unsqueeze", "squeeze", "permute", "alias", "split",
     "split_with_sizes", "narrow", "view_as", "detach", "unbind", "chunk", "diagonal",
     "resolve_conj", "resolve_neg", "lift_fresh", "empty", "empty_like", "new_empty",
-    "empty_strided", "dropout", "contiguous", "size", "stride", "dim", "is_nonzero", "sym_size",
+    "empty_strided", "dropout", "size", "stride", "dim", "is_nonzero", "sym_size",
 })
 """Operations that launch no kernel (views, allocations; dropout in eval mode returns its
 input): not counted."""
