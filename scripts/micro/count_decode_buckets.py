@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import transformer_nmt.decode.compiled_step as compiled_step
 from transformer_nmt.checkpoint import load_model
@@ -32,17 +33,6 @@ from transformer_nmt.decode.translate import translate_lines
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_common as bc  # noqa: E402
-
-
-class CountingBackend:
-    """A ``torch.compile`` backend: ``aot_eager``, counting the graphs it is given."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -56,7 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     buckets: Counter = Counter()
-    backend = CountingBackend() if args.compile else None
+    # aot_eager, counting the graphs it is given (frame_count)
+    backend = CompileCounterWithBackend("aot_eager") if args.compile else None
     original = compiled_step._compiled_step
 
     def counted(device, _backend):  # the step (compiled or not), its cache's shapes counted
@@ -90,9 +81,9 @@ def main(argv: list[str] | None = None) -> dict:
         eager, _ = translate_lines(model, tokenizer, lines,
                                    dataclasses.replace(cfg, compile="false"), "cpu")
         same = outputs == eager
-        print(f"{backend.graphs} graphs compiled for them; translations "
+        print(f"{backend.frame_count} graphs compiled for them; translations "
               f"{'equal to' if same else 'DIFFERENT from'} the eager search's")
-    return {"buckets": buckets, "graphs": backend.graphs if backend else None,
+    return {"buckets": buckets, "graphs": backend.frame_count if backend else None,
             "same_as_eager": same}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from tests.unit.decode import reference_beam_search as reference
 from tests.unit.decode.test_beam_search import random_sources, tiny_model
@@ -53,18 +54,13 @@ def test_static_cache_step_equals_growing_cache():
             last = torch.randint(4, 30, (n * k, 1), generator=g)
 
 
-class CountGraphs:
-    """A ``torch.compile`` backend: aot_eager, counting the graphs it compiles."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+def counting_backend() -> CompileCounterWithBackend:
+    """A ``torch.compile`` backend: aot_eager, counting the graphs it compiles
+    (``frame_count``)."""
+    return CompileCounterWithBackend("aot_eager")
 
 
-AOT_EAGER = CountGraphs()
+AOT_EAGER = counting_backend()
 """One backend for the equality tests, so that they share the graphs of equal shapes."""
 
 
@@ -104,7 +100,7 @@ def test_compiled_graphs_serve_every_bucket(monkeypatch):
     (rows, capacity, source length) bucket, however many steps and batches; a second pass
     compiles nothing."""
     model = tiny_model(seed=22, vocab=30)
-    backend = CountGraphs()
+    backend = counting_backend()
     buckets: set[tuple[int, int, int]] = set()
     steps = []
     set_step = StaticDecoderCache.set_step
@@ -121,12 +117,12 @@ def test_compiled_graphs_serve_every_bucket(monkeypatch):
                     compile_backend=backend)
     assert {c for _, c, _ in buckets} == {16, 32}  # two capacities, two source lengths
     assert {s for _, _, s in buckets} == {16, 32} and len({r for r, _, _ in buckets}) >= 2
-    assert 1 <= backend.graphs <= 2 < len(buckets) < len(steps)
-    graphs = backend.graphs
+    assert 1 <= backend.frame_count <= 2 < len(buckets) < len(steps)
+    graphs = backend.frame_count
     for src in batches:
         beam_search(model, src, beam_size=2, max_len_b=6, compile_step=True,
                     compile_backend=backend)
-    assert backend.graphs == graphs
+    assert backend.frame_count == graphs
 
 
 def test_compile_values():
