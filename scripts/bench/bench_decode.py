@@ -2,7 +2,11 @@
 
 One trained transformer-nmt checkpoint is decoded by
 
-* ``ours``: ``translate.translate_lines`` (our batching and ``beam_search``);
+* ``ours``: ``translate.translate_lines`` (our batching and ``beam_search``), as nmt-translate
+  runs it: its fp32 linear weights packed once by oneDNN on a CPU (``decode.weight_prepack``, the
+  default: ``transformer_nmt.decode.prepack``);
+* ``ours_unpacked`` (CPU): the same with ``decode.weight_prepack=false`` (PyTorch's plain
+  ``F.linear``);
 * ``ours_int8`` (CPU): the same with ``decode.precision=int8``, the model's linear layers
   quantized to int8 with one scale per output channel (``transformer_nmt.decode.quantize``);
 * ``ours_compiled``: the same with ``decode.compile=true``, the decoder step compiled over a
@@ -65,8 +69,9 @@ import bench_common as bc
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, DecodeConfig
 
-OURS = ("ours", "ours_int8", "ours_compiled")
-"""Our engine's toolkits: as nmt-translate runs it, with int8 weights, with the compiled step."""
+OURS = ("ours", "ours_unpacked", "ours_int8", "ours_compiled")
+"""Our engine's toolkits: as nmt-translate runs it, without packed fp32 weights, with int8
+weights, with the compiled step."""
 
 
 def decode_config(args) -> DecodeConfig:
@@ -75,6 +80,7 @@ def decode_config(args) -> DecodeConfig:
         beam_size=args.beam, lenpen=args.lenpen, lenpen_form="fairseq", stopping=args.stopping,
         max_len_a=args.max_len_a, max_len_b=args.max_len_b, max_tokens=args.max_tokens,
         precision=args.precision, device=args.device, compile=args.compile,
+        weight_prepack=not getattr(args, "unpacked", False),
     )
 
 
@@ -187,14 +193,15 @@ def load(args):
 
 
 def ours_model(model, args, int8: bool):
-    """Our model as ``ours`` decodes it, or with ``int8`` as ``ours_int8`` does: quantized
-    (``decode.precision=int8``, which ``args.precision`` then says for the decode config)."""
-    if not int8:
-        return model
-    from transformer_nmt.decode.quantize import quantize_int8
+    """Our model as nmt-translate decodes it under ``decode_config(args)``
+    (``decoding_model``: fp32 weights packed on a CPU unless ``args.unpacked``), or with
+    ``int8`` as ``ours_int8`` does: quantized (``decode.precision=int8``, which
+    ``args.precision`` then says for the decode config)."""
+    from transformer_nmt.decode.quantize import decoding_model
 
-    args.precision = "int8"
-    return quantize_int8(model, args.checkpoint)
+    if int8:
+        args.precision = "int8"
+    return decoding_model(model, decode_config(args), args.device, args.checkpoint)
 
 
 def spm_path(args) -> Path:
@@ -250,6 +257,7 @@ def worker(args) -> None:
     if ours:
         if args.worker == "ours_compiled":
             args.compile = "true"
+        args.unpacked = args.worker == "ours_unpacked"
         engine = ours_model(model.to(args.device), args, args.worker == "ours_int8")
         engine.decode = counted(engine.decode)
 
@@ -312,7 +320,7 @@ def worker(args) -> None:
 
 def profile_ours(args) -> None:
     """torch.profiler over our beam search on the first ``args.profile`` sentences (int8 when
-    ``--toolkits`` is ``ours_int8``)."""
+    ``--toolkits`` is ``ours_int8``, plain fp32 weights when it is ``ours_unpacked``)."""
     from torch.profiler import ProfilerActivity, profile
 
     from transformer_nmt.runtime import retain_freed_memory
@@ -320,6 +328,7 @@ def profile_ours(args) -> None:
     torch.set_num_threads(args.threads)
     retain_freed_memory()
     model, tokenizer = load(args)
+    args.unpacked = args.toolkits == "ours_unpacked"
     model = ours_model(model, args, args.toolkits == "ours_int8")
     lines = bc.read_lines(args.input)[: args.profile]
     decode_ours(model, tokenizer, lines[:8], args)
@@ -381,7 +390,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--toolkits", default="ours,fairseq,marian,ct2_float32,ct2_int8",
-                   help="comma-separated: ours, ours_int8 (CPU), ours_compiled, fairseq, marian, "
+                   help="comma-separated: ours, ours_unpacked (CPU), ours_int8 (CPU), "
+                        "ours_compiled, fairseq, marian, "
                         "ct2_float32, "
                         "ct2_int8, ct2_float16 (GPU)")
     p.add_argument("--out", type=Path, default=None)

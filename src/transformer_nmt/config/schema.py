@@ -376,6 +376,10 @@ class DecodeConfig:
     precision: DecodePrecision = DecodePrecision.fp32
     """fp32, bf16 or fp16 (autocast), or int8: the linear layers' weights in int8 with one
     scale per output channel, on a CPU (:mod:`transformer_nmt.decode.quantize`)."""
+    weight_prepack: bool = True
+    """fp32 on a CPU: the linear layers' weights packed once in oneDNN's blocked layout (the
+    same translations to float32 rounding, faster; :mod:`transformer_nmt.decode.prepack`);
+    false: PyTorch's plain ``F.linear``. Not with ``compile=true``."""
     engine: Engine = Engine.native
     """``native`` (our beam search), ``ctranslate2`` or ``ctranslate2_int8``
     (transformer_nmt.interop)."""

@@ -12,8 +12,9 @@ float32. With tied embeddings (``model.share_embeddings``) the pre-softmax proje
 int8 copy of the embedding matrix; the embedding lookups keep the float32 table.
 
 :func:`decoding_model` is what ``nmt-translate``, ``nmt-evaluate`` and ``nmt-plot`` call once
-per loaded model: the model itself for fp32 / bf16 / fp16, the quantized model for int8 (on a
-CPU only; one refusal line on a GPU).
+per loaded model: the quantized model for int8 (on a CPU only; one refusal line on a GPU), for
+fp32 on a CPU the model with packed weights (:mod:`transformer_nmt.decode.prepack`), the
+model itself for bf16 / fp16.
 """
 
 from __future__ import annotations
@@ -249,15 +250,27 @@ def _replace_dynamic_linears(model: nn.Module, dynamic_linear: type) -> None:
 
 def decoding_model(model: Any, decode_cfg: Any, device: torch.device | str,
                    checkpoint: str | Path | None = None) -> Any:
-    """The model to decode with under ``decode_cfg.precision``: ``model`` itself, or for
-    ``int8`` (our engine, ``decode.engine=native``) the model quantized by :func:`quantize_int8`.
+    """The model to decode with under ``decode_cfg`` (our engine, ``decode.engine=native``):
+    for ``int8`` the model quantized by :func:`quantize_int8`; for fp32 on a CPU its linear
+    layers packed once by oneDNN (:func:`transformer_nmt.decode.prepack.prepack_linears`)
+    unless ``decode.weight_prepack`` is false, ``decode.compile`` is true or a parameter is
+    not finite (the search then names it); otherwise ``model`` itself.
 
     Raises:
         UserError: int8 on a device other than the CPU (:func:`check_int8_device`), or a model
             :func:`quantize_int8` refuses.
     """
-    if str(decode_cfg.precision) != INT8 or str(getattr(decode_cfg, "engine", "native")) != (
-            "native"):
+    if str(getattr(decode_cfg, "engine", "native")) != "native":
+        return model
+    precision = str(decode_cfg.precision)
+    if precision != INT8:
+        if (precision == "fp32" and torch.device(device).type == "cpu"
+                and bool(getattr(decode_cfg, "weight_prepack", False))
+                and str(getattr(decode_cfg, "compile", "false")) != "true"
+                and not non_finite_parameters(model.state_dict())):
+            from transformer_nmt.decode.prepack import prepack_linears
+
+            return prepack_linears(model)
         return model
     check_int8_device(device)
     if is_quantized(model):
