@@ -45,6 +45,7 @@ from transformer_nmt.decode.beam_search import (
     beam_search,
     greedy_search,
 )
+from transformer_nmt.decode.prepack import is_prepacked
 from transformer_nmt.decode.progress import decode_progress
 from transformer_nmt.decode.quantize import INT8, check_int8_device, decoding_model, is_quantized
 from transformer_nmt.errors import UserError
@@ -255,7 +256,8 @@ def translate_lines(
     Returns:
         ``(outputs, stats)``: one output per input line; stats has ``sentences``,
         ``empty``, ``truncated``, ``target_tokens``, ``seconds``, ``sentences_per_second``,
-        ``target_tokens_per_second``, ``batches``, ``device``, ``precision``, ``beam_size``.
+        ``target_tokens_per_second``, ``batches``, ``device``, ``precision``, ``weight_prepack``
+        (the linear weights ran packed: :mod:`transformer_nmt.decode.prepack`), ``beam_size``.
 
     Raises:
         ValueError: ``decode_cfg.precision`` int8 with a model that is not quantized, or
@@ -329,6 +331,7 @@ def translate_lines(
         "batches": n_batches,
         "device": str(device),
         "precision": decode_cfg.precision,
+        "weight_prepack": is_prepacked(model),
         "beam_size": decode_cfg.beam_size,
     }
     log.info(

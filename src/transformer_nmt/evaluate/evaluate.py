@@ -71,7 +71,6 @@ from transformer_nmt.checkpoint import check_vocab, checkpoint_metadata, load_mo
 from transformer_nmt.config import Config, Engine, as_plain, to_plain
 from transformer_nmt.data.bpe import file_digest, load_tokenizer
 from transformer_nmt.data.corpora import official_lines, orig_dir, reference_path
-from transformer_nmt.decode.prepack import is_prepacked
 from transformer_nmt.decode.quantize import INT8, check_int8_device, decoding_model
 from transformer_nmt.decode.translate import (
     EngineFactory,
@@ -111,13 +110,11 @@ def decode_record(decode: Any, engine: Any) -> dict[str, Any]:
     CTranslate2 divides by |Y|^lenpen (``lenpen_form=fairseq``) and stops once ``beam_size``
     hypotheses have finished (``stopping=beam``), whatever ``decode`` asked
     (:class:`transformer_nmt.interop.ctranslate2.CTranslate2Engine`); its ``precision`` is the
-    compute type it ran in (``float32``, ``int8``, ...). ``weight_prepack``: whether the
-    model's linear weights ran packed (:mod:`transformer_nmt.decode.prepack`).
+    compute type it ran in (``float32``, ``int8``, ...).
     """
     keys = ("beam_size", "lenpen", "lenpen_form", "stopping", "max_len_a", "max_len_b", "nbest",
             "max_tokens", "max_input_tokens", "precision", "engine")
     record = {k: _plain_value(getattr(decode, k)) for k in keys}
-    record["weight_prepack"] = is_prepacked(engine)
     if str(decode.engine) != NATIVE:
         record["lenpen_form"] = "fairseq"
         record["stopping"] = "beam"
