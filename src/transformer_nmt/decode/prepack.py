@@ -7,8 +7,9 @@ few sentences). :func:`prepack_linears` replaces every ``nn.Linear`` of a loaded
 by a :class:`PackedLinear` whose weight oneDNN has packed once, in its blocked layout, as
 PyTorch's inductor does for a frozen CPU model (``torch._inductor.config.cpp.weight_prepack``).
 The products are the same to float32 rounding, and each row's result depends on that row
-only, never on how many rows its batch holds (the plain MKL product changes kernels for
-batches of 1-7 rows). Measured gains: docs/measurements/2026-11-28-prepacked-fp32-weights.md.
+only, never on how many rows its batch holds (the plain product's may:
+scripts/micro/bench_prepack.py). Measurements:
+docs/measurements/2026-11-28-prepacked-fp32-weights.md.
 
 :func:`transformer_nmt.decode.quantize.decoding_model` packs the model for fp32 decoding on a
 CPU unless ``decode.weight_prepack=false`` or ``decode.compile=true``; it leaves it as it is
