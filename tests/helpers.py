@@ -5,6 +5,7 @@ counter."""
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import subprocess
@@ -57,6 +58,17 @@ def write_checkpoint(path: Path, model: Transformer, cfg, step: int) -> None:
         "model": model.state_dict(), "config": to_plain(cfg),
         "vocab_size": model.vocab_size, "step": step,
     })
+
+
+def run_with_averaged_model(cfg, run_dir: Path, vocab_size: int, seed: int):
+    """A copy of ``cfg`` whose run folder ``run_dir`` holds an averaged.pt of a new model
+    (``new_model(cfg, vocab_size, seed)``, step 6), decoded on the CPU."""
+    cfg = copy.deepcopy(cfg)
+    cfg.run_dir = str(run_dir)
+    write_checkpoint(run_dir / "checkpoints" / "averaged.pt", new_model(cfg, vocab_size, seed),
+                     cfg, 6)
+    cfg.decode.device = "cpu"
+    return cfg
 
 
 def train_env() -> dict[str, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import new_model, sentences, write_checkpoint
+from helpers import new_model, run_with_averaged_model, sentences
 from torch import nn
 
 from transformer_nmt.config import BOS_ID, EOS_ID, DecodeConfig
@@ -189,13 +189,9 @@ def test_int8_log_probs_and_beam_search_agree_with_fp32(workspace, tokenizer):
 
 
 def test_int8_translates_and_evaluates_end_to_end(workspace, tokenizer, tmp_path, capsys):
-    root, cfg = workspace
-    cfg = copy.deepcopy(cfg)
-    cfg.run_dir = str(tmp_path / "runs" / "tiny")
-    ckpt = Path(cfg.run_dir) / "checkpoints" / "averaged.pt"
-    write_checkpoint(ckpt, new_model(cfg, tokenizer.vocab_size, 3), cfg, 6)
+    cfg = run_with_averaged_model(workspace[1], tmp_path / "runs" / "tiny",
+                                  tokenizer.vocab_size, 3)
     cfg.decode.precision = "int8"
-    cfg.decode.device = "cpu"
     results = evaluate(cfg)
     saved = json.loads((Path(cfg.run_dir) / "results.json").read_text())
     assert saved["decode"]["precision"] == "int8"

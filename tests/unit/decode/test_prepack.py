@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import new_model, sentences, write_checkpoint
+from helpers import new_model, run_with_averaged_model, sentences
 from torch import nn
 
 from transformer_nmt.config import EOS_ID, DecodeConfig
@@ -152,12 +152,8 @@ def test_packed_beam_search_gives_the_plain_models_translations(workspace, token
 @needs_onednn
 def test_nmt_evaluate_and_translate_decode_packed_and_record_it(workspace, tokenizer, tmp_path,
                                                                 capsys):
-    root, cfg = workspace
-    cfg = copy.deepcopy(cfg)
-    cfg.run_dir = str(tmp_path / "runs" / "tiny")
-    ckpt = Path(cfg.run_dir) / "checkpoints" / "averaged.pt"
-    write_checkpoint(ckpt, new_model(cfg, tokenizer.vocab_size, 3), cfg, 6)
-    cfg.decode.device = "cpu"
+    cfg = run_with_averaged_model(workspace[1], tmp_path / "runs" / "tiny",
+                                  tokenizer.vocab_size, 3)
     evaluate(cfg)
     saved = json.loads((Path(cfg.run_dir) / "results.json").read_text())
     test = saved["test_sets"]["test_2016_flickr"]
