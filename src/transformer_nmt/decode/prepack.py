@@ -68,7 +68,6 @@ class PackedLinear(nn.Module):
         self.relu = relu
         self.packed_weight = _pack(linear.weight)
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        self._post_op = "relu" if relu else "none"
 
     def __repr__(self) -> str:
         return (f"PackedLinear(in_features={self.in_features}, "
@@ -77,7 +76,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
-                                                  self._post_op, [], "")
+                                                  "relu" if self.relu else "none", [], "")
 
 
 def is_prepacked(model: object) -> bool:
@@ -94,21 +93,16 @@ def prepack_linears(model: nn.Module) -> nn.Module:
     lookups keep the table. Returns ``model``; unchanged where :func:`prepack_supported` is
     False or a linear layer is not float32 on the CPU.
     """
-    from transformer_nmt.model.transformer import PositionwiseFeedForward
+    from transformer_nmt.model.transformer import replace_linear_layers
 
-    linears = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children() if type(child) is nn.Linear]
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if not linears or not prepack_supported():
         return model
     if any(lin.weight.device.type != "cpu" or lin.weight.dtype != torch.float32
-           for _, _, lin in linears):
+           for lin in linears):
         return model
     model.eval()
     with torch.no_grad():
-        for parent, name, child in linears:
-            relu = isinstance(parent, PositionwiseFeedForward) and name == "w_1"
-            setattr(parent, name, PackedLinear(child, relu))
-            if relu:
-                parent.relu_in_w_1 = True
-    log.debug("packed %d linear layers with oneDNN", len(linears))
+        count = replace_linear_layers(model, nn.Linear, PackedLinear)
+    log.debug("packed %d linear layers with oneDNN", count)
     return model

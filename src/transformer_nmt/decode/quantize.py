@@ -236,16 +236,9 @@ def _replace_dynamic_linears(model: nn.Module, dynamic_linear: type) -> None:
     """Every ``dynamic_linear`` child of ``model`` (PyTorch's dynamically quantized layer)
     replaced by an :class:`Int8Linear` of the same weights; a feed-forward block's W_1 applies
     its ReLU itself (``relu_in_w_1``)."""
-    from transformer_nmt.model.transformer import PositionwiseFeedForward
+    from transformer_nmt.model.transformer import replace_linear_layers
 
-    for parent in list(model.modules()):
-        for child_name, child in list(parent.named_children()):
-            if not isinstance(child, dynamic_linear):
-                continue
-            relu = isinstance(parent, PositionwiseFeedForward) and child_name == "w_1"
-            setattr(parent, child_name, Int8Linear.from_dynamic(child, relu))
-            if relu:
-                parent.relu_in_w_1 = True
+    replace_linear_layers(model, dynamic_linear, Int8Linear.from_dynamic)
 
 
 def decoding_model(model: Any, decode_cfg: Any, device: torch.device | str,
@@ -262,12 +255,8 @@ def decoding_model(model: Any, decode_cfg: Any, device: torch.device | str,
     """
     if str(getattr(decode_cfg, "engine", "native")) != "native":
         return model
-    precision = str(decode_cfg.precision)
-    if precision != INT8:
-        if (precision == "fp32" and torch.device(device).type == "cpu"
-                and bool(getattr(decode_cfg, "weight_prepack", False))
-                and str(getattr(decode_cfg, "compile", "false")) != "true"
-                and not non_finite_parameters(model.state_dict())):
+    if str(decode_cfg.precision) != INT8:
+        if _packs_weights(model, decode_cfg, device):
             from transformer_nmt.decode.prepack import prepack_linears
 
             return prepack_linears(model)
@@ -276,3 +265,12 @@ def decoding_model(model: Any, decode_cfg: Any, device: torch.device | str,
     if is_quantized(model):
         return model
     return quantize_int8(model, checkpoint)
+
+
+def _packs_weights(model: Any, decode_cfg: Any, device: torch.device | str) -> bool:
+    """Whether :func:`decoding_model` packs ``model``'s fp32 weights: fp32 on a CPU with
+    ``decode.weight_prepack``, not under ``decode.compile=true``, all parameters finite."""
+    return (str(decode_cfg.precision) == "fp32" and torch.device(device).type == "cpu"
+            and bool(getattr(decode_cfg, "weight_prepack", False))
+            and str(getattr(decode_cfg, "compile", "false")) != "true"
+            and not non_finite_parameters(model.state_dict()))

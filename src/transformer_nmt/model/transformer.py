@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -558,8 +559,8 @@ class PositionwiseFeedForward(nn.Module):
         self.w_2 = nn.Linear(d_ff, d_model)
         self.activation_dropout = nn.Dropout(activation_dropout)
         self.relu_in_w_1 = False
-        """True when ``w_1`` applies the ReLU itself (int8 decoding's fused layer,
-        :func:`transformer_nmt.decode.quantize.quantize_int8`)."""
+        """True when ``w_1`` applies the ReLU itself (a decoding layer from
+        :func:`replace_linear_layers`: int8 or packed fp32)."""
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, n, D) -> (B, n, D)."""
@@ -567,6 +568,26 @@ class PositionwiseFeedForward(nn.Module):
         if not self.relu_in_w_1:
             h = F.relu(h)
         return self.w_2(self.activation_dropout(h))
+
+
+def replace_linear_layers(model: nn.Module, kind: type,
+                          build: Callable[[nn.Module, bool], nn.Module]) -> int:
+    """Replace every ``kind`` child of ``model`` by ``build(child, relu)``, in place.
+
+    ``relu`` is True for a feed-forward block's W_1, whose block then leaves the ReLU to the
+    new layer (``relu_in_w_1``). Returns the number of layers replaced.
+    """
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, kind):
+                continue
+            relu = isinstance(parent, PositionwiseFeedForward) and name == "w_1"
+            setattr(parent, name, build(child, relu))
+            if relu:
+                parent.relu_in_w_1 = True
+            replaced += 1
+    return replaced
 
 
 class EncoderLayer(nn.Module):
