@@ -95,12 +95,36 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+INT8_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
+              "amx_int8")
+"""The x86 flags that decide which int8 and fp32 kernels a CPU runs (fbgemm, oneDNN and
+CTranslate2 each dispatch on them): AVX2 multiplies int8 pairs into 16-bit sums, VNNI
+accumulates 8-bit products straight into 32 bits."""
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """Those of :data:`INT8_FLAGS` the CPU has, from the first ``flags`` line of
+    ``/proc/cpuinfo`` (or of ``cpuinfo``); empty where there is none (not Linux, not x86)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            have = set(line.split(":", 1)[1].split())
+            return [f for f in INT8_FLAGS if f in have]
+    return []
+
+
 def machine_info() -> dict[str, Any]:
     """Machine, load and versions, recorded next to every measurement."""
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     info: dict[str, Any] = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "memory_gib": round(mem_gib, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],

@@ -20,7 +20,10 @@ One trained transformer-nmt checkpoint is decoded by
   (``transformer_nmt.interop.ctranslate2.export_ctranslate2``, the exporter of nmt-export and of
   ``decode.engine=ctranslate2``), compute type float32, int8 or float16, through
   ``CTranslate2Engine.translate_lines`` (sentences grouped by source length so that each has
-  its own maximum length; CTranslate2 batches of ``--max-tokens`` source tokens).
+  its own maximum length; CTranslate2 batches of ``--max-tokens`` source tokens). CTranslate2
+  picks its instruction set and GEMM backends from the CPU (``CT2_FORCE_CPU_ISA`` and
+  ``CT2_USE_MKL`` in the environment override them); its child runs with ``CT2_VERBOSE=1``
+  and the choice it logs is recorded as ``ct2_runtime``, beside the ``CT2_*`` settings.
 
 The ports are exact (logits agree to ~1e-6, checked at start-up), so the three decode the
 same network; every toolkit gets the same sentences in the same batches (our
@@ -35,7 +38,9 @@ The timed span covers SentencePiece encoding, search and decoding back to text, 
 warm-up on ``--warmup-sentences`` sentences; each toolkit decodes the input ``--repeats``
 times and the fastest pass is reported (all are in the results file, which is rewritten after
 each toolkit). Each toolkit runs in its own process (its own peak RSS / GPU memory). Target
-tokens count each output's tokens plus its eos.
+tokens count each output's tokens plus its eos. The table compares every toolkit's speed and
+outputs with ``ours``, or where it did not run with the first of ``ours_unpacked``,
+``ours_int8``, ``ours_compiled`` that did, and names the CPU's int8-relevant flags.
 
 Examples::
 
@@ -56,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -147,6 +153,25 @@ def decode_fairseq(fs_model, dictionary, tokenizer, lines, args):
 def decode_ctranslate2(engine, tokenizer, lines, args):
     outputs, stats = engine.translate_lines(tokenizer, lines, decode_config(args))
     return outputs, stats["target_tokens"]
+
+
+CT2_RUNTIME = {"Selected ISA": "isa", "SGEMM backend": "sgemm", "GEMM_S8 backend": "gemm_s8"}
+"""The lines CTranslate2 logs at load (``CT2_VERBOSE=1``) and their keys in ``ct2_runtime``."""
+
+
+def ct2_runtime(log: str) -> dict[str, str]:
+    """CTranslate2's own report of the instruction set and GEMM backends it runs, read from a
+    log of its load-time lines (``... [info]  - GEMM_S8 backend: DNNL (packed: false, ...)``);
+    keys of :data:`CT2_RUNTIME`, those it logged."""
+    found = {}
+    for line in log.splitlines():
+        head, sep, value = line.partition("]  - ")
+        if not sep:
+            continue
+        name, sep, value = value.partition(": ")
+        if sep and name in CT2_RUNTIME:
+            found[CT2_RUNTIME[name]] = value.strip()
+    return found
 
 
 def decode_marian(mm, tokenizer, lines, args):
@@ -340,11 +365,17 @@ def profile_ours(args) -> None:
 # ------------------------------------------------------------------------------- main
 
 
+def reference_toolkit(toolkits: dict) -> str | None:
+    """The toolkit the others are compared with: the first of :data:`OURS` that ran."""
+    return next((name for name in OURS if name in toolkits), None)
+
+
 def markdown(results: dict) -> str:
-    rows = [("| toolkit | sentences | seconds | sentences/s | target tok/s | ours / toolkit "
-             "(sent/s) | decoder row-steps | peak RSS MiB | BLEU | same output as ours |"),
+    ref = reference_toolkit(results["toolkits"]) or "ours"
+    rows = [(f"| toolkit | sentences | seconds | sentences/s | target tok/s | {ref} / toolkit "
+             f"(sent/s) | decoder row-steps | peak RSS MiB | BLEU | same output as {ref} |"),
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    ours = results["toolkits"].get("ours", {}).get("sentences_per_s")
+    ours = results["toolkits"].get(ref, {}).get("sentences_per_s")
     for name, r in results["toolkits"].items():
         ratio = f"{ours / r['sentences_per_s']:.2f}" if ours else "-"
         steps = f"{r['row_steps']:,}" if r.get("row_steps") is not None else "-"
@@ -352,6 +383,16 @@ def markdown(results: dict) -> str:
             f"| {name} | {r['sentences']} | {r['seconds']:.1f} | {r['sentences_per_s']:.1f} | "
             f"{r['target_tokens_per_s']:,.0f} | {ratio} | {steps} | {r['peak_rss_mib']:,.0f} | "
             f"{r.get('bleu', float('nan')):.2f} | {r.get('same_as_ours', float('nan')):.1%} |")
+    machine = results.get("machine", {})
+    flags = ", ".join(machine.get("cpu_flags") or []) or "none of bench_common.INT8_FLAGS"
+    rows += ["", f"CPU: {machine.get('cpu')}, {flags}; PyTorch's kernels: "
+             f"{machine.get('cpu_capability')}"]
+    for name, r in results["toolkits"].items():
+        if r.get("ct2_runtime"):
+            chosen = ", ".join(f"{k} {v}" for k, v in r["ct2_runtime"].items())
+            env = " ".join(f"{k}={v}" for k, v in r.get("ct2_env", {}).items()
+                           if k != "CT2_VERBOSE")
+            rows.append(f"{name}: CTranslate2 ran {chosen}" + (f" (with {env})" if env else ""))
     return "\n".join(rows)
 
 
@@ -446,10 +487,18 @@ def main(argv: list[str] | None = None) -> None:
         load_before = bc.machine_info()["load_average"]
         print(f"[bench_decode] {name}: start (load {load_before})", flush=True)
         result_path = out / f"{name}.json"
+        env = bc.thread_env(args.threads)
+        if name.startswith("ct2_"):
+            env.setdefault("CT2_VERBOSE", "1")  # it logs its ISA and GEMM backends at load
         bc.run_child([sys.executable, str(Path(__file__).resolve()), *passthrough,
                       "--worker", name, "--worker-out", str(result_path)],
-                     out / f"{name}.log", bc.thread_env(args.threads))
+                     out / f"{name}.log", env)
         r = json.loads(result_path.read_text())
+        if name.startswith("ct2_"):
+            r["ct2_runtime"] = ct2_runtime((out / f"{name}.log").read_text(errors="replace"))
+            r["ct2_env"] = {k: v for k, v in sorted(os.environ.items())
+                            if k.startswith("CT2_")}
+            print(f"[bench_decode] {name}: CTranslate2 runs {r['ct2_runtime']}", flush=True)
         outputs = r.pop("outputs")
         with open(out / f"{name}.de", "w", encoding="utf-8") as f:
             f.write("\n".join(outputs) + "\n")
@@ -459,8 +508,9 @@ def main(argv: list[str] | None = None) -> None:
         results["toolkits"][name] = r
         print(f"[bench_decode] {name}: {r['sentences_per_s']:.1f} sentences/s, "
               f"{r['target_tokens_per_s']:,.0f} target tokens/s", flush=True)
-        if "ours" in results["toolkits"]:
-            ours_out = bc.read_lines(out / "ours.de")
+        ref = reference_toolkit(results["toolkits"])
+        if ref is not None:  # same_as_ours: the share of outputs equal to this one's
+            ours_out = bc.read_lines(out / f"{ref}.de")
             for other_name, other in results["toolkits"].items():
                 lines = bc.read_lines(out / f"{other_name}.de")
                 other["same_as_ours"] = float(np.mean([a == b for a, b in zip(ours_out, lines)]))
