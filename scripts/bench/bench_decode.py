@@ -40,7 +40,8 @@ times and the fastest pass is reported (all are in the results file, which is re
 each toolkit). Each toolkit runs in its own process (its own peak RSS / GPU memory). Target
 tokens count each output's tokens plus its eos. The table compares every toolkit's speed and
 outputs with ``ours``, or where it did not run with the first of ``ours_unpacked``,
-``ours_int8``, ``ours_compiled`` that did, and names the CPU's int8-relevant flags.
+``ours_int8``, ``ours_compiled`` that did; a peer's int8 also with ``ours_int8``; and names
+the CPU's int8-relevant flags.
 
 Examples::
 
@@ -370,18 +371,33 @@ def reference_toolkit(toolkits: dict) -> str | None:
     return next((name for name in OURS if name in toolkits), None)
 
 
+def same_precision_ours(name: str, toolkits: dict) -> str | None:
+    """The toolkit of ours that ``name`` is timed against in the int8 column: ``ours_int8``
+    for a peer's int8 (``ct2_int8``) when it ran, else None."""
+    if name.endswith("_int8") and name not in OURS and "ours_int8" in toolkits:
+        return "ours_int8"
+    return None
+
+
 def markdown(results: dict) -> str:
-    ref = reference_toolkit(results["toolkits"]) or "ours"
+    """The results as a Markdown table, then the CPU's flags and CTranslate2's choices."""
+    toolkits = results["toolkits"]
+    ref = reference_toolkit(toolkits) or "ours"
     rows = [(f"| toolkit | sentences | seconds | sentences/s | target tok/s | {ref} / toolkit "
-             f"(sent/s) | decoder row-steps | peak RSS MiB | BLEU | same output as {ref} |"),
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    ours = results["toolkits"].get(ref, {}).get("sentences_per_s")
-    for name, r in results["toolkits"].items():
+             "(sent/s) | ours_int8 / toolkit | decoder row-steps | peak RSS MiB | BLEU | "
+             f"same output as {ref} |"),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ours = toolkits.get(ref, {}).get("sentences_per_s")
+    for name, r in toolkits.items():
         ratio = f"{ours / r['sentences_per_s']:.2f}" if ours else "-"
+        int8 = same_precision_ours(name, toolkits)
+        int8_ratio = (f"{toolkits[int8]['sentences_per_s'] / r['sentences_per_s']:.2f}"
+                      if int8 else "-")
         steps = f"{r['row_steps']:,}" if r.get("row_steps") is not None else "-"
         rows.append(
             f"| {name} | {r['sentences']} | {r['seconds']:.1f} | {r['sentences_per_s']:.1f} | "
-            f"{r['target_tokens_per_s']:,.0f} | {ratio} | {steps} | {r['peak_rss_mib']:,.0f} | "
+            f"{r['target_tokens_per_s']:,.0f} | {ratio} | {int8_ratio} | {steps} | "
+            f"{r['peak_rss_mib']:,.0f} | "
             f"{r.get('bleu', float('nan')):.2f} | {r.get('same_as_ours', float('nan')):.1%} |")
     machine = results.get("machine", {})
     flags = ", ".join(machine.get("cpu_flags") or []) or "none of bench_common.INT8_FLAGS"

@@ -66,3 +66,31 @@ def test_ct2_runtime_reads_what_ctranslate2_logs_at_load(workspace, tokenizer, t
     found = bd.ct2_runtime(proc.stdout + proc.stderr)
     assert set(found) == {"isa", "sgemm", "gemm_s8"}, proc.stderr[-2000:]
     assert found["isa"] in {"GENERIC", "AVX", "AVX2", "AVX512", "NEON"}
+
+
+def _result(sent_per_s: float, **extra) -> dict:
+    return {"sentences": 100, "seconds": 100 / sent_per_s, "sentences_per_s": sent_per_s,
+            "target_tokens_per_s": 10 * sent_per_s, "row_steps": None, "peak_rss_mib": 500.0,
+            "bleu": 30.0, "same_as_ours": 1.0, **extra}
+
+
+def _row(table: str, name: str) -> list[str]:
+    line = next(x for x in table.splitlines() if x.startswith(f"| {name} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_table_times_a_peer_int8_against_ours_int8_and_the_rest_against_ours():
+    results = {"machine": {"cpu": "x", "cpu_flags": ["avx2"], "cpu_capability": "AVX2"},
+               "toolkits": {"ours": _result(200.0), "ours_int8": _result(300.0),
+                            "ct2_float32": _result(100.0),
+                            "ct2_int8": _result(150.0, ct2_runtime={"isa": "AVX2"},
+                                                ct2_env={"CT2_VERBOSE": "1"})}}
+    table = bd.markdown(results)
+    assert _row(table, "ct2_int8")[5:7] == ["1.33", "2.00"]  # ours / it, ours_int8 / it
+    assert _row(table, "ct2_float32")[5:7] == ["2.00", "-"]
+    assert _row(table, "ours_int8")[5:7] == ["0.67", "-"]
+    assert "ct2_int8: CTranslate2 ran isa AVX2" in table and "CT2_VERBOSE" not in table
+    del results["toolkits"]["ours"]  # without ours, the first of ours' toolkits that ran
+    table = bd.markdown(results)
+    assert "ours_int8 / toolkit (sent/s)" in table.splitlines()[0]
+    assert _row(table, "ct2_float32")[5] == "3.00"
