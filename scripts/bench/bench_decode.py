@@ -166,10 +166,10 @@ def ct2_runtime(log: str) -> dict[str, str]:
     keys of :data:`CT2_RUNTIME`, those it logged."""
     found = {}
     for line in log.splitlines():
-        head, sep, value = line.partition("]  - ")
+        _, sep, entry = line.partition("]  - ")
         if not sep:
             continue
-        name, sep, value = value.partition(": ")
+        name, sep, value = entry.partition(": ")
         if sep and name in CT2_RUNTIME:
             found[CT2_RUNTIME[name]] = value.strip()
     return found
@@ -371,9 +371,9 @@ def reference_toolkit(toolkits: dict) -> str | None:
     return next((name for name in OURS if name in toolkits), None)
 
 
-def same_precision_ours(name: str, toolkits: dict) -> str | None:
-    """The toolkit of ours that ``name`` is timed against in the int8 column: ``ours_int8``
-    for a peer's int8 (``ct2_int8``) when it ran, else None."""
+def int8_reference(name: str, toolkits: dict) -> str | None:
+    """What the table's int8 column times ``name`` against: ``ours_int8`` for a peer's int8
+    (``ct2_int8``) when both ran, else None."""
     if name.endswith("_int8") and name not in OURS and "ours_int8" in toolkits:
         return "ours_int8"
     return None
@@ -390,7 +390,7 @@ def markdown(results: dict) -> str:
     ours = toolkits.get(ref, {}).get("sentences_per_s")
     for name, r in toolkits.items():
         ratio = f"{ours / r['sentences_per_s']:.2f}" if ours else "-"
-        int8 = same_precision_ours(name, toolkits)
+        int8 = int8_reference(name, toolkits)
         int8_ratio = (f"{toolkits[int8]['sentences_per_s'] / r['sentences_per_s']:.2f}"
                       if int8 else "-")
         steps = f"{r['row_steps']:,}" if r.get("row_steps") is not None else "-"
