@@ -35,6 +35,7 @@ import torch
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_nmt.interop.marian import layer_state_dict
+from transformer_nmt.runtime import cpu_model
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_DIR = REPO / "data" / "bench"
@@ -82,17 +83,6 @@ def package_version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (else platform.processor())."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 INT8_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",

@@ -119,11 +119,30 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def device_name(device: torch.device) -> str:
-    """Human-readable device: the GPU's name, or the CPU's and its torch thread count."""
+def cpu_model() -> str:
+    """The CPU's model name (``model name`` in /proc/cpuinfo; elsewhere
+    ``platform.processor()`` or the machine type)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device | str) -> str:
+    """Human-readable device: the GPU's name; for a CPU its model, the vector instructions
+    PyTorch's kernels use (``torch.backends.cpu.get_cpu_capability()``: AVX2, AVX512, ...) and
+    the torch thread count, e.g. ``cpu (AMD EPYC, AVX512, 2 threads)``."""
+    device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    if device.type != "cpu":
+        return str(device)
+    return (f"cpu ({cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, "
+            f"{torch.get_num_threads()} threads)")
 
 
 class StopFlag:

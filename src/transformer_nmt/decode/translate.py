@@ -59,7 +59,7 @@ from transformer_nmt.fileio import (
 )
 from transformer_nmt.model.transformer import sdpa_backends, sdpa_context
 from transformer_nmt.run.model_file import resolve_checkpoint
-from transformer_nmt.runtime import autocast_context, resolve_device
+from transformer_nmt.runtime import autocast_context, device_name, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +256,10 @@ def translate_lines(
     Returns:
         ``(outputs, stats)``: one output per input line; stats has ``sentences``,
         ``empty``, ``truncated``, ``target_tokens``, ``seconds``, ``sentences_per_second``,
-        ``target_tokens_per_second``, ``batches``, ``device``, ``precision``, ``weight_prepack``
-        (the linear weights ran packed: :mod:`transformer_nmt.decode.prepack`), ``beam_size``.
+        ``target_tokens_per_second``, ``batches``, ``device``, ``hardware`` (the GPU's name, or
+        the CPU's model, vector instructions and threads: :func:`transformer_nmt.runtime.
+        device_name`), ``precision``, ``weight_prepack`` (the linear weights ran packed:
+        :mod:`transformer_nmt.decode.prepack`), ``beam_size``.
 
     Raises:
         ValueError: ``decode_cfg.precision`` int8 with a model that is not quantized, or
@@ -268,6 +270,7 @@ def translate_lines(
     # decode.engine=ctranslate2 (interop/ctranslate2.py)
     if getattr(model, "is_ctranslate2", False):
         outputs, stats = model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
+        stats["hardware"] = device_name(stats["device"])
         if return_hypotheses:
             return [list(zip(detokenize([t for t, _ in h]), [s for _, s in h]))
                     for h in outputs], stats
@@ -330,6 +333,7 @@ def translate_lines(
         "target_tokens_per_second": target_tokens / seconds if seconds > 0 else float("nan"),
         "batches": n_batches,
         "device": str(device),
+        "hardware": device_name(device),
         "precision": decode_cfg.precision,
         "weight_prepack": is_prepacked(model),
         "beam_size": decode_cfg.beam_size,

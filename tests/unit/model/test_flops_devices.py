@@ -29,7 +29,8 @@ def test_each_part_gets_its_own_peak(name, part, bf16_tflops):
 
 
 @pytest.mark.parametrize("name", ["NVIDIA L40S", "NVIDIA H100 PCIe-like", "Tesla V100-SXM2-16GB",
-                                  "cpu (x86_64, 2 threads)", "NVIDIA H1000"])
+                                  "cpu (x86_64, 2 threads)", "cpu (AMD EPYC, AVX512, 2 threads)",
+                                  "NVIDIA H1000"])
 def test_an_unknown_device_gets_no_peak(name):
     assert device_part(name) is None and peak_flops(name, "bf16") is None
     assert "no MFU" in peak_flops_source(name, "bf16")
