@@ -18,12 +18,11 @@ kernels on a newer CPU.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
 import warnings
 
 import torch
+from bench_prepack import layer_parser, mean_us, prepare, rows_alone_differ
 from torch import nn
 
 from transformer_nmt.decode.prepack import PackedLinear, prepack_supported
@@ -33,7 +32,6 @@ from transformer_nmt.decode.quantize import (
     Int8Linear,
     quantize_int8,
 )
-from transformer_nmt.runtime import retain_freed_memory
 
 
 def onednn_available() -> bool:
@@ -76,31 +74,12 @@ def _int8_layer(linear: nn.Linear) -> Int8Linear:
     return model[0]
 
 
-def _mean_us(fn, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
-
-
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rows", default="12,100,400,1500",
-                   help="comma-separated row counts (a step's beams, A*W)")
-    p.add_argument("--shapes", default="256x768,256x256,256x1024,1024x256,256x8000",
-                   help="comma-separated INxOUT: the default model's W^Q|W^K|W^V, W^O, W_1, "
-                        "W_2 and pre-softmax projection")
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--alone", default="1,2,3,7,12,100",
-                   help="row counts whose oneDNN product is compared with a 300-row one's rows")
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
+    parser = layer_parser(__doc__.split("\n")[0], "12,100,400,1500", "1,2,3,7,12,100")
+    args = parser.parse_args(argv)
     if not onednn_available():
         raise SystemExit("error: this PyTorch build has no oneDNN int8 linear kernel")
-    torch.set_num_threads(args.threads)
-    retain_freed_memory()
-    torch.manual_seed(0)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = prepare(args)
     packs = prepack_supported()
     print("| rows | in x out | fp32 packed (us) | int8 fbgemm (us) | int8 oneDNN (us) | "
           "fbgemm / oneDNN | max diff |")
@@ -120,18 +99,14 @@ def main(argv: list[str] | None = None) -> None:
                 times: dict[str, list[float]] = {"fp32": [], "fbgemm": [], "onednn": []}
                 for _ in range(args.rounds):
                     for name, fn in (("fp32", fp32), ("fbgemm", fbgemm), ("onednn", onednn)):
-                        times[name].append(_mean_us(lambda fn=fn: fn(x), calls))
+                        times[name].append(mean_us(lambda fn=fn: fn(x), calls))
                 a, b, c = (statistics.median(times[m]) for m in ("fp32", "fbgemm", "onednn"))
                 print(f"| {rows} | {k} x {n} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {b / c:.2f} | "
                       f"{diff:.1e} |", flush=True)
         print("\nrows whose oneDNN int8 product alone differs from the same rows of a 300-row "
               "product:")
         for (k, n), onednn in layers.items():
-            x = torch.randn(300, k)
-            full = onednn(x)
-            differ = [m for m in (int(v) for v in args.alone.split(","))
-                      if not torch.equal(onednn(x[:m]), full[:m])]
-            print(f"  {k} x {n}: {differ or 'none'}")
+            print(f"  {k} x {n}: {rows_alone_differ(onednn, k, args.alone)}")
 
 
 if __name__ == "__main__":

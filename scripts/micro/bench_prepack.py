@@ -25,31 +25,56 @@ from transformer_nmt.decode.prepack import PackedLinear, prepack_supported
 from transformer_nmt.runtime import retain_freed_memory
 
 
-def _mean_us(fn, calls: int) -> float:
+def mean_us(fn, calls: int) -> float:
+    """Microseconds per call of ``fn()`` over ``calls`` calls."""
     start = time.perf_counter()
     for _ in range(calls):
         fn()
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rows", default="12,555,2000",
+def layer_parser(description: str, rows: str, alone: str) -> argparse.ArgumentParser:
+    """The options of the layer benchmarks under scripts/micro: ``--rows``, ``--shapes`` (the
+    default model's decoder layers), ``--rounds``, ``--alone`` and ``--threads``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--rows", default=rows,
                    help="comma-separated row counts (a step's beams, A*W)")
     p.add_argument("--shapes", default="256x768,256x256,256x1024,1024x256,256x8000",
                    help="comma-separated INxOUT: the default model's W^Q|W^K|W^V, W^O, W_1, "
                         "W_2 and pre-softmax projection")
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--alone", default="1,2,3,4,7,12,100",
-                   help="row counts whose product is compared with the whole product's rows")
+    p.add_argument("--alone", default=alone,
+                   help="row counts whose product alone is compared with the rows of a "
+                        "300-row product")
     p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
-    if not prepack_supported():
-        raise SystemExit("error: this PyTorch build packs no weights with oneDNN")
+    return p
+
+
+def prepare(args) -> list[tuple[int, int]]:
+    """Set ``--threads``, keep freed memory (as decoding does), seed 0; the ``--shapes`` as
+    (in, out) pairs."""
     torch.set_num_threads(args.threads)
     retain_freed_memory()
     torch.manual_seed(0)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    return [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+
+
+def rows_alone_differ(fn, in_features: int, alone: str) -> list[int] | str:
+    """The row counts m of ``alone`` (comma-separated) whose product ``fn(x[:m])`` differs
+    from the first m rows of ``fn(x)`` for a random (300, ``in_features``) x; ``"none"``."""
+    x = torch.randn(300, in_features)
+    full = fn(x)
+    differ = [m for m in (int(v) for v in alone.split(","))
+              if not torch.equal(fn(x[:m]), full[:m])]
+    return differ or "none"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = layer_parser(__doc__.split("\n")[0], "12,555,2000", "1,2,3,4,7,12,100")
+    args = parser.parse_args(argv)
+    if not prepack_supported():
+        raise SystemExit("error: this PyTorch build packs no weights with oneDNN")
+    shapes = prepare(args)
     print("| rows | in x out | F.linear (us) | packed (us) | F.linear / packed | max diff |")
     print("|---:|---|---:|---:|---:|---:|")
     with torch.inference_mode():
@@ -62,9 +87,9 @@ def main(argv: list[str] | None = None) -> None:
                 calls = max(3, int(3e7 / (rows * k * n) + 1))
                 plain_t, packed_t = [], []
                 for _ in range(args.rounds):
-                    plain_t.append(_mean_us(lambda: F.linear(x, linear.weight, linear.bias),
+                    plain_t.append(mean_us(lambda: F.linear(x, linear.weight, linear.bias),
                                               calls))
-                    packed_t.append(_mean_us(lambda: packed(x), calls))
+                    packed_t.append(mean_us(lambda: packed(x), calls))
                 a, b = statistics.median(plain_t), statistics.median(packed_t)
                 print(f"| {rows} | {k} x {n} | {a:,.0f} | {b:,.0f} | {a / b:.2f} | {diff:.1e} |",
                       flush=True)
@@ -72,12 +97,8 @@ def main(argv: list[str] | None = None) -> None:
         for k, n in shapes:
             linear = nn.Linear(k, n).eval()
             packed = PackedLinear(linear)
-            x = torch.randn(300, k)
             for name, fn in (("F.linear", linear), ("packed", packed)):
-                full = fn(x)
-                differ = [m for m in (int(v) for v in args.alone.split(","))
-                          if not torch.equal(fn(x[:m]), full[:m])]
-                print(f"  {k} x {n} {name}: {differ or 'none'}")
+                print(f"  {k} x {n} {name}: {rows_alone_differ(fn, k, args.alone)}")
 
 
 if __name__ == "__main__":
