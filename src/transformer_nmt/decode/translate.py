@@ -270,8 +270,6 @@ def translate_lines(
     # decode.engine=ctranslate2 (interop/ctranslate2.py)
     if getattr(model, "is_ctranslate2", False):
         outputs, stats = model.translate_lines(tokenizer, lines, decode_cfg, return_hypotheses)
-        if stats.get("device") is not None:
-            stats["hardware"] = device_name(stats["device"])
         if return_hypotheses:
             return [list(zip(detokenize([t for t, _ in h]), [s for _, s in h]))
                     for h in outputs], stats

@@ -52,6 +52,7 @@ from transformer_nmt.interop.common import (
     piece_vocab,
     require,
 )
+from transformer_nmt.runtime import device_name
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +370,8 @@ class CTranslate2Engine:
             "target_tokens": target_tokens, "seconds": seconds,
             "sentences_per_second": len(lines) / seconds if seconds > 0 else float("nan"),
             "target_tokens_per_second": target_tokens / seconds if seconds > 0 else float("nan"),
-            "batches": n_batches, "device": self.device, "precision": self.compute_type,
+            "batches": n_batches, "device": self.device, "hardware": device_name(self.device),
+            "precision": self.compute_type,
             "beam_size": k, "engine": f"ctranslate2 ({self.compute_type})",
         }
         log.info("translated %d sentences with CTranslate2 (%s, beam %d) in %.2f s: %.1f "
