@@ -67,37 +67,6 @@ from transformer_nmt.train.whole_step import WholeStep  # noqa: E402
 PRESETS = {"base": "wmt14_en_de_base", "big": "wmt14_en_de_big"}
 SMOKE_DATA = ("data.max_train_pairs=400", "data.vocab_size=200")
 """The data of ``--smoke`` (prepare it with ``nmt-prepare experiment=multi30k_en_de`` and these)."""
-KINDS = (  # kernel name fragments, first match wins (lower case)
-    ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
-    ("optimizer", ("adam", "multi_tensor", "foreach", "_amp_")),
-    ("loss", ("log_softmax", "logsumexp", "nll", "label_smooth")),
-    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "aten::mm", "aten::addmm",
-                "aten::bmm", "aten::linear", "matmul")),
-)
-
-
-def kind_of(name: str) -> str:
-    """The kind of a kernel (or, on the CPU, an aten op) by its name: one of :data:`KINDS`'
-    names, else ``other``."""
-    low = name.lower()
-    for kind, parts in KINDS:
-        if any(p in low for p in parts):
-            return kind
-    return "other"
-
-
-def busy_fraction(intervals: list[tuple[float, float]], span: tuple[float, float]) -> float:
-    """Share of ``span`` covered by the union of ``intervals`` (same time unit)."""
-    lo, hi = span
-    if hi <= lo:
-        return 0.0
-    covered, end = 0.0, lo
-    for a, b in sorted(intervals):
-        a, b = max(a, end), min(b, hi)
-        if b > a:
-            covered += b - a
-            end = b
-    return covered / (hi - lo)
 
 
 def config_for(size: str, args: argparse.Namespace):
@@ -277,14 +246,6 @@ PROFILER_WARMUP = 2
 """Steps the profiler runs before it records (its own start-up stays out of the figures)."""
 
 
-def device_kernels(events: list) -> list:
-    """The profiler's GPU kernels and copies: its events on the device, less the ranges that
-    ``record_function`` marks on the GPU's timeline (``ProfilerStep#N`` spans a whole step,
-    ``Optimizer.step#Adam.step`` the optimizer), which would count the step's time as busy."""
-    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
-            and not getattr(e, "is_user_annotation", False)]
-
-
 def profile_steps(tr: Trainer, batches: list) -> dict:
     """Kernel time by kind and the GPU's idle share over ``batches`` (one step each; the
     first :data:`PROFILER_WARMUP` are run under the profiler but not recorded)."""
@@ -306,42 +267,7 @@ def profile_steps(tr: Trainer, batches: list) -> dict:
             prof.step()
         sync(tr.device)
         wall_us = (time.perf_counter() - t0) * 1e6
-    events = prof.events()
-    if cuda:
-        kernels = device_kernels(events)
-        spans = [(e.time_range.start, e.time_range.end) for e in kernels]
-        times = [(e.name, e.time_range.end - e.time_range.start) for e in kernels]
-    else:  # the CPU: leaf aten ops by their own time
-        spans = []
-        times = [(e.name, e.self_cpu_time_total) for e in events if e.name.startswith("aten::")]
-    by_kind: dict[str, float] = {}
-    by_name: dict[str, float] = {}
-    for name, us in times:
-        by_kind[kind_of(name)] = by_kind.get(kind_of(name), 0.0) + us
-        by_name[name] = by_name.get(name, 0.0) + us
-    total = sum(by_kind.values()) or 1.0
-    out = {"steps": len(batches), "wall_ms_per_step": round(wall_us / len(batches) / 1e3, 3),
-           "kernel_ms_per_step": round(total / len(batches) / 1e3, 3),
-           "share_by_kind": {k: round(v / total, 4) for k, v in sorted(by_kind.items())},
-           "top_kernels": [[n[:120], round(us / len(batches) / 1e3, 4)] for n, us in
-                           sorted(by_name.items(), key=lambda x: -x[1])[:15]],
-           "attention_kernels": sorted({n[:120] for n, _ in times
-                                        if kind_of(n) == "attention"})[:8]}
-    # where the host's time goes: CPU-side ops and ranges by their own time (on the CPU the
-    # host does all the work; on a GPU it launches what the GPU runs)
-    host: dict[str, float] = {}
-    for e in events:
-        if e.device_type == torch.autograd.DeviceType.CPU:
-            host[e.name] = host.get(e.name, 0.0) + e.self_cpu_time_total
-    out["host_ms_per_step"] = round(sum(host.values()) / len(batches) / 1e3, 3)
-    out["top_host_ops"] = [[n[:120], round(us / len(batches) / 1e3, 4)] for n, us in
-                           sorted(host.items(), key=lambda x: -x[1])[:25]]
-    if spans:
-        window = (min(a for a, _ in spans), max(b for _, b in spans))
-        out["gpu_busy_share"] = round(busy_fraction(spans, window), 4)
-        out["host_gap_ms_per_step"] = round(
-            (1 - out["gpu_busy_share"]) * (window[1] - window[0]) / len(batches) / 1e3, 3)
-    return out
+    return bc.summarize_profile(prof.events(), len(batches), wall_us, cuda)
 
 
 def time_loss(tr: Trainer, n: int, backend: str, repeats: int = 20) -> dict:
