@@ -37,7 +37,11 @@ can beat the best finished one), which runs more decoder steps.
 The timed span covers SentencePiece encoding, search and decoding back to text, after a
 warm-up on ``--warmup-sentences`` sentences; each toolkit decodes the input ``--repeats``
 times and the fastest pass is reported (all are in the results file, which is rewritten after
-each toolkit). Each toolkit runs in its own process (its own peak RSS / GPU memory). Target
+each toolkit). ``--profile-sentences N`` adds one more pass over N sentences under
+``torch.profiler`` per toolkit whose decoder calls are counted (ours, fairseq, ``generate``):
+wall, kernel and host time and kernel launches per decoding step, and on a GPU the share of
+the pass the GPU was busy, a second table. Each toolkit runs in its own process (its own peak
+RSS / GPU memory). Target
 tokens count each output's tokens plus its eos. The table compares every toolkit's speed and
 outputs with ``ours``, or where it did not run with the first of ``ours_unpacked``,
 ``ours_int8``, ``ours_compiled`` that did; a peer's int8 also with ``ours_int8``; and names
@@ -286,6 +290,15 @@ def worker(args) -> None:
         args.unpacked = args.worker == "ours_unpacked"
         engine = ours_model(model.to(args.device), args, args.worker == "ours_int8")
         engine.decode = counted(engine.decode)
+        from transformer_nmt.decode import compiled_step
+
+        if compiled_step.resolve_compile(args.compile, args.device):
+            step = compiled_step.StaticStep.__call__  # decode_static runs inside its graph
+
+            def counted_step(self, last, *rest):
+                return counted(lambda tokens, *a: step(self, tokens, *a))(last, *rest)
+
+            compiled_step.StaticStep.__call__ = counted_step
 
         def run(x):
             return decode_ours(engine, tokenizer, x, args)
@@ -313,7 +326,13 @@ def worker(args) -> None:
         mm = bc.port_to_marian(model, args.size)
         port_diff = check_port(model, mm, "marian")
         mm = mm.to(args.device)
-        counts = {"decoder_calls": None, "row_steps": None}  # not counted
+
+        def count_call(_module, a, kw):  # generate calls the decoder once per step
+            tokens = kw.get("input_ids") if kw.get("input_ids") is not None else a[0]
+            counts["decoder_calls"] += 1
+            counts["row_steps"] += tokens.size(0)
+
+        mm.get_decoder().register_forward_pre_hook(count_call, with_kwargs=True)
 
         def run(x):
             return decode_marian(mm, tokenizer, x, args)
@@ -333,15 +352,38 @@ def worker(args) -> None:
         all_seconds.append(time.perf_counter() - start)
     seconds = min(all_seconds)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) // args.repeats
+    per_pass = {k: (v // args.repeats if v is not None else None) for k, v in counts.items()}
+    profiled = None
+    if args.profile_sentences and counts["decoder_calls"] is not None:
+        profiled = profile_pass(run, lines[: args.profile_sentences], counts, args)
     bc.write_json(Path(args.worker_out), {
         "sentences": len(lines), "seconds": seconds, "all_seconds": all_seconds,
-        "target_tokens": target_tokens,
-        **{k: (v // args.repeats if v is not None else None) for k, v in counts.items()},
+        "target_tokens": target_tokens, **per_pass, "profile": profiled,
         "page_faults_per_pass": faults,
         "sentences_per_s": len(lines) / seconds, "target_tokens_per_s": target_tokens / seconds,
         "peak_rss_mib": bc.peak_rss_mib(), "peak_gpu_mib": bc.peak_gpu_mib(),
         "port_max_logit_diff": port_diff, "outputs": outputs,
     })
+
+
+def profile_pass(run, lines: list[str], counts: dict, args) -> dict:
+    """One more pass of ``run`` over ``lines`` under ``torch.profiler`` (CPU ops; on CUDA its
+    kernels too), summed per decoder call (``counts``, which ``run`` increments):
+    :func:`bench_common.summarize_profile`'s figures, "step" being one decoder call, and the
+    sentences profiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = args.device == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    before = counts["decoder_calls"]
+    sync(args)
+    with profile(activities=acts) as prof:
+        start = time.perf_counter()
+        run(lines)
+        sync(args)
+        wall_us = (time.perf_counter() - start) * 1e6
+    summary = bc.summarize_profile(prof.events(), counts["decoder_calls"] - before, wall_us, cuda)
+    return {"sentences": len(lines), **summary}
 
 
 def profile_ours(args) -> None:
@@ -399,6 +441,7 @@ def markdown(results: dict) -> str:
             f"{r['target_tokens_per_s']:,.0f} | {ratio} | {int8_ratio} | {steps} | "
             f"{r['peak_rss_mib']:,.0f} | "
             f"{r.get('bleu', float('nan')):.2f} | {r.get('same_as_ours', float('nan')):.1%} |")
+    rows += profile_rows(toolkits)
     machine = results.get("machine", {})
     flags = ", ".join(machine.get("cpu_flags") or []) or "none of bench_common.INT8_FLAGS"
     rows += ["", f"CPU: {machine.get('cpu')}, {flags}; PyTorch's kernels: "
@@ -410,6 +453,24 @@ def markdown(results: dict) -> str:
                            if k != "CT2_VERBOSE")
             rows.append(f"{name}: CTranslate2 ran {chosen}" + (f" (with {env})" if env else ""))
     return "\n".join(rows)
+
+
+def profile_rows(toolkits: dict) -> list[str]:
+    """The profiled passes (``--profile-sentences``) as a Markdown table, per decoding step
+    (one decoder call); none when no toolkit was profiled."""
+    profiled = {name: r["profile"] for name, r in toolkits.items() if r.get("profile")}
+    if not profiled:
+        return []
+    rows = ["", "| toolkit | sentences profiled | decoding steps | wall ms / step | kernel ms / "
+            "step | kernels / step | GPU busy | host ms / step | top kernels (ms / step) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, p in profiled.items():
+        busy = f"{p['gpu_busy_share']:.0%}" if p.get("gpu_busy_share") is not None else "-"
+        top = "; ".join(f"{n[:40]} {ms:.3f}" for n, ms in p["top_kernels"][:3])
+        rows.append(f"| {name} | {p['sentences']} | {p['steps']} | {p['wall_ms_per_step']:.3f} | "
+                    f"{p['kernel_ms_per_step']:.3f} | {p['kernels_per_step'] or '-'} | {busy} | "
+                    f"{p['host_ms_per_step']:.3f} | {top} |")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -454,6 +515,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=int, default=0,
                    help="profile ours on this many sentences instead of benchmarking")
+    p.add_argument("--profile-sentences", type=int, default=0,
+                   help="after the timed passes, one more over this many sentences under "
+                        "torch.profiler (its kernels too on CUDA), per toolkit whose decoder "
+                        "calls are counted: kernel and host time per decoding step")
     p.add_argument("--worker", choices=[*OURS, "fairseq", "marian", "ct2_float32",
                                         "ct2_int8", "ct2_float16"],
                    help=argparse.SUPPRESS)
@@ -494,7 +559,7 @@ def main(argv: list[str] | None = None) -> None:
                    "--max-len-a", str(args.max_len_a), "--max-len-b", str(args.max_len_b),
                    "--max-tokens", str(args.max_tokens), "--device", args.device,
                    "--precision", args.precision, "--threads", str(args.threads),
-                   "--compile", args.compile]
+                   "--compile", args.compile, "--profile-sentences", str(args.profile_sentences)]
     if args.peers_retain_freed_memory:
         passthrough.append("--peers-retain-freed-memory")
     if args.system_malloc:

@@ -18,7 +18,9 @@ machine's Python) and ``multi30k/`` (the Multi30k files as the official mirror n
    test_2016_flickr with ours and with Hugging Face transformers' ``MarianMTModel.generate`` on
    the same weights (``scripts/bench/bench_decode.py --toolkits ours,marian``, bf16, the
    peers' length penalty and stopping rule): tokens/s, BLEU and the share of identical
-   outputs; :data:`DECODE_RESERVE_S` seconds of the budget are kept for it. With
+   outputs, then one profiled pass over :data:`DECODE_PROFILE_SENTENCES` sentences per toolkit
+   (kernel and host time per decoding step, the GPU's busy share); :data:`DECODE_RESERVE_S`
+   seconds of the budget are kept for it. With
    ``--decode-toolkits ours,marian,ours_compiled`` ours runs also with ``decode.compile`` (a
    CUDA graph per shape bucket), whose step the prewarm phase compiles once, untimed;
 4. writes ``<out>/device_measure.json`` (every configuration's speed: target tokens/s, MFU,
@@ -76,6 +78,9 @@ DECODE_STEPS = 300
 sentences of realistic length, not yet good translations)."""
 DECODE_TOOLKITS = "ours,marian"
 """The decoding part's toolkits by default: ours (eager) and Marian's ``generate``."""
+DECODE_PROFILE_SENTENCES = 200
+"""Sentences of the one pass per toolkit that runs under ``torch.profiler`` after the timed
+ones (``bench_decode.py --profile-sentences``): kernel and host time per decoding step."""
 DECODE_RESERVE_S = 90.0
 """Seconds of ``--budget-s`` that the step configurations leave for the decoding part (its
 model trained beside the prewarm; without it, the training's time comes out of this too)."""
@@ -154,12 +159,14 @@ def decode_commands(tmp: Path, data_root: Path, out: Path, smoke: bool,
     if smoke:
         train += [*SMOKE_DATA, "trainer.max_steps=10"]
         bench += ["--size", "tiny", "--sentences", "8", "--warmup-sentences", "2",
-                  "--repeats", "1", "--threads", "1", "--max-len-a", "0", "--max-len-b", "6"]
+                  "--repeats", "1", "--threads", "1", "--max-len-a", "0", "--max-len-b", "6",
+                  "--profile-sentences", "4"]
     else:
         train += ["model=base", f"trainer.max_steps={DECODE_STEPS}", "trainer.precision=bf16",
                   "trainer.max_tokens=8192", "trainer.compile=false"]  # no graphs to build
         bench += ["--size", "base", "--device", "cuda", "--precision", "bf16",
-                  "--sentences", "1000", "--repeats", "2", "--threads", "8"]
+                  "--sentences", "1000", "--repeats", "2", "--threads", "8",
+                  "--profile-sentences", str(DECODE_PROFILE_SENTENCES)]
     return train, bench
 
 
@@ -211,7 +218,7 @@ def run_decode(tmp: Path, data_root: Path, out: Path, env: dict[str, str], smoke
         return {"status": status, **({"stderr_tail": tail} if tail else {})}
     done = json.loads(results.read_text())["toolkits"]
     keys = ("sentences_per_s", "target_tokens_per_s", "bleu", "same_as_ours", "peak_gpu_mib",
-            "all_seconds")
+            "all_seconds", "decoder_calls", "profile")
     entry = {"status": status, "seconds": round(time.monotonic() - t0, 1),
              "checkpoint_steps": int(checkpoint.stem.rsplit("_", 1)[-1]) if checkpoint else None,
              "toolkits": {name: {k: r.get(k) for k in keys} for name, r in done.items()}}
@@ -339,8 +346,13 @@ def decode_row(name: str, r: dict) -> str:
     """One toolkit of the decoding part as a row of the markdown table."""
     same = "-" if r.get("same_as_ours") is None else f"{r['same_as_ours']:.3f}"
     passes = ", ".join(f"{x:.2f}" for x in r.get("all_seconds") or [])
+    p = r.get("profile") or {}
+    busy = f"{p['gpu_busy_share']:.0%}" if p.get("gpu_busy_share") is not None else "-"
+    profiled = " | ".join(str(p.get(k) or "-") for k in (
+        "wall_ms_per_step", "kernel_ms_per_step", "kernels_per_step", "host_ms_per_step"))
     return (f"| {name} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:,.0f} | "
-            f"{r['bleu']:.2f} | {same} | {passes} |")
+            f"{r['bleu']:.2f} | {same} | {passes} | {r.get('decoder_calls') or '-'} | "
+            f"{profiled} | {busy} |")
 
 
 def write_report(out: Path, report: dict) -> None:
@@ -354,7 +366,9 @@ def write_report(out: Path, report: dict) -> None:
         rows += ["", f"decoding test_2016_flickr, beam 4: {decode['status']}", ""]
         if decode.get("toolkits"):
             rows += ["| toolkit | sentences/s | target tok/s | BLEU | same as ours | "
-                     "seconds of each pass |", "|---|---:|---:|---:|---:|---|"]
+                     "seconds of each pass | decoding steps | profiled: wall ms / step | "
+                     "kernel ms / step | kernels / step | host ms / step | GPU busy |",
+                     "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
             rows += [decode_row(name, r) for name, r in decode["toolkits"].items()]
     if report.get("checks"):
         rows += ["", "gpu_check.py, run during the prewarm phase:", "",

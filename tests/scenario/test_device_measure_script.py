@@ -144,8 +144,19 @@ def test_the_decoding_part_trains_a_model_and_times_ours_against_marian(tmp_path
     assert ours["same_as_ours"] == 1.0 and 0.0 <= marian["same_as_ours"] <= 1.0
     assert toolkits["ours_compiled"]["same_as_ours"] == 1.0  # the compiled step: same search
     assert ours["target_tokens_per_s"] > 0 and marian["target_tokens_per_s"] > 0
+    # one profiled pass over 4 sentences per toolkit, per decoding step (one decoder call);
+    # the tiny model's 4 sentences need at least max_len_b + 1 = 7 steps at most, 1 at least
+    for name in ("ours", "marian", "ours_compiled"):
+        profile = toolkits[name]["profile"]
+        assert profile["sentences"] == 4 and 1 <= profile["steps"] <= 7, (name, profile)
+        assert profile["host_ms_per_step"] > 0 and profile["top_host_ops"]
+        assert profile["kernel_ms_per_step"] > 0
+        assert profile["kernels_per_step"] is None and "gpu_busy_share" not in profile  # CPU
+        assert toolkits[name]["decoder_calls"] >= profile["steps"]  # 8 sentences timed
     markdown = (out / "device_measure.md").read_text()
     assert "| marian |" in markdown and "| ours_compiled |" in markdown
+    assert f"| {toolkits['marian']['decoder_calls']} | {marian['profile']['wall_ms_per_step']} |" \
+        in markdown
 
 
 def test_the_decoding_part_keeps_the_toolkits_that_finished(tmp_path, monkeypatch):
