@@ -180,13 +180,12 @@ class DecoderCache:
 
 
 def _copy_rows(src: Tensor, dst: Tensor, order: Tensor | None) -> None:
-    """``dst`` = ``src``, or its rows ``order`` (a view of a K/V buffer: (R, H, L, D))."""
+    """``dst`` = ``src``, or its rows ``order``, gathered straight into ``dst`` (a strided view
+    of a K/V buffer: (R, H, L, D)) in one pass, without a temporary."""
     if order is None:
         dst.copy_(src)
-    elif src.device.type == "cpu":  # one copy: gather straight into the view
-        torch.index_select(src, 0, order, out=dst)
     else:
-        dst.copy_(src.index_select(0, order))
+        torch.index_select(src, 0, order, out=dst)
 
 
 LENGTH_BUCKET = 16
