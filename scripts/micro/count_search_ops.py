@@ -16,20 +16,27 @@ block form; ``--gpu-paths`` takes the GPU's instead (SDPA, the reused cache buff
 step dispatches, except the non-finite check (on a GPU 3 operations on the step's
 log-probabilities, on a CPU 1 on its top-k: a GPU's step dispatches 2 more). ``--marian`` counts
 ``MarianMTModel.generate`` (num_beams = K, the same length penalty and stopping rule) on the
-exported model as well; it needs transformers (``make bench-install``).
+exported model as well; it needs transformers (``make bench-install``). ``--host-time D``
+times each engine's wall time per decoding step on a model of the same layers and vocabulary
+with d_model D (random weights): its kernels are tiny, so the time is mostly the host's
+(Python and the dispatcher; a GPU adds its launches), a proxy for an eager step on a GPU whose
+kernels are short (fastest of ``--repeats`` passes, the engines alternating).
 
     .venv-bench/bin/python scripts/micro/count_search_ops.py \\
         --checkpoint runs/multi30k_en_de/checkpoints/averaged.pt --gpu-paths --marian
 
 Prints one line per engine and returns ``{engine: {"steps", "encoder", "decoder", "search",
-"search_ops", "decoder_ops"}}``: operations per step (the encoder's per batch), and the
-search's and the decoder's by name.
+"search_ops", "decoder_ops"}}`` (and ``host_ms_per_step`` with ``--host-time``): operations
+per step (the encoder's per batch), and the search's and the decoder's by name.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import sys
+import time
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -165,6 +172,65 @@ def count_marian(model, tokenizer, lines, args) -> dict:
     return summary(counter, counter.calls["decoder"])
 
 
+def shrunk(model, d_model: int):
+    """A model of ``model``'s layers, vocabulary and settings with ``d_model`` (d_ff twice it, 2
+    heads), random weights: its kernels are tiny, so a step's time is the host's."""
+    from transformer_nmt.model.transformer import Transformer
+
+    cfg = dataclasses.replace(model.cfg, d_model=d_model, d_ff=2 * d_model, heads=2, d_k=None,
+                              d_v=None)
+    torch.manual_seed(0)
+    return Transformer(cfg, model.vocab_size).to(next(model.parameters()).device).eval()
+
+
+def host_time(model, tokenizer, lines, args) -> dict:
+    """Wall ms per decoding step of each engine on :func:`shrunk` (``args.host_time``), the
+    fastest of ``args.repeats`` passes, the engines alternating; ``{engine: ms}``."""
+    import bench_decode as bd
+
+    from transformer_nmt.config import DecodeConfig
+    from transformer_nmt.decode.translate import translate_lines
+
+    small = shrunk(model, args.host_time)
+    calls = Counter()
+
+    def counting(name, fn):
+        def wrapped(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapped
+
+    small.decode = counting("ours", small.decode)
+    cfg = DecodeConfig(beam_size=args.beam, lenpen=0.6, lenpen_form="fairseq", stopping="beam",
+                       max_len_a=1.0, max_len_b=50, max_tokens=args.max_tokens,
+                       device=args.device, compile="false",
+                       sync_every="8" if args.gpu_paths else "auto")
+    engines = {"ours": lambda x: translate_lines(small, tokenizer, x, cfg, args.device)}
+    if args.marian:
+        marian = bc.port_to_marian(small).to(args.device).eval()
+        marian.model.decoder.forward = counting("marian", marian.model.decoder.forward)
+        bench_args = argparse.Namespace(beam=args.beam, lenpen=0.6, max_len_a=1.0, max_len_b=50,
+                                        max_tokens=args.max_tokens, device=args.device,
+                                        precision="fp32")
+        engines["marian"] = lambda x: bd.decode_marian(marian, tokenizer, x, bench_args)
+    best: dict[str, float] = {}
+    with ExitStack() as stack:
+        if args.gpu_paths:
+            stack.enter_context(gpu_paths(small))
+        for run in engines.values():
+            run(lines[:2])  # warm-up
+        for _ in range(args.repeats):
+            for name, run in engines.items():
+                calls[name] = 0
+                bd.sync(args)
+                start = time.perf_counter()
+                run(lines)
+                bd.sync(args)
+                ms = (time.perf_counter() - start) * 1e3 / max(calls[name], 1)
+                best[name] = min(best.get(name, math.inf), ms)
+    return best
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Count and print; see the module docstring for the result."""
     from transformer_nmt.checkpoint import load_model
@@ -178,6 +244,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--marian", action="store_true",
                    help="count Hugging Face generate on the exported model as well")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--host-time", type=int, default=0, metavar="D_MODEL",
+                   help="also time each engine's wall ms per decoding step on a model of the "
+                        "same layers and vocabulary with this d_model (random weights, tiny "
+                        "kernels: the host's time per step)")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes of --host-time")
     args = p.parse_args(argv)
     if args.gpu_paths and args.device != "cpu":
         p.error("--gpu-paths emulates a GPU's branches on a CPU; with --device cuda they run")
@@ -189,12 +260,18 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"ours": count_ours(model, tokenizer, lines, args)}
     if args.marian:
         results["marian"] = count_marian(model, tokenizer, lines, args)
+    if args.host_time:
+        for name, ms in host_time(model, tokenizer, lines, args).items():
+            results[name]["host_ms_per_step"] = ms
     where = "GPU paths on a CPU" if args.gpu_paths else args.device
     for name, r in results.items():
         top = ", ".join(f"{k} {v:.1f}" for k, v in list(r["search_ops"].items())[:8])
         print(f"{name} ({where}): {r['steps']} steps, operations per step: decoder "
               f"{r['decoder']:.1f}, search {r['search']:.1f} ({top}); encoder {r['encoder']:.1f} "
               "per batch")
+        if "host_ms_per_step" in r:
+            print(f"{name} ({where}): {r['host_ms_per_step']:.3f} ms per decoding step with "
+                  f"d_model {args.host_time} (fastest of {args.repeats} passes)")
     return results
 
 

@@ -60,6 +60,26 @@ def test_generate_is_counted_beside_ours(workspace, tokenizer, tmp_path):
     assert "embedding" in marian["decoder_ops"]
 
 
+def test_host_time_is_timed_per_step_on_a_model_of_the_same_layers_and_vocabulary(
+        workspace, tokenizer, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from transformer_nmt.checkpoint import load_model
+
+    result = _run(workspace, tokenizer, tmp_path, "--gpu-paths", "--marian", "--host-time", "8",
+                  "--repeats", "1")
+    out = capsys.readouterr().out
+    for name in ("ours", "marian"):
+        assert 0 < result[name]["host_ms_per_step"] < 1e4
+        assert f"{name} (GPU paths on a CPU): {result[name]['host_ms_per_step']:.3f} ms per " \
+            "decoding step with d_model 8 (fastest of 1 passes)" in out
+    model, _ = load_model(tmp_path / "model.pt", "cpu")
+    small = count_search_ops.shrunk(model, 8)
+    assert small.cfg.d_model == 8 and small.cfg.d_ff == 16 and small.cfg.heads == 2
+    assert small.vocab_size == model.vocab_size
+    assert (small.cfg.encoder_layers, small.cfg.decoder_layers) == (
+        model.cfg.encoder_layers, model.cfg.decoder_layers)
+
+
 def test_gpu_paths_with_cuda_is_refused(workspace, tokenizer, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         _run(workspace, tokenizer, tmp_path, "--gpu-paths", "--device", "cuda")
