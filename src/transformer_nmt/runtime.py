@@ -33,7 +33,9 @@ HANDED_OVER_SIGNALS = ("SIGUSR2",)
 INTERRUPT_EXIT = 130
 """Exit status after a second Ctrl-C (128 + SIGINT, what shells report for an interrupt)."""
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""The autocast dtype of each lower floating-point precision (``trainer.precision``,
+``decode.precision``)."""
 
 
 def resolve_device(name: str | torch.device | None, key: str = "decode.device") -> torch.device:
@@ -102,9 +104,9 @@ def autocast_context(precision: str, device: torch.device):
     """
     if precision in ("fp32", "int8"):
         return contextlib.nullcontext()
-    if precision not in _DTYPES:
+    if precision not in PRECISION_DTYPES:
         raise ValueError(f"decode.precision={precision!r} is not one of {list(PRECISIONS)}")
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+    return torch.autocast(device_type=device.type, dtype=PRECISION_DTYPES[precision])
 
 
 def grad_scaler(enabled: bool):

@@ -28,6 +28,7 @@ from torch import nn
 
 from transformer_nmt.checkpoint import non_finite_parameters
 from transformer_nmt.errors import UserError
+from transformer_nmt.runtime import PRECISION_DTYPES
 
 INT8 = "int8"
 """The ``decode.precision`` of :func:`quantize_int8`."""
@@ -247,7 +248,9 @@ def decoding_model(model: Any, decode_cfg: Any, device: torch.device | str,
     for ``int8`` the model quantized by :func:`quantize_int8`; for fp32 on a CPU its linear
     layers packed once by oneDNN (:func:`transformer_nmt.decode.prepack.prepack_linears`)
     unless ``decode.weight_prepack`` is false, ``decode.compile`` is true or a parameter is
-    not finite (the search then names it); otherwise ``model`` itself.
+    not finite (the search then names it); for ``bf16`` and ``fp16`` its linear layers cast
+    once, in place (:func:`transformer_nmt.decode.cast.cast_linears`: the same translations,
+    no weight cast per step); otherwise ``model`` itself.
 
     Raises:
         UserError: int8 on a device other than the CPU (:func:`check_int8_device`), or a model
@@ -255,6 +258,10 @@ def decoding_model(model: Any, decode_cfg: Any, device: torch.device | str,
     """
     if str(getattr(decode_cfg, "engine", "native")) != "native":
         return model
+    if str(decode_cfg.precision) in PRECISION_DTYPES:
+        from transformer_nmt.decode.cast import cast_linears
+
+        return cast_linears(model, str(decode_cfg.precision))
     if str(decode_cfg.precision) != INT8:
         if _packs_weights(model, decode_cfg, device):
             from transformer_nmt.decode.prepack import prepack_linears

@@ -1,0 +1,55 @@
+"""bf16 / fp16 decoding with the linear layers' weights cast once (``decode.precision``).
+
+Decoding in ``bf16`` or ``fp16`` runs under autocast
+(:func:`transformer_nmt.runtime.autocast_context`), which casts a linear layer's float32 weight
+and bias to the lower precision at every call. Autocast keeps such casts for the rest of its
+context only outside ``torch.inference_mode``, and the searches run inside it
+(:mod:`transformer_nmt.decode.beam_search`), so every decoding step would cast every weight of
+the decoder and the pre-softmax projection again: on a GPU, two kernels per layer, the weights
+read in float32 and written in the lower precision, at each step. :func:`cast_linears` casts them
+once, before decoding, as autocast would (the same rounding of the same values), so the products
+and the translations are the same bit for bit; what autocast keeps in float32 (layer
+normalisation, softmax, the embeddings) stays float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from transformer_nmt.runtime import PRECISION_DTYPES
+
+
+def cast_linears(model: nn.Module, precision: str) -> nn.Module:
+    """Cast the weight and bias of every ``nn.Linear`` of ``model`` to ``precision``'s dtype, in
+    place, for decoding under autocast at that precision (inference only: the new parameters
+    do not require gradients).
+
+    A pre-softmax projection tied to the target embedding (section 3.4) gets its own cast copy;
+    the embedding lookups keep the float32 table.
+
+    Args:
+        model: the Transformer, in eval mode.
+        precision: ``bf16`` or ``fp16`` (:data:`transformer_nmt.runtime.PRECISION_DTYPES`).
+
+    Returns:
+        ``model``, its float32 linear layers cast (other dtypes are left as they are).
+
+    Raises:
+        ValueError: ``precision`` is not a lower floating-point precision.
+    """
+    if precision not in PRECISION_DTYPES:
+        raise ValueError(f"cast_linears: precision={precision!r} is not one of "
+                         f"{sorted(PRECISION_DTYPES)}")
+    dtype = PRECISION_DTYPES[precision]
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            for name in ("weight", "bias"):
+                param = getattr(module, name)
+                if param is not None and param.dtype == torch.float32:
+                    setattr(module, name, nn.Parameter(param.detach().to(dtype),
+                                                       requires_grad=False))
+    return model
+
