@@ -16,7 +16,9 @@ block form; ``--gpu-paths`` takes the GPU's instead (SDPA, the reused cache buff
 step dispatches, except the non-finite check (on a GPU 3 operations on the step's
 log-probabilities, on a CPU 1 on its top-k: a GPU's step dispatches 2 more). ``--marian`` counts
 ``MarianMTModel.generate`` (num_beams = K, the same length penalty and stopping rule) on the
-exported model as well; it needs transformers (``make bench-install``). ``--host-time D``
+exported model as well; it needs transformers (``make bench-install``). ``--precision bf16``
+decodes under autocast as ``decode.precision=bf16`` does (our model's linear weights cast once:
+``decode.quantize.decoding_model``), ``generate`` under the same autocast. ``--host-time D``
 times each engine's wall time per decoding step on a model of the same layers and vocabulary
 with d_model D (random weights): its kernels are tiny, so the time is mostly the host's
 (Python and the dispatcher; a GPU adds its launches), a proxy for an eager step on a GPU whose
@@ -33,6 +35,7 @@ per step (the encoder's per batch), and the search's and the decoder's by name.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import math
 import sys
@@ -132,15 +135,24 @@ def summary(counter: OpCounter, steps: int) -> dict:
     }
 
 
+def search_config(args):
+    """The DecodeConfig of our search as bench_decode.py runs it (``stopping=beam``,
+    ``lenpen_form=fairseq``), at ``args.precision``, without the CPU's packed weights."""
+    from transformer_nmt.config import DecodeConfig
+
+    return DecodeConfig(beam_size=args.beam, lenpen=0.6, lenpen_form="fairseq", stopping="beam",
+                        max_len_a=1.0, max_len_b=50, max_tokens=args.max_tokens,
+                        device=args.device, compile="false", precision=args.precision,
+                        weight_prepack=False, sync_every="8" if args.gpu_paths else "auto")
+
+
 def count_ours(model, tokenizer, lines, args) -> dict:
     """Our beam search as nmt-translate runs it (``stopping=beam``, ``lenpen_form=fairseq``)."""
-    from transformer_nmt.config import DecodeConfig
+    from transformer_nmt.decode.quantize import decoding_model
     from transformer_nmt.decode.translate import translate_lines
 
-    cfg = DecodeConfig(beam_size=args.beam, lenpen=0.6, lenpen_form="fairseq", stopping="beam",
-                       max_len_a=1.0, max_len_b=50, max_tokens=args.max_tokens,
-                       device=args.device, compile="false",
-                       sync_every="8" if args.gpu_paths else "auto")
+    cfg = search_config(args)
+    model = decoding_model(copy.deepcopy(model), cfg, args.device)  # as nmt-translate decodes
     counter = OpCounter()
     attribute(counter, model, "encode", "encoder")
     attribute(counter, model, "decode", "decoder")
@@ -161,7 +173,7 @@ def count_marian(model, tokenizer, lines, args) -> dict:
     marian = bc.port_to_marian(model).to(args.device).eval()
     bench_args = argparse.Namespace(beam=args.beam, lenpen=0.6, max_len_a=1.0, max_len_b=50,
                                     max_tokens=args.max_tokens, device=args.device,
-                                    precision="fp32")
+                                    precision=args.precision)
     counter = OpCounter()
     attribute(counter, marian.model.encoder, "forward", "encoder")
     attribute(counter, marian.model.decoder, "forward", "decoder")
@@ -188,7 +200,7 @@ def host_time(model, tokenizer, lines, args) -> dict:
     fastest of ``args.repeats`` passes, the engines alternating; ``{engine: ms}``."""
     import bench_decode as bd
 
-    from transformer_nmt.config import DecodeConfig
+    from transformer_nmt.decode.quantize import decoding_model
     from transformer_nmt.decode.translate import translate_lines
 
     small = shrunk(model, args.host_time)
@@ -200,23 +212,21 @@ def host_time(model, tokenizer, lines, args) -> dict:
             return fn(*a, **kw)
         return wrapped
 
-    small.decode = counting("ours", small.decode)
-    cfg = DecodeConfig(beam_size=args.beam, lenpen=0.6, lenpen_form="fairseq", stopping="beam",
-                       max_len_a=1.0, max_len_b=50, max_tokens=args.max_tokens,
-                       device=args.device, compile="false",
-                       sync_every="8" if args.gpu_paths else "auto")
-    engines = {"ours": lambda x: translate_lines(small, tokenizer, x, cfg, args.device)}
+    cfg = search_config(args)
+    ours = decoding_model(copy.deepcopy(small), cfg, args.device)
+    ours.decode = counting("ours", ours.decode)
+    engines = {"ours": lambda x: translate_lines(ours, tokenizer, x, cfg, args.device)}
     if args.marian:
         marian = bc.port_to_marian(small).to(args.device).eval()
         marian.model.decoder.forward = counting("marian", marian.model.decoder.forward)
         bench_args = argparse.Namespace(beam=args.beam, lenpen=0.6, max_len_a=1.0, max_len_b=50,
                                         max_tokens=args.max_tokens, device=args.device,
-                                        precision="fp32")
+                                        precision=args.precision)
         engines["marian"] = lambda x: bd.decode_marian(marian, tokenizer, x, bench_args)
     best: dict[str, float] = {}
     with ExitStack() as stack:
         if args.gpu_paths:
-            stack.enter_context(gpu_paths(small))
+            stack.enter_context(gpu_paths(ours))
         for run in engines.values():
             run(lines[:2])  # warm-up
         for _ in range(args.repeats):
@@ -244,6 +254,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--marian", action="store_true",
                    help="count Hugging Face generate on the exported model as well")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="decode under autocast at bf16 (our model's linear weights cast once, as "
+                        "decode.precision=bf16 does; generate under the same autocast)")
     p.add_argument("--host-time", type=int, default=0, metavar="D_MODEL",
                    help="also time each engine's wall ms per decoding step on a model of the "
                         "same layers and vocabulary with this d_model (random weights, tiny "

@@ -80,6 +80,15 @@ def test_host_time_is_timed_per_step_on_a_model_of_the_same_layers_and_vocabular
         model.cfg.encoder_layers, model.cfg.decoder_layers)
 
 
+def test_bf16_counts_the_search_as_nmt_translate_runs_it(workspace, tokenizer, tmp_path):
+    # decode.precision=bf16: autocast, the linear weights cast once (decoding_model); the
+    # step's operations then include its activations' casts, never a weight's
+    fp32 = _run(workspace, tokenizer, tmp_path, "--gpu-paths")["ours"]
+    bf16 = _run(workspace, tokenizer, tmp_path, "--gpu-paths", "--precision", "bf16")["ours"]
+    casts = bf16["decoder_ops"].get("_to_copy", 0) + bf16["decoder_ops"].get("to", 0)
+    assert 0 < casts < fp32["decoder_ops"]["linear"]  # fewer casts than linear calls
+
+
 def test_gpu_paths_with_cuda_is_refused(workspace, tokenizer, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         _run(workspace, tokenizer, tmp_path, "--gpu-paths", "--device", "cuda")
