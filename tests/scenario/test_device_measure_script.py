@@ -188,8 +188,13 @@ def test_the_decoding_part_keeps_the_toolkits_that_finished(tmp_path, monkeypatc
     assert cmd[cmd.index("--toolkits") + 1] == "ours,ours_compiled"
     assert cmd[cmd.index("--repeats") + 1] == "5"
     assert cmd[cmd.index("--checkpoint") + 1].endswith("checkpoint_7.pt")
-    assert "| ours | 10.0 | 100 | 1.00 | 1.000 | 0.20, 0.10 |" == device_measure.decode_row(
-        "ours", entry["toolkits"]["ours"])
+    assert "| ours | 10.0 | 100 | 1.00 | 1.000 | 0.20, 0.10 | - | - | - | - | - | - |" == \
+        device_measure.decode_row("ours", entry["toolkits"]["ours"])  # not profiled
+    profiled = {**entry["toolkits"]["ours"], "decoder_calls": 173, "profile": {
+        "wall_ms_per_step": 5.9, "kernel_ms_per_step": 1.2, "kernels_per_step": 210.0,
+        "host_ms_per_step": 4.1, "gpu_busy_share": 0.21}}
+    assert device_measure.decode_row("ours", profiled).endswith(
+        "| 0.20, 0.10 | 173 | 5.9 | 1.2 | 210.0 | 4.1 | 21% |")
     # stopped at the budget before writing anything: the earlier results are gone, not shown
     entry = device_measure.run_decode(tmp_path, tmp_path / "data", tmp_path, {}, True, 60.0)
     assert entry == {"status": "stopped after 60 s (budget)"} and not results.exists()
