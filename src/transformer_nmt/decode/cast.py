@@ -2,14 +2,14 @@
 
 Decoding in ``bf16`` or ``fp16`` runs under autocast
 (:func:`transformer_nmt.runtime.autocast_context`), which casts a linear layer's float32 weight
-and bias to the lower precision at every call. Autocast keeps such casts for the rest of its
-context only outside ``torch.inference_mode``, and the searches run inside it
-(:mod:`transformer_nmt.decode.beam_search`), so every decoding step would cast every weight of
-the decoder and the pre-softmax projection again: on a GPU, two kernels per layer, the weights
-read in float32 and written in the lower precision, at each step. :func:`cast_linears` casts them
-once, before decoding, as autocast would (the same rounding of the same values), so the products
-and the translations are the same bit for bit; what autocast keeps in float32 (layer
-normalisation, softmax, the embeddings) stays float32.
+and bias to the lower precision at every call, and keeps such casts for the rest of its context
+only outside ``torch.inference_mode``. The searches run in inference mode (no autograd
+bookkeeping at all) when the weights need no cast, else in ``torch.no_grad`` so that autocast
+casts each weight once per search (:mod:`transformer_nmt.decode.beam_search`).
+:func:`cast_linears` casts them once, before decoding, as autocast would (the same rounding of
+the same values), so nmt-translate and nmt-evaluate search in inference mode with no weight cast
+at all, and the products and the translations are the same bit for bit; what autocast keeps in
+float32 (layer normalisation, softmax, the embeddings) stays float32.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """bf16 / fp16 decoding with the linear weights cast once (decode/cast.py): the same hypotheses,
-scores included, as autocast casting them at every call; no weight cast left in a decoding step;
-the embeddings untouched; decoding_model casts for the lower precisions only."""
+scores included, as autocast casting them; no weight cast left in a decoding step; the
+embeddings untouched; decoding_model casts for the lower precisions only. A model not cast (the
+training model in validation) is searched outside inference mode, where autocast casts each
+weight once per search, not at every step."""
 
 from __future__ import annotations
 
@@ -70,18 +72,25 @@ def test_only_the_linear_layers_are_cast_and_the_projection_is_untied():
         cast_linears(model, "fp32")
 
 
+def test_autocast_recasts_weights_inside_inference_mode_only():
+    # why the weights are cast once: autocast keeps its casts outside inference mode only
+    layer, x = nn.Linear(8, 8), torch.randn(2, 8)
+    casts = {}
+    for mode in (torch.inference_mode, torch.no_grad):
+        counter = CastCounter(layer.parameters())
+        with autocast_context("bf16", torch.device("cpu")), mode(), counter:
+            for _ in range(3):
+                layer(x)
+        casts[mode.__name__] = counter.casts
+    assert casts == {"inference_mode": 6, "no_grad": 2}  # weight and bias: each call, or once
+
+
 def test_a_decoding_step_casts_no_weight_once_they_are_cast():
-    model, cast = _models("bf16")
-    src = random_sources([6, 6], seed=5)
-    counts = {}
-    for name, m in (("autocast", model), ("cast once", cast)):
-        counter = CastCounter(p for p in m.parameters())  # any parameter, cast or not
-        with autocast_context("bf16", torch.device("cpu")), counter:
-            beam_search(m, src, beam_size=2, max_len_b=4)
-        counts[name] = counter.casts
-    tensors = sum(len(list(m.parameters())) for m in model.modules() if isinstance(m, nn.Linear))
-    assert counts["autocast"] > tensors  # more casts than weights and biases: cast at each call
-    assert counts["cast once"] == 0
+    _, cast = _models("bf16")
+    counter = CastCounter(cast.parameters())  # any parameter, cast or not
+    with autocast_context("bf16", torch.device("cpu")), counter:
+        beam_search(cast, random_sources([6, 6], seed=5), beam_size=2, max_len_b=4)
+    assert counter.casts == 0
 
 
 @pytest.mark.parametrize("precision,cast", [("bf16", True), ("fp16", True), ("fp32", False)])
@@ -91,3 +100,33 @@ def test_decoding_model_casts_for_the_lower_precisions(precision, cast):
     out = decoding_model(model, cfg, "cpu")
     dtype = out.output_projection.weight.dtype
     assert (dtype != torch.float32) == cast
+
+
+@pytest.mark.parametrize("search", [beam_search, greedy_search])
+def test_a_model_not_cast_has_each_weight_cast_once_per_search_not_per_step(search):
+    # validation during training decodes the training model itself (float32 weights) under
+    # autocast: the search then runs without inference mode, where autocast keeps its casts
+    model, cast = _models("bf16")
+    src = random_sources([6, 6, 4], seed=5)
+    modes = []
+    for m in (model, cast):
+        decode = m.decode
+
+        def noting(*a, _decode=decode, **kw):
+            modes.append(torch.is_inference_mode_enabled())
+            return _decode(*a, **kw)
+
+        m.decode = noting
+    counter = CastCounter(model.parameters())
+    with autocast_context("bf16", torch.device("cpu")), counter:
+        got = search(model, src, max_len_b=6)
+    tensors = sum(len(list(m.parameters())) for m in model.modules() if isinstance(m, nn.Linear))
+    assert 0 < counter.casts <= tensors  # at most once each, whatever the steps
+    with autocast_context("bf16", torch.device("cpu")):
+        want = search(cast, src, max_len_b=6)
+    assert [[(h.tokens, h.score) for h in g] for g in got] == \
+        [[(h.tokens, h.score) for h in w] for w in want]
+    steps = len(modes) // 2  # the two searches take the same steps
+    assert steps > 1 and len(modes) == 2 * steps
+    assert not any(modes[:steps]) and all(modes[steps:])  # no_grad, then inference mode
+    assert not torch.is_inference_mode_enabled() and torch.is_grad_enabled()
