@@ -81,16 +81,16 @@ most ``max_len = int(max_len_a * src_len + max_len_b)`` tokens before its ``eos`
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, LenpenForm, Stopping
 from transformer_nmt.decode.candidates import candidates
+from transformer_nmt.decode.cast import without_autograd
 from transformer_nmt.decode.compiled_step import StaticStep, resolve_compile
 from transformer_nmt.decode.sync import Reads, resolve_sync_every
 
@@ -286,31 +286,6 @@ def _note_non_finite(bad: Tensor, active: Tensor, bad_step: Tensor, t: int) -> T
     return torch.where(hit & bad_step.lt(0), t, bad_step)
 
 
-def _recasts_weights(model: Any, device: torch.device) -> bool:
-    """Whether autocast is on for ``device`` and ``model`` holds a float32 ``nn.Linear`` weight
-    (one autocast would cast at every call inside ``torch.inference_mode``)."""
-    modules = getattr(model, "modules", None)
-    return (torch.is_autocast_enabled(device.type) and modules is not None
-            and any(isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32
-                    for m in modules()))
-
-
-def _without_autograd(search: Callable) -> Callable:
-    """Run ``search(model, src_tokens, ...)`` in ``torch.inference_mode``, or in ``torch.no_grad``
-    where :func:`_recasts_weights`: autocast keeps its casts of float32 weights for the rest of its
-    context only outside inference mode, and would cast every weight again at every step inside
-    it (nmt-translate and nmt-evaluate cast them once before: :mod:`transformer_nmt.decode.cast`;
-    validation during training decodes the training model itself)."""
-
-    @functools.wraps(search)
-    def run(model: Any, src_tokens: Tensor, *args: Any, **kwargs: Any) -> Any:
-        mode = torch.no_grad if _recasts_weights(model, src_tokens.device) else torch.inference_mode
-        with mode():
-            return search(model, src_tokens, *args, **kwargs)
-
-    return run
-
-
 def _check_arguments(src_tokens: Tensor, beam_size: int, nbest: int, lenpen_form: str,
                      stopping: str) -> None:
     """Raise ValueError for a non-2D input or a bad ``beam_size``, ``nbest``, ``lenpen_form``
@@ -363,7 +338,7 @@ def _next_beams(cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor, is
     return new_scores, cand_beams.gather(1, sel), cand_tokens.gather(1, sel)
 
 
-@_without_autograd
+@without_autograd
 def beam_search(
     model: Any,
     src_tokens: Tensor,
@@ -567,7 +542,7 @@ def _hypotheses(out_f: Tensor, out_i: Tensor, hist: Tensor, nbest: int) -> list[
     return results
 
 
-@_without_autograd
+@without_autograd
 def greedy_search(
     model: Any,
     src_tokens: Tensor,
