@@ -8,8 +8,10 @@ by a :class:`PackedLinear` whose weight oneDNN has packed once, in its blocked l
 PyTorch's inductor does for a frozen CPU model (``torch._inductor.config.cpp.weight_prepack``).
 The products are the same to float32 rounding, and each row's result depends on that row
 only, never on how many rows its batch holds (the plain product's may:
-scripts/micro/bench_prepack.py). Measurements:
-docs/measurements/2026-11-28-prepacked-fp32-weights.md.
+scripts/micro/bench_prepack.py). oneDNN keeps memory for each row count it meets, so the rows
+are computed in batches of a few fixed sizes (:func:`packed_rows`), which bounds the memory
+of a long decoding job. Measurements: docs/measurements/2026-11-28-prepacked-fp32-weights.md,
+docs/measurements/2026-11-28-packed-weights-memory.md.
 
 :func:`transformer_nmt.decode.quantize.decoding_model` packs the model for fp32 decoding on a
 CPU unless ``decode.weight_prepack=false`` or ``decode.compile=true``; it leaves it as it is
@@ -49,6 +51,28 @@ def prepack_supported() -> bool:
     return y.shape == (5, 24) and torch.allclose(y, F.linear(x, w, b), rtol=1e-4, atol=1e-5)
 
 
+EXACT_ROWS = 16
+"""Calls of up to this many rows run at their own size; larger ones are padded
+(:func:`packed_rows`)."""
+
+
+def packed_rows(rows: int) -> int:
+    """The rows a packed product is computed for when ``rows`` are asked: ``rows`` itself up to
+    :data:`EXACT_ROWS`, else ``rows`` rounded up to a multiple of 2^(b - 4), b its bit length (at
+    most 1/8 more rows, 8 sizes per doubling).
+
+    oneDNN keeps memory for every distinct row count its packed product meets (about 2 MB per
+    count at the default model's 8,000-piece projection), and a decoding job meets as many counts
+    as its steps hold live rows: without a bound, peak memory grows with the job's length. With
+    these sizes at most 16 + 8 per doubling are met (80 up to 4,096 rows); each row's result
+    does not depend on the rows computed with it, so the padded rows change nothing.
+    """
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << (rows.bit_length() - 4)
+    return -(-rows // step) * step
+
+
 class PackedLinear(nn.Module):
     """y = x W^T + b (optionally max(0, y)) with W packed once by oneDNN; inference only.
 
@@ -56,7 +80,8 @@ class PackedLinear(nn.Module):
         linear: the ``nn.Linear`` (float32, on the CPU) whose weight and bias it takes.
         relu: apply the ReLU in the same pass (the first feed-forward layer, section 3.3).
 
-    Shapes: x (..., K) float32 -> (..., N) float32.
+    Shapes: x (..., K) float32 -> (..., N) float32; the rows are computed in a batch of
+    :func:`packed_rows` rows (zero rows added, their results dropped).
 
     The packed weight is an opaque oneDNN tensor held outside the state dict: the module is
     not saved, copied or moved to another device.
@@ -75,8 +100,14 @@ class PackedLinear(nn.Module):
                 f"relu={self.relu})")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
-                                                  "relu" if self.relu else "none", [], "")
+        rows = x.reshape(-1, self.in_features)  # (M, K)
+        m = rows.size(0)
+        padded = packed_rows(m)
+        if padded != m:
+            rows = torch.cat([rows, rows.new_zeros(padded - m, self.in_features)])
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias,
+                                               "relu" if self.relu else "none", [], "")
+        return y[:m].view(*x.shape[:-1], self.out_features)  # (..., N)
 
 
 def is_prepacked(model: object) -> bool:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from helpers import new_model, run_with_averaged_model, sentences
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_nmt.config import EOS_ID, DecodeConfig
 from transformer_nmt.decode import prepack
@@ -63,6 +64,47 @@ def test_packed_rows_do_not_depend_on_their_batch():
         full = packed(x)
         for rows in (1, 2, 3, 7, 12, 100):
             assert torch.equal(packed(x[:rows]), full[:rows]), rows
+
+
+def test_packed_row_counts_are_few_and_pad_at_most_an_eighth():
+    sizes = {prepack.packed_rows(m) for m in range(1, 4097)}
+    assert len(sizes) == 80 and max(sizes) == 4096
+    for m in range(1, 5000):
+        padded = prepack.packed_rows(m)
+        assert m <= padded <= m * 9 / 8 and prepack.packed_rows(padded) == padded
+        assert padded == m or m > prepack.EXACT_ROWS
+
+
+class _KernelRows(TorchDispatchMode):
+    """The row counts the packed product is called with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "_linear_pointwise":
+            self.rows.add(args[0].size(0))
+        return func(*args, **(kwargs or {}))
+
+
+@needs_onednn
+def test_the_packed_product_meets_few_row_counts_with_the_same_results():
+    """Any row count is computed in a padded batch of packed_rows rows, whose extra rows change
+    nothing: bit for bit the products of the exact batch."""
+    lin = _linear(64, 200, True, 4)
+    packed = PackedLinear(lin, relu=True)
+    x = torch.randn(700, 64, generator=torch.Generator().manual_seed(5))
+    seen = _KernelRows()
+    with torch.no_grad():
+        for m in range(1, 701, 3):
+            with seen:
+                got = packed(x[:m].view(m, 1, 64))  # (M, 1, K): a decoder step's rows
+            exact = torch.ops.mkldnn._linear_pointwise(x[:m], packed.packed_weight, packed.bias,
+                                                       "relu", [], "")
+            assert got.shape == (m, 1, 200) and torch.equal(got.view(m, 200), exact), m
+    assert seen.rows == {prepack.packed_rows(m) for m in range(1, 701, 3)}
+    assert len(seen.rows) < 50  # of 234 row counts asked
 
 
 def _cfg(**kw) -> DecodeConfig:
