@@ -61,9 +61,9 @@ def packed_rows(rows: int) -> int:
     :data:`EXACT_ROWS`, else ``rows`` rounded up to a multiple of 2^(b - 4), b its bit length (at
     most 1/8 more rows, 8 sizes per doubling).
 
-    oneDNN keeps memory for every distinct row count its packed product meets (about 2 MB per
-    count at the default model's 8,000-piece projection), and a decoding job meets as many counts
-    as its steps hold live rows: without a bound, peak memory grows with the job's length. With
+    oneDNN keeps memory for every distinct row count its packed product meets, and a decoding
+    job meets as many counts as its steps hold live rows: without a bound, peak memory grows
+    with the job's length (docs/measurements/2026-11-28-packed-weights-memory.md). With
     these sizes at most 16 + 8 per doubling are met (80 up to 4,096 rows); each row's result
     does not depend on the rows computed with it, so the padded rows change nothing.
     """
