@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from transformer_nmt.checkpoint import non_finite_parameters
+from transformer_nmt.decode.prepack import packed_rows
 from transformer_nmt.errors import UserError
 from transformer_nmt.runtime import PRECISION_DTYPES
 
@@ -115,7 +116,9 @@ class Int8Linear(nn.Module):
         bias: (N,) float32 or None.
         relu: apply max(0, .) to the output (the first feed-forward layer).
 
-    Shapes: x (..., K) float32 -> (..., N) float32.
+    Shapes: x (..., K) float32 -> (..., N) float32; the rows are computed in a batch of
+    :func:`~transformer_nmt.decode.prepack.packed_rows` rows (zero rows added, their results
+    dropped), so that the int8 product meets few distinct row counts.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> None:
@@ -154,8 +157,12 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)  # (R, K)
-        if rows.size(0) == 0:
+        m = rows.size(0)
+        if m == 0:
             return x.new_zeros(*lead, self.out_features)
+        padded = packed_rows(m)  # a few sizes: the product's memory stays bounded
+        if padded != m:
+            rows = torch.cat([rows, rows.new_zeros(padded - m, self.in_features)])
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)  # (R, 1)
         packed = self.weight_packed._packed_params
         if self.fixed_scale:
@@ -174,7 +181,7 @@ class Int8Linear(nn.Module):
             torch.addcmul(self.bias, y, scale, out=y)
         if self.relu:
             y.relu_()
-        return y.view(*lead, self.out_features)
+        return y[:m].view(*lead, self.out_features)
 
 
 def quantize_int8(model: nn.Module, checkpoint: str | Path | None = None,

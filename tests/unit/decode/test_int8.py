@@ -13,9 +13,10 @@ import pytest
 import torch
 from helpers import new_model, run_with_averaged_model, sentences
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_nmt.config import BOS_ID, EOS_ID, DecodeConfig
-from transformer_nmt.decode import quantize
+from transformer_nmt.decode import prepack, quantize
 from transformer_nmt.decode.beam_search import beam_search
 from transformer_nmt.decode.quantize import (
     Int8Linear,
@@ -309,3 +310,43 @@ def test_int8_checkpoint_bleu_decodes_each_checkpoint_quantized(tmp_path):
     fp32 = ebleu.checkpoint_bleu(cfg.run_dir, cfg.decode, "cpu", cache_dir=tmp_path)
     cache = json.loads((tmp_path / ebleu.BLEU_CACHE_NAME).read_text())
     assert len(fp32) == 3 and len(cache) == 6
+
+
+class _ProductRows(TorchDispatchMode):
+    """The row counts the int8 product is called with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in ("linear_with_input_q_dq_qweight_dq_output_fp32",
+                                            "linear_dynamic"):
+            self.rows.add(args[0].size(0))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fixed_scale", [True, False])
+def test_int8_rows_are_computed_in_few_batch_sizes_with_the_same_results(monkeypatch,
+                                                                         fixed_scale):
+    """Any row count is computed in a padded batch of packed_rows rows (the product's memory
+    stays bounded over a long job): bit for bit the results of the exact batch."""
+    if not fixed_scale:
+        monkeypatch.setattr(quantize, "_fixed_scale_product", lambda packed, in_features: False)
+    torch.manual_seed(0)
+    layer = quantize_int8(nn.Sequential(nn.Linear(32, 40)).eval())[0]
+    assert layer.fixed_scale == fixed_scale
+    x = torch.randn(500, 32, generator=torch.Generator().manual_seed(6))
+    counts = range(1, 501, 7)
+    seen = _ProductRows()
+    with torch.no_grad():
+        got = {}
+        with seen:
+            for m in counts:
+                got[m] = layer(x[:m].view(m, 1, 32))
+        monkeypatch.setattr(quantize, "packed_rows", lambda rows: rows)  # the exact batches
+        for m in counts:
+            assert got[m].shape == (m, 1, 40) and torch.equal(got[m], layer(x[:m].view(m, 1, 32)))
+    anchors = 0 if fixed_scale else 2
+    assert seen.rows == {prepack.packed_rows(m) + anchors for m in counts}
+    assert len(seen.rows) < len(counts) / 2
