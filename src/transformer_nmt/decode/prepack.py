@@ -73,6 +73,13 @@ def packed_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
+def pad_rows(rows: torch.Tensor) -> torch.Tensor:
+    """(M, K) -> (:func:`packed_rows` (M), K): ``rows`` followed by zero rows (``rows`` itself
+    when M is one of the sizes already)."""
+    extra = packed_rows(rows.size(0)) - rows.size(0)
+    return rows if extra == 0 else torch.cat([rows, rows.new_zeros(extra, rows.size(1))])
+
+
 class PackedLinear(nn.Module):
     """y = x W^T + b (optionally max(0, y)) with W packed once by oneDNN; inference only.
 
@@ -101,13 +108,9 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        m = rows.size(0)
-        padded = packed_rows(m)
-        if padded != m:
-            rows = torch.cat([rows, rows.new_zeros(padded - m, self.in_features)])
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias,
+        y = torch.ops.mkldnn._linear_pointwise(pad_rows(rows), self.packed_weight, self.bias,
                                                "relu" if self.relu else "none", [], "")
-        return y[:m].view(*x.shape[:-1], self.out_features)  # (..., N)
+        return y[: rows.size(0)].view(*x.shape[:-1], self.out_features)  # (..., N)
 
 
 def is_prepacked(model: object) -> bool:

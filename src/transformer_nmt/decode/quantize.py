@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from transformer_nmt.checkpoint import non_finite_parameters
-from transformer_nmt.decode.prepack import packed_rows
+from transformer_nmt.decode.prepack import pad_rows
 from transformer_nmt.errors import UserError
 from transformer_nmt.runtime import PRECISION_DTYPES
 
@@ -160,9 +160,7 @@ class Int8Linear(nn.Module):
         m = rows.size(0)
         if m == 0:
             return x.new_zeros(*lead, self.out_features)
-        padded = packed_rows(m)  # a few sizes: the product's memory stays bounded
-        if padded != m:
-            rows = torch.cat([rows, rows.new_zeros(padded - m, self.in_features)])
+        rows = pad_rows(rows)  # a few sizes: the product's memory stays bounded
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)  # (R, 1)
         packed = self.weight_packed._packed_params
         if self.fixed_scale:

@@ -344,7 +344,7 @@ def test_int8_rows_are_computed_in_few_batch_sizes_with_the_same_results(monkeyp
         with seen:
             for m in counts:
                 got[m] = layer(x[:m].view(m, 1, 32))
-        monkeypatch.setattr(quantize, "packed_rows", lambda rows: rows)  # the exact batches
+        monkeypatch.setattr(quantize, "pad_rows", lambda rows: rows)  # the exact batches
         for m in counts:
             assert got[m].shape == (m, 1, 40) and torch.equal(got[m], layer(x[:m].view(m, 1, 32)))
     anchors = 0 if fixed_scale else 2
