@@ -22,7 +22,7 @@ import statistics
 import warnings
 
 import torch
-from bench_prepack import layer_parser, mean_us, prepare, rows_alone_differ
+from bench_prepack import layer_setup, mean_us, rows_alone_differ
 from torch import nn
 
 from transformer_nmt.decode.prepack import PackedLinear, prepack_supported
@@ -75,11 +75,9 @@ def _int8_layer(linear: nn.Linear) -> Int8Linear:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = layer_parser(__doc__.split("\n")[0], "12,100,400,1500", "1,2,3,7,12,100")
-    args = parser.parse_args(argv)
-    if not onednn_available():
-        raise SystemExit("error: this PyTorch build has no oneDNN int8 linear kernel")
-    shapes = prepare(args)
+    args, shapes = layer_setup(argv, __doc__.split("\n")[0], "12,100,400,1500",
+                               "1,2,3,7,12,100", onednn_available(),
+                               "this PyTorch build has no oneDNN int8 linear kernel")
     packs = prepack_supported()
     print("| rows | in x out | fp32 packed (us) | int8 fbgemm (us) | int8 oneDNN (us) | "
           "fbgemm / oneDNN | max diff |")

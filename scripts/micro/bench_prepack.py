@@ -59,6 +59,16 @@ def prepare(args) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
 
 
+def layer_setup(argv: list[str] | None, description: str, rows: str, alone: str,
+                supported: bool, refusal: str) -> tuple[argparse.Namespace, list[tuple[int, int]]]:
+    """A layer benchmark's start: its options (:func:`layer_parser`), a one-line exit with
+    ``refusal`` where the kernel it times is not ``supported``, then :func:`prepare`."""
+    args = layer_parser(description, rows, alone).parse_args(argv)
+    if not supported:
+        raise SystemExit(f"error: {refusal}")
+    return args, prepare(args)
+
+
 def rows_alone_differ(fn, in_features: int, alone: str) -> list[int] | str:
     """The row counts m of ``alone`` (comma-separated) whose product ``fn(x[:m])`` differs
     from the first m rows of ``fn(x)`` for a random (300, ``in_features``) x; ``"none"``."""
@@ -70,11 +80,9 @@ def rows_alone_differ(fn, in_features: int, alone: str) -> list[int] | str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = layer_parser(__doc__.split("\n")[0], "12,555,2000", "1,2,3,4,7,12,100")
-    args = parser.parse_args(argv)
-    if not prepack_supported():
-        raise SystemExit("error: this PyTorch build packs no weights with oneDNN")
-    shapes = prepare(args)
+    args, shapes = layer_setup(argv, __doc__.split("\n")[0], "12,555,2000", "1,2,3,4,7,12,100",
+                               prepack_supported(),
+                               "this PyTorch build packs no weights with oneDNN")
     print("| rows | in x out | F.linear (us) | packed (us) | F.linear / packed | max diff |")
     print("|---:|---|---:|---:|---:|---:|")
     with torch.inference_mode():
