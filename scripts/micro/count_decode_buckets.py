@@ -1,11 +1,14 @@
 """The shape buckets ``decode.compile`` meets on an input: how many CUDA graphs the compiled
-decoder step records (one per bucket) before its first timed pass, and how many steps each
-serves.
+decoder step records (one per bucket) before its first timed pass, how many steps each
+serves, and the self-attention K/V positions the steps reorder and read.
 
 The search runs as ``decode.compile=true`` runs it (the static cache, its row, cache-length and
 source-length buckets), with the step computed eagerly instead of compiled, so that the count
 needs no GPU (about a minute for 1,000 sentences on two CPU cores). Prints one line per bucket
-(cache rows R, cache length C, padded source length Sb: steps) and the total. ``--compile``
+(cache rows R, cache length C, positions read P, padded source length Sb: steps) and the
+total, with the row-positions the steps reorder and read (the sum of R x P over the steps)
+beside those of the whole capacity (R x C): the K/V traffic of the step's gather and
+attention, per layer and head, in positions. ``--compile``
 compiles the step as ``decode.compile`` does, with the ``aot_eager`` backend (the graphs
 traced, no code generated), counts the graphs ``torch.compile`` builds for all the buckets,
 and says whether the translations equal the eager search's.
@@ -36,8 +39,9 @@ import bench_common as bc  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Run the search and print the buckets: ``{"buckets": {(R, C, Sb): steps}, "graphs":
-    graphs compiled (None without --compile), "same_as_eager": bool or None}``."""
+    """Run the search and print the buckets: ``{"buckets": {(R, C, P, Sb): steps}, "graphs":
+    graphs compiled (None without --compile), "same_as_eager": bool or None, "positions":
+    sum of R x P over the steps, "capacity_positions": sum of R x C}``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     bc.add_search_arguments(p, sentences=1000)
     p.add_argument("--threads", type=int, default=2)
@@ -54,8 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
         fn = original(device, backend) if backend else compiled_step.static_log_probs
 
         def step(model, cache, min_len):
-            rows, _, length, _ = cache.self_k[0].shape
-            buckets[(rows, length, cache.cross_attn_mask.shape[-1])] += 1
+            rows, length = cache.rows, cache.capacity
+            buckets[(rows, length, cache.span, cache.cross_attn_mask.shape[-1])] += 1
             return fn(model, cache, min_len)
         return step
 
@@ -72,10 +76,14 @@ def main(argv: list[str] | None = None) -> dict:
         outputs, _ = translate_lines(model, tokenizer, lines, cfg, "cpu")
     finally:
         compiled_step._compiled_step = original
-    for (rows, length, src), steps in sorted(buckets.items()):
-        print(f"R {rows:5d}  C {length:4d}  Sb {src:4d}: {steps} steps")
+    for (rows, length, span, src), steps in sorted(buckets.items()):
+        print(f"R {rows:5d}  C {length:4d}  P {span:4d}  Sb {src:4d}: {steps} steps")
     print(f"{len(buckets)} buckets, {sum(buckets.values())} steps, "
           f"{len(lines)} sentences, max_tokens {args.max_tokens}, beam {args.beam}")
+    read = sum(r * span * n for (r, _, span, _), n in buckets.items())
+    whole = sum(r * c * n for (r, c, _, _), n in buckets.items())
+    print(f"K/V row-positions reordered and read per layer and head: {read:,} "
+          f"({read / whole:.2f} of the whole capacity's {whole:,})")
     same = None
     if backend:
         eager, _ = translate_lines(model, tokenizer, lines,
@@ -84,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{backend.frame_count} graphs compiled for them; translations "
               f"{'equal to' if same else 'DIFFERENT from'} the eager search's")
     return {"buckets": buckets, "graphs": backend.frame_count if backend else None,
-            "same_as_eager": same}
+            "same_as_eager": same, "positions": read, "capacity_positions": whole}
 
 
 if __name__ == "__main__":

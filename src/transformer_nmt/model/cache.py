@@ -221,21 +221,29 @@ class BufferPool:
             torch._dynamo.mark_static_address(x)
         return x
 
+    def arange(self, n: int, device: torch.device) -> Tensor:
+        """The pool's (n,) long tensor ``0 .. n-1`` (one per n, filled once)."""
+        key = ("arange", (n,), torch.long, torch.device(device))
+        if key not in self._tensors:
+            self.get("arange", (n,), torch.long, device).copy_(torch.arange(n, device=device))
+        return self._tensors[key]
+
 
 class StaticDecoderCache:
     """A decoder cache of fixed shapes for a compiled decoder step (``decode.compile``).
 
-    Per decoder layer: self-attention K (R, H, C, Dk) and V (R, H, C, Dv) preallocated for
-    C = :func:`length_bucket` (longest output + 1) positions, and cross-attention K/V
-    (N, H, Sb, Dk|Dv) with the source padded to Sb = :func:`length_bucket` (S) positions
-    (the padding masked). Rows are buckets too: N = :func:`row_bucket` (live sentences) and
-    R = N x K rows, K per sentence (``width``); rows past the live ones are dead (any finite
-    values, never read back). The step writes its new K/V at :attr:`position`, a 0-d long
-    tensor, and attends over all C positions with the keys past it masked, so one traced
-    graph serves every step of a bucket (and, traced with symbolic R, N, C and Sb, every
-    bucket). The search's rows map onto the cache's: with W rows
-    per sentence (1 at the first step, K after), search row r is cache row
-    (r // W) * K + r % W.
+    Per decoder layer: self-attention K (R, H, C + 1, Dk) and V (R, H, C + 1, Dv)
+    preallocated for C = :func:`length_bucket` (longest output + 1) positions (one spare), and
+    cross-attention K/V (N, H, Sb, Dk|Dv) with the source padded to Sb = :func:`length_bucket`
+    (S) positions (the padding masked). Rows are buckets too: N = :func:`row_bucket` (live
+    sentences) and R = N x K rows, K per sentence (``width``); rows past the live ones are dead
+    (any finite values, never read back). The step writes its new K/V at :attr:`position`, a
+    0-d long tensor, and reorders and attends over the first P positions only, P =
+    :attr:`span` (:func:`length_bucket` of the positions written, at most C; the length of
+    :attr:`key_positions`), the keys past the position masked: one traced graph serves every
+    step of a bucket (and, traced with symbolic R, N, C, P and Sb, every bucket). The search's
+    rows map onto the cache's: with W rows per sentence (1 at the first step, K after), search
+    row r is cache row (r // W) * K + r % W.
 
     :meth:`reorder` keeps the search's interface (:class:`DecoderCache`): a beam reorder is
     written into :attr:`order` and applied in the next step (``index_select`` then
@@ -249,6 +257,7 @@ class StaticDecoderCache:
         self.pool, self.layers, self.heads, self.d_k, self.d_v = pool, layers, heads, d_k, d_v
         self.width, self.capacity, self.dtype, self.device = width, capacity, dtype, device
         self.position = pool.get("position", (), torch.long, device)
+        self.key_positions = pool.arange(LENGTH_BUCKET, device)  # (P,) 0 .. P-1
         self.sentences = 0  # live sentences (search side)
         self.self_k: list[Tensor] = []
         self.self_v: list[Tensor] = []
@@ -268,10 +277,17 @@ class StaticDecoderCache:
         """R, the cache's rows (its bucket)."""
         return self.tokens.size(0)
 
+    @property
+    def span(self) -> int:
+        """P, the positions the step reads and reorders."""
+        return self.key_positions.size(0)
+
     def _bucket_tensors(self, n: int, src_len: int) -> None:
         """Take the buffers of the bucket of ``n`` sentences (N) and source length Sb."""
         g, r, get = self.pool.get, n * self.width, self.device
-        h, c = self.heads, self.capacity
+        # one spare position: the P <= C positions a step reads are always a strict prefix of
+        # a row, so P = C takes the same traced graph as P < C (not a contiguous buffer's own)
+        h, c = self.heads, self.capacity + 1
         self.self_k = [g(f"k{i}", (r, h, c, self.d_k), self.dtype, get)
                        for i in range(self.layers)]
         self.self_v = [g(f"v{i}", (r, h, c, self.d_v), self.dtype, get)
@@ -326,6 +342,9 @@ class StaticDecoderCache:
         else:
             self.tokens.index_copy_(0, self._cache_rows(rows), last.view(-1))
         self.position.fill_(t)
+        span = min(length_bucket(t + 1), self.capacity)
+        if span != self.span:
+            self.key_positions = self.pool.arange(span, self.device)
         if not self._order_fresh and not self._order_identity:  # no reorder: keep the rows
             self.order.copy_(torch.arange(self.rows, device=self.device))
             self._order_identity = True
@@ -347,14 +366,15 @@ class StaticDecoderCache:
         return x.view(-1, self.width, *x.shape[1:])[:n, :w].flatten(0, 1)
 
     def key_mask(self) -> Tensor:
-        """(1, 1, 1, C) bool, True for the positions up to :attr:`position`."""
-        return (torch.arange(self.capacity, device=self.device) <= self.position)[None, None, None]
+        """(1, 1, 1, P) bool, True for the positions up to :attr:`position`."""
+        return (self.key_positions <= self.position)[None, None, None]
 
     def append_self(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Apply :attr:`order` to this layer's K/V (R, H, C, ·), write the new keys (R, H, 1, Dk)
-        and values at :attr:`position`; returns the whole buffers (R, H, C, Dk|Dv)."""
-        pos = self.position.view(1)
-        buf_k, buf_v = self.self_k[layer], self.self_v[layer]
+        """Apply :attr:`order` to the first P = :attr:`span` positions of this layer's K/V
+        (R, H, C + 1, ·), write the new keys (R, H, 1, Dk) and values at :attr:`position`; returns
+        those P positions (R, H, P, Dk|Dv), views of the buffers."""
+        pos, span = self.position.view(1), self.key_positions.size(0)
+        buf_k, buf_v = self.self_k[layer][:, :, :span], self.self_v[layer][:, :, :span]
         buf_k.copy_(buf_k.index_select(0, self.order))
         buf_v.copy_(buf_v.index_select(0, self.order))
         buf_k.index_copy_(2, pos, k)

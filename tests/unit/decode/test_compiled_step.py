@@ -24,23 +24,25 @@ pytestmark = pytest.mark.heavy  # make test-heavy, not make test (docs/ARCHITECT
 
 
 def test_static_cache_step_equals_growing_cache():
-    """Several steps with beam reorders and a sentence leaving: the static cache's logits
-    (padded rows and length, masked keys) equal the growing cache's to 1e-5 (fp32)."""
+    """Steps with beam reorders and a sentence leaving, across every span of positions read
+    (16, 32 and the whole capacity, 48): the static cache's logits (padded rows and length,
+    masked keys) equal the growing cache's to 1e-5 (fp32)."""
     model = tiny_model(seed=3, vocab=30, norm="pre")
     src = random_sources([6, 3, 9], seed=2)
     memory, src_mask = model.encode(src)
     k, g = 3, torch.Generator().manual_seed(0)
     growing = model.new_cache()
-    static = model.new_static_cache(BufferPool(), k, 8, torch.float32, torch.device("cpu"))
+    static = model.new_static_cache(BufferPool(), k, 40, torch.float32, torch.device("cpu"))
     model.start_static(static, memory, src_mask)
     last = torch.full((3, 1), BOS_ID)
-    n = 3
+    n, spans = 3, set()
     with torch.no_grad():
-        for t in range(6):
+        for t in range(40):
             want = model.decode(last, memory, src_mask, growing)[:, -1]  # (n*W, V)
             static.set_step(last, t, torch.full((n,), 50))
             got = static.step_output(model.decode_static(static))
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            spans.add((static.span, static.capacity))
             width = last.size(0) // n
             rows = (torch.arange(n)[:, None] * width
                     + torch.randint(0, width, (n, k), generator=g)).reshape(-1)
@@ -52,6 +54,7 @@ def test_static_cache_step_equals_growing_cache():
             growing.reorder(rows, sources=keep)
             static.reorder(rows, sources=keep)
             last = torch.randint(4, 30, (n * k, 1), generator=g)
+    assert spans == {(16, 48), (32, 48), (48, 48)}
 
 
 def counting_backend() -> CompileCounterWithBackend:
@@ -97,17 +100,17 @@ def test_compiled_search_equals_reference_on_a_trained_model(trained_model):  # 
 def test_compiled_graphs_serve_every_bucket(monkeypatch):
     """Batches of varying sentence and source lengths: the step is traced with symbolic
     shapes, so at most two graphs (with and without a pending beam reorder) serve every
-    (rows, capacity, source length) bucket, however many steps and batches; a second pass
-    compiles nothing."""
+    (rows, capacity, positions read, source length) bucket, the positions read the whole
+    capacity or less, however many steps and batches; a second pass compiles nothing."""
     model = tiny_model(seed=22, vocab=30)
     backend = counting_backend()
-    buckets: set[tuple[int, int, int]] = set()
+    buckets: set[tuple[int, int, int, int]] = set()
     steps = []
     set_step = StaticDecoderCache.set_step
 
     def noting(cache, last, t, max_len):
         set_step(cache, last, t, max_len)
-        buckets.add((cache.rows, cache.capacity, cache.cross_attn_mask.size(-1)))
+        buckets.add((cache.rows, cache.capacity, cache.cross_attn_mask.size(-1), cache.span))
         steps.append(t)
 
     monkeypatch.setattr(StaticDecoderCache, "set_step", noting)
@@ -115,8 +118,9 @@ def test_compiled_graphs_serve_every_bucket(monkeypatch):
     for src in batches:
         beam_search(model, src, beam_size=2, max_len_b=6, compile_step=True,
                     compile_backend=backend)
-    assert {c for _, c, _ in buckets} == {16, 32}  # two capacities, two source lengths
-    assert {s for _, _, s in buckets} == {16, 32} and len({r for r, _, _ in buckets}) >= 2
+    assert {c for _, c, _, _ in buckets} == {16, 32}  # two capacities, two source lengths
+    assert {s for _, _, s, _ in buckets} == {16, 32} and len({r for r, _, _, _ in buckets}) >= 2
+    assert {(c, p) for _, c, _, p in buckets} == {(16, 16), (32, 16), (32, 32)}
     assert 1 <= backend.frame_count <= 2 < len(buckets) < len(steps)
     graphs = backend.frame_count
     for src in batches:

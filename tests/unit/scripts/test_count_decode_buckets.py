@@ -43,8 +43,14 @@ def test_buckets_cover_the_eager_searchs_steps(workspace, tokenizer, tmp_path, c
     assert result["graphs"] is None and result["same_as_eager"] is None
     # rows: beam x a power of two of sentences; lengths: multiples of the length bucket
     assert buckets and all(rows % 3 == 0 and (rows // 3) & (rows // 3 - 1) == 0
-                           for rows, _, _ in buckets)
-    assert all(c % LENGTH_BUCKET == 0 and sb % LENGTH_BUCKET == 0 for _, c, sb in buckets)
+                           for rows, _, _, _ in buckets)
+    assert all(c % LENGTH_BUCKET == 0 and sb % LENGTH_BUCKET == 0 for _, c, _, sb in buckets)
+    # the positions read: a multiple of the length bucket, at most the capacity, and fewer
+    # than the capacity's in all (12 sentences of up to 50 + their length output tokens)
+    assert all(p % LENGTH_BUCKET == 0 and p <= c for _, c, p, _ in buckets)
+    assert len({p for _, _, p, _ in buckets}) > 1
+    assert result["positions"] == sum(r * p * n for (r, _, p, _), n in buckets.items())
+    assert result["positions"] < result["capacity_positions"]
     # the eager search over the same batches takes as many decoder steps
     model, _ = load_model(str(path), "cpu")
     model.eval()
