@@ -221,29 +221,23 @@ class BufferPool:
             torch._dynamo.mark_static_address(x)
         return x
 
-    def arange(self, n: int, device: torch.device) -> Tensor:
-        """The pool's (n,) long tensor ``0 .. n-1`` (one per n, filled once)."""
-        key = ("arange", (n,), torch.long, torch.device(device))
-        if key not in self._tensors:
-            self.get("arange", (n,), torch.long, device).copy_(torch.arange(n, device=device))
-        return self._tensors[key]
-
 
 class StaticDecoderCache:
     """A decoder cache of fixed shapes for a compiled decoder step (``decode.compile``).
 
-    Per decoder layer: self-attention K (R, H, C + 1, Dk) and V (R, H, C + 1, Dv)
-    preallocated for C = :func:`length_bucket` (longest output + 1) positions (one spare), and
-    cross-attention K/V (N, H, Sb, Dk|Dv) with the source padded to Sb = :func:`length_bucket`
-    (S) positions (the padding masked). Rows are buckets too: N = :func:`row_bucket` (live
-    sentences) and R = N x K rows, K per sentence (``width``); rows past the live ones are dead
-    (any finite values, never read back). The step writes its new K/V at :attr:`position`, a
-    0-d long tensor, and reorders and attends over the first P positions only, P =
-    :attr:`span` (:func:`length_bucket` of the positions written, at most C; the length of
-    :attr:`key_positions`), the keys past the position masked: one traced graph serves every
-    step of a bucket (and, traced with symbolic R, N, C, P and Sb, every bucket). The search's
-    rows map onto the cache's: with W rows per sentence (1 at the first step, K after), search
-    row r is cache row (r // W) * K + r % W.
+    Per decoder layer: self-attention K (R, H, P, Dk) and V (R, H, P, Dv) for P = :attr:`span`
+    positions, the positions written so far rounded up by :func:`length_bucket` and at most the
+    capacity C (longest output + 1, rounded up likewise): when the step passes P, the K/V move
+    into the pool's buffers of the next span (a copy, outside the step, at most C / 16 times per
+    batch). Cross-attention K/V (N, H, Sb, Dk|Dv) hold the source padded to Sb =
+    :func:`length_bucket` (S) positions (the padding masked). Rows are buckets too: N =
+    :func:`row_bucket` (live sentences) and R = N x K rows, K per sentence (``width``); rows
+    past the live ones are dead (any finite values, never read back). The step writes its new
+    K/V at :attr:`position`, a 0-d long tensor, and reorders and attends over the P positions,
+    the keys past the position masked: one traced graph serves every step of a bucket (and,
+    traced with symbolic R, N, P and Sb, every bucket). The search's rows map onto the cache's:
+    with W rows per sentence (1 at the first step, K after), search row r is cache row
+    (r // W) * K + r % W.
 
     :meth:`reorder` keeps the search's interface (:class:`DecoderCache`): a beam reorder is
     written into :attr:`order` and applied in the next step (``index_select`` then
@@ -257,7 +251,6 @@ class StaticDecoderCache:
         self.pool, self.layers, self.heads, self.d_k, self.d_v = pool, layers, heads, d_k, d_v
         self.width, self.capacity, self.dtype, self.device = width, capacity, dtype, device
         self.position = pool.get("position", (), torch.long, device)
-        self.key_positions = pool.arange(LENGTH_BUCKET, device)  # (P,) 0 .. P-1
         self.sentences = 0  # live sentences (search side)
         self.self_k: list[Tensor] = []
         self.self_v: list[Tensor] = []
@@ -279,19 +272,22 @@ class StaticDecoderCache:
 
     @property
     def span(self) -> int:
-        """P, the positions the step reads and reorders."""
-        return self.key_positions.size(0)
+        """P, the positions the step reorders and reads."""
+        return self.self_k[0].size(2)
 
-    def _bucket_tensors(self, n: int, src_len: int) -> None:
-        """Take the buffers of the bucket of ``n`` sentences (N) and source length Sb."""
+    def _self_buffers(self, r: int, span: int) -> tuple[list[Tensor], list[Tensor]]:
+        """The pool's self-attention K/V of ``r`` rows and ``span`` positions."""
+        g, h = self.pool.get, self.heads
+        return ([g(f"k{i}", (r, h, span, self.d_k), self.dtype, self.device)
+                 for i in range(self.layers)],
+                [g(f"v{i}", (r, h, span, self.d_v), self.dtype, self.device)
+                 for i in range(self.layers)])
+
+    def _bucket_tensors(self, n: int, src_len: int, span: int) -> None:
+        """Take the buffers of the bucket of ``n`` sentences (N), source length Sb and
+        ``span`` positions."""
         g, r, get = self.pool.get, n * self.width, self.device
-        # one spare position: the P <= C positions a step reads are always a strict prefix of
-        # a row, so P = C takes the same traced graph as P < C (not a contiguous buffer's own)
-        h, c = self.heads, self.capacity + 1
-        self.self_k = [g(f"k{i}", (r, h, c, self.d_k), self.dtype, get)
-                       for i in range(self.layers)]
-        self.self_v = [g(f"v{i}", (r, h, c, self.d_v), self.dtype, get)
-                       for i in range(self.layers)]
+        self.self_k, self.self_v = self._self_buffers(r, span)
         self.tokens = g("tokens", (r,), torch.long, get)
         self.order = g("order", (r,), torch.long, get)
         self.max_len = g("max_len", (n,), torch.long, get)
@@ -313,7 +309,7 @@ class StaticDecoderCache:
         live, s = memory.size(0), memory.size(1)
         n, sb = row_bucket(live), length_bucket(s)
         self.sentences = live
-        self._bucket_tensors(n, sb)
+        self._bucket_tensors(n, sb, min(LENGTH_BUCKET, self.capacity))
         for x in self.self_k + self.self_v:
             x.zero_()
         pick = _padded_index(live, n, memory.device)  # dead sentences copy sentence 0
@@ -344,7 +340,7 @@ class StaticDecoderCache:
         self.position.fill_(t)
         span = min(length_bucket(t + 1), self.capacity)
         if span != self.span:
-            self.key_positions = self.pool.arange(span, self.device)
+            self._grow(span)
         if not self._order_fresh and not self._order_identity:  # no reorder: keep the rows
             self.order.copy_(torch.arange(self.rows, device=self.device))
             self._order_identity = True
@@ -352,6 +348,17 @@ class StaticDecoderCache:
         if max_len is not self._max_len_from:  # changes only at a read
             self.max_len[: max_len.numel()].copy_(max_len)
             self._max_len_from = max_len
+
+    def _grow(self, span: int) -> None:
+        """Move the self-attention K/V into the buffers of ``span`` positions (zeros past the
+        current ones)."""
+        held = self.span
+        news = self._self_buffers(self.rows, span)
+        for olds, new_list in zip((self.self_k, self.self_v), news):
+            for old, new in zip(olds, new_list):
+                new[:, :, :held].copy_(old)
+                new[:, :, held:].zero_()
+        self.self_k, self.self_v = news
 
     def _cache_rows(self, rows: int) -> Tensor:
         idx = torch.arange(rows, device=self.device)
@@ -367,14 +374,14 @@ class StaticDecoderCache:
 
     def key_mask(self) -> Tensor:
         """(1, 1, 1, P) bool, True for the positions up to :attr:`position`."""
-        return (self.key_positions <= self.position)[None, None, None]
+        span = self.self_k[0].size(2)
+        return (torch.arange(span, device=self.device) <= self.position)[None, None, None]
 
     def append_self(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Apply :attr:`order` to the first P = :attr:`span` positions of this layer's K/V
-        (R, H, C + 1, ·), write the new keys (R, H, 1, Dk) and values at :attr:`position`; returns
-        those P positions (R, H, P, Dk|Dv), views of the buffers."""
-        pos, span = self.position.view(1), self.key_positions.size(0)
-        buf_k, buf_v = self.self_k[layer][:, :, :span], self.self_v[layer][:, :, :span]
+        """Apply :attr:`order` to this layer's K/V (R, H, P, ·), write the new keys (R, H, 1,
+        Dk) and values at :attr:`position`; returns the whole buffers (R, H, P, Dk|Dv)."""
+        pos = self.position.view(1)
+        buf_k, buf_v = self.self_k[layer], self.self_v[layer]
         buf_k.copy_(buf_k.index_select(0, self.order))
         buf_v.copy_(buf_v.index_select(0, self.order))
         buf_k.index_copy_(2, pos, k)
@@ -402,7 +409,7 @@ class StaticDecoderCache:
         old_cross = (self.cross_k, self.cross_v, self.cross_attn_mask)
         n, sb = pick.numel(), self.cross_attn_mask.size(-1)
         old_max = self.max_len
-        self._bucket_tensors(n, sb)
+        self._bucket_tensors(n, sb, self.span)
         for olds, news in zip(old_self, (self.self_k, self.self_v)):
             for old, new in zip(olds, news):
                 new.copy_(old.index_select(0, rows))
