@@ -275,30 +275,24 @@ class StaticDecoderCache:
         """P, the positions the step reorders and reads."""
         return self.self_k[0].size(2)
 
-    def _self_buffers(self, r: int, span: int) -> tuple[list[Tensor], list[Tensor]]:
-        """The pool's self-attention K/V of ``r`` rows and ``span`` positions."""
+    def _kv(self, prefix: str, rows: int, length: int) -> tuple[list[Tensor], list[Tensor]]:
+        """The pool's K (rows, H, length, Dk) and V (rows, H, length, Dv) of every layer, named
+        with ``prefix`` (self-attention "", cross-attention "c")."""
         g, h = self.pool.get, self.heads
-        return ([g(f"k{i}", (r, h, span, self.d_k), self.dtype, self.device)
+        return ([g(f"{prefix}k{i}", (rows, h, length, self.d_k), self.dtype, self.device)
                  for i in range(self.layers)],
-                [g(f"v{i}", (r, h, span, self.d_v), self.dtype, self.device)
+                [g(f"{prefix}v{i}", (rows, h, length, self.d_v), self.dtype, self.device)
                  for i in range(self.layers)])
 
     def _bucket_tensors(self, n: int, src_len: int, span: int) -> None:
         """Take the buffers of the bucket of ``n`` sentences (N), source length Sb and
         ``span`` positions."""
         g, r, get = self.pool.get, n * self.width, self.device
-        self.self_k, self.self_v = self._self_buffers(r, span)
+        self.self_k, self.self_v = self._kv("", r, span)
         self.tokens = g("tokens", (r,), torch.long, get)
         self.order = g("order", (r,), torch.long, get)
         self.max_len = g("max_len", (n,), torch.long, get)
         self.cross_attn_mask = g("cross_mask", (n, 1, 1, src_len), torch.bool, get)
-
-    def _cross(self, n: int, src_len: int) -> tuple[list[Tensor], list[Tensor]]:
-        g, h = self.pool.get, self.heads
-        return ([g(f"ck{i}", (n, h, src_len, self.d_k), self.dtype, self.device)
-                 for i in range(self.layers)],
-                [g(f"cv{i}", (n, h, src_len, self.d_v), self.dtype, self.device)
-                 for i in range(self.layers)])
 
     @torch.no_grad()
     def start(self, memory: Tensor, src_mask: Tensor, project: Any) -> None:
@@ -318,7 +312,7 @@ class StaticDecoderCache:
         mask = src_mask.new_zeros(n, sb)
         mask[:, :s] = src_mask.index_select(0, pick)
         self.cross_attn_mask.copy_(mask[:, None, None, :])
-        self.cross_k, self.cross_v = self._cross(n, sb)
+        self.cross_k, self.cross_v = self._kv("c", n, sb)
         for i in range(self.layers):
             k, v = project(i, padded)
             self.cross_k[i].copy_(k)
@@ -353,7 +347,7 @@ class StaticDecoderCache:
         """Move the self-attention K/V into the buffers of ``span`` positions (zeros past the
         current ones)."""
         held = self.span
-        news = self._self_buffers(self.rows, span)
+        news = self._kv("", self.rows, span)
         for olds, new_list in zip((self.self_k, self.self_v), news):
             for old, new in zip(olds, new_list):
                 new[:, :, :held].copy_(old)
@@ -415,7 +409,7 @@ class StaticDecoderCache:
                 new.copy_(old.index_select(0, rows))
         self.cross_attn_mask.copy_(old_cross[2].index_select(0, src))
         self.max_len.copy_(old_max.index_select(0, src))
-        cross_k, cross_v = self._cross(n, sb)
+        cross_k, cross_v = self._kv("c", n, sb)
         for olds, news in zip(old_cross[:2], (cross_k, cross_v)):
             for old, new in zip(olds, news):
                 new.copy_(old.index_select(0, src))
