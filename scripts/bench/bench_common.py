@@ -133,6 +133,12 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def sync_device(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA); a no-op elsewhere. Call around a timed region."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def peak_gpu_mib() -> float | None:
     """CUDA allocator peak in MiB, or None without a GPU."""
     if torch.cuda.is_available():

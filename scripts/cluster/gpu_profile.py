@@ -186,11 +186,6 @@ class Trainer:
         return out["loss_sum"]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def counts_of(batches: list) -> TokenCounts:
     """The real tokens of ``batches``, per sentence (a packed batch's rows hold several)."""
     src = np.concatenate([b.src_lengths.numpy() for b in batches])
@@ -207,7 +202,7 @@ def measure_speed(tr: Trainer, warm: list, batches: list, precision: str) -> dic
 
     for b in warm + batches:
         tr.step(b)
-    sync(tr.device)
+    bc.sync_device(tr.device)
     graphs_before = int(counters["stats"].get("unique_graphs", 0))
     timed = batches
     if tr.device.type == "cuda":
@@ -215,7 +210,7 @@ def measure_speed(tr: Trainer, warm: list, batches: list, precision: str) -> dic
     start = time.perf_counter()
     for b in timed:
         loss = tr.step(b)
-    sync(tr.device)
+    bc.sync_device(tr.device)
     seconds = time.perf_counter() - start
     counts = counts_of(timed)
     flops = training_flops(tr.cfg.model, tr.model.vocab_size, counts)
@@ -255,17 +250,17 @@ def profile_steps(tr: Trainer, batches: list) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     warm, batches = batches[:PROFILER_WARMUP], batches[PROFILER_WARMUP:]
     plan = schedule(wait=0, warmup=len(warm), active=len(batches), repeat=1)
-    sync(tr.device)
+    bc.sync_device(tr.device)
     with profile(activities=acts, schedule=plan) as prof:
         for b in warm:
             tr.step(b)
             prof.step()
-        sync(tr.device)
+        bc.sync_device(tr.device)
         t0 = time.perf_counter()
         for b in batches:
             tr.step(b)
             prof.step()
-        sync(tr.device)
+        bc.sync_device(tr.device)
         wall_us = (time.perf_counter() - t0) * 1e6
     return bc.summarize_profile(prof.events(), len(batches), wall_us, cuda)
 
@@ -295,7 +290,7 @@ def memory_fit(tr: Trainer, cfg, budgets: list[int], steps: int) -> dict:
             torch.cuda.reset_peak_memory_stats(tr.device)
         for b in batches:
             tr.step(b)
-        sync(tr.device)
+        bc.sync_device(tr.device)
         row = {"max_tokens": max_tokens,
                "padded_tokens": max(int(b.src_tokens.numel()) for b in batches)}
         if tr.device.type == "cuda":

@@ -24,6 +24,7 @@ import functools
 import platform
 import resource
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +35,9 @@ from omegaconf import OmegaConf
 from transformer_nmt.config import BOS_ID, ModelConfig
 from transformer_nmt.model.transformer import DecoderCache, Transformer
 from transformer_nmt.runtime import retain_freed_memory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_common as bc  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
 
@@ -52,11 +56,6 @@ def peak_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def bench_train(model: Transformer, args, device: torch.device, dtype: torch.dtype | None) -> float:
     """Seconds per forward + backward of one batch (mean over timed iterations)."""
     g = torch.Generator().manual_seed(0)
@@ -66,7 +65,7 @@ def bench_train(model: Transformer, args, device: torch.device, dtype: torch.dty
     model.train()
     times = []
     for it in range(args.warmup + args.iterations):
-        sync(device)
+        bc.sync_device(device)
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(src, tgt_in)  # (B, T, V)
@@ -74,7 +73,7 @@ def bench_train(model: Transformer, args, device: torch.device, dtype: torch.dty
                                reduction="sum")
         loss.backward()
         model.zero_grad(set_to_none=True)
-        sync(device)
+        bc.sync_device(device)
         if it >= args.warmup:
             times.append(time.perf_counter() - start)
     return sum(times) / len(times)
@@ -93,13 +92,13 @@ def bench_decode(model: Transformer, args, device: torch.device,
             memory, src_mask = model.encode(src)
             cache = model.new_cache()
             token = torch.full((args.batch, 1), BOS_ID, device=device)
-            sync(device)
+            bc.sync_device(device)
             start = time.perf_counter()
             for _ in range(args.tgt_len):
                 logits = model.decode(token, memory, src_mask, cache)  # (B, 1, V)
                 token = logits[:, -1].argmax(-1, keepdim=True)[order]
                 cache.reorder(order, sources=order)  # rows and their sources move together
-            sync(device)
+            bc.sync_device(device)
             if it >= args.warmup:
                 times.append((time.perf_counter() - start) / args.tgt_len)
     return sum(times) / len(times)

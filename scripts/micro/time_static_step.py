@@ -15,7 +15,9 @@ pending at every step. Prints ms per step for each P and its ratio to P = C.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,10 +26,8 @@ from transformer_nmt.decode.compiled_step import StaticStep, static_log_probs
 from transformer_nmt.model.cache import LENGTH_BUCKET, BufferPool
 from transformer_nmt.model.transformer import Transformer
 
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_common as bc  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 cache.reorder(base + torch.randint(0, k, (n * k,), device=device))
                 cache.set_step(last, span - 1, max_len)
                 assert cache.span == span
-                sync(device)
+                bc.sync_device(device)
                 start = time.perf_counter()
                 run()
-                sync(device)
+                bc.sync_device(device)
                 best = min(best, time.perf_counter() - start)
             results.append({"span": span, "capacity": args.capacity, "rows": cache.rows,
                             "ms": best * 1e3})

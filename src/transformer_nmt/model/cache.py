@@ -368,8 +368,7 @@ class StaticDecoderCache:
 
     def key_mask(self) -> Tensor:
         """(1, 1, 1, P) bool, True for the positions up to :attr:`position`."""
-        span = self.self_k[0].size(2)
-        return (torch.arange(span, device=self.device) <= self.position)[None, None, None]
+        return (torch.arange(self.span, device=self.device) <= self.position)[None, None, None]
 
     def append_self(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Apply :attr:`order` to this layer's K/V (R, H, P, ·), write the new keys (R, H, 1,
