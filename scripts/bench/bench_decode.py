@@ -293,12 +293,14 @@ def worker(args) -> None:
         from transformer_nmt.decode import compiled_step
 
         if compiled_step.resolve_compile(args.compile, args.device):
-            step = compiled_step.StaticStep.__call__  # decode_static runs inside its graph
+            call = compiled_step._call  # decode_static runs inside the compiled step's graph
 
-            def counted_step(self, last, *rest):
-                return counted(lambda tokens, *a: step(self, tokens, *a))(last, *rest)
+            def counted_call(fn, device, model, cache, *rest):
+                counts["decoder_calls"] += 1
+                counts["row_steps"] += cache.sentences * cache.step_width
+                return call(fn, device, model, cache, *rest)
 
-            compiled_step.StaticStep.__call__ = counted_step
+            compiled_step._call = counted_call
 
         def run(x):
             return decode_ours(engine, tokenizer, x, args)

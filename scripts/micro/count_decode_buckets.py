@@ -52,15 +52,15 @@ def main(argv: list[str] | None = None) -> dict:
     buckets: Counter = Counter()
     # aot_eager, counting the graphs it is given (frame_count)
     backend = CompileCounterWithBackend("aot_eager") if args.compile else None
-    original = compiled_step._compiled_step
+    original = compiled_step._compiled
 
-    def counted(device, _backend):  # the step (compiled or not), its cache's shapes counted
-        fn = original(device, backend) if backend else compiled_step.static_log_probs
+    def counted(step_fn, device, _backend):  # the step (compiled or not), its shapes counted
+        fn = original(step_fn, device, backend) if backend else step_fn
 
-        def step(model, cache, min_len):
+        def step(model, cache, *rest):
             rows, length = cache.rows, cache.capacity
             buckets[(rows, length, cache.span, cache.cross_attn_mask.shape[-1])] += 1
-            return fn(model, cache, min_len)
+            return fn(model, cache, *rest)
         return step
 
     model, _ = load_model(args.checkpoint, "cpu")
@@ -71,11 +71,11 @@ def main(argv: list[str] | None = None) -> dict:
                        max_len_a=1.0, max_len_b=50, max_tokens=args.max_tokens, device="cpu",
                        compile="true")
     tokenizer = SentencePieceTokenizer(args.spm)
-    compiled_step._compiled_step = counted
+    compiled_step._compiled = counted
     try:
         outputs, _ = translate_lines(model, tokenizer, lines, cfg, "cpu")
     finally:
-        compiled_step._compiled_step = original
+        compiled_step._compiled = original
     for (rows, length, span, src), steps in sorted(buckets.items()):
         print(f"R {rows:5d}  C {length:4d}  P {span:4d}  Sb {src:4d}: {steps} steps")
     print(f"{len(buckets)} buckets, {sum(buckets.values())} steps, "

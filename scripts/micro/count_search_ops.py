@@ -122,6 +122,31 @@ def gpu_paths(model):
         yield
 
 
+@contextmanager
+def compiled_calls(counter: OpCounter):
+    """``decode.compile``'s step (aot_eager: traced, no code generated) counted as one
+    operation, ``graph``, of the decoder part per call; the operations inside it are not
+    counted (on CUDA they are one CUDA graph replay)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from transformer_nmt.decode import compiled_step
+
+    call, compiled = compiled_step._call, compiled_step._compiled
+
+    def counted(fn, device, *args):
+        with counter.within("decoder"):
+            counter.ops["decoder"]["graph"] += 1
+            with _disable_current_modes():
+                return call(fn, device, *args)
+
+    compiled_step._call = counted
+    compiled_step._compiled = lambda step, device, backend: compiled(step, device, "aot_eager")
+    try:
+        yield
+    finally:
+        compiled_step._call, compiled_step._compiled = call, compiled
+
+
 def summary(counter: OpCounter, steps: int) -> dict:
     """Operations per step of the decoder and of the search, per batch of the encoder."""
     per = max(steps, 1)
@@ -142,7 +167,8 @@ def search_config(args):
 
     return DecodeConfig(beam_size=args.beam, lenpen=0.6, lenpen_form="fairseq", stopping="beam",
                         max_len_a=1.0, max_len_b=50, max_tokens=args.max_tokens,
-                        device=args.device, compile="false", precision=args.precision,
+                        device=args.device, compile="true" if args.compile else "false",
+                        precision=args.precision,
                         weight_prepack=False, sync_every="8" if args.gpu_paths else "auto")
 
 
@@ -159,8 +185,11 @@ def count_ours(model, tokenizer, lines, args) -> dict:
     with ExitStack() as stack:
         if args.gpu_paths:
             stack.enter_context(gpu_paths(model))
-        translate_lines(model, tokenizer, lines[:2], cfg, args.device)  # warm-up, not counted
+        if args.compile:
+            stack.enter_context(compiled_calls(counter))
+        translate_lines(model, tokenizer, lines, cfg, args.device)  # warm-up, not counted
         counter.calls.clear()
+        counter.ops = {part: Counter() for part in counter.ops}
         with torch.no_grad(), counter:
             translate_lines(model, tokenizer, lines, cfg, args.device)
     return summary(counter, counter.calls["decoder"])
@@ -262,6 +291,9 @@ def main(argv: list[str] | None = None) -> dict:
                         "same layers and vocabulary with this d_model (random weights, tiny "
                         "kernels: the host's time per step)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes of --host-time")
+    p.add_argument("--compile", action="store_true",
+                   help="our search with decode.compile=true: its compiled step counts as one "
+                        "operation, 'graph', per call (aot_eager; what it runs is not counted)")
     args = p.parse_args(argv)
     if args.gpu_paths and args.device != "cpu":
         p.error("--gpu-paths emulates a GPU's branches on a CPU; with --device cuda they run")

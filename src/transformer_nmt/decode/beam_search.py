@@ -37,7 +37,8 @@ device only every ``sync_every`` steps, see "Host reads" below):
        the returned hypotheses are walked back from it once, at the end.
     4. The best K candidates not ending in ``eos`` form the next beam.
     5. A sentence stops (``stopping="bound"``, the default) once no live hypothesis can beat
-       its ``nbest``-th finished one, see :func:`_best_possible_score`; or
+       its ``nbest``-th finished one, see
+       :func:`~transformer_nmt.decode.search_update.best_possible_score`; or
        (``stopping="beam"``, fairseq's and Hugging Face's rule) once K hypotheses have
        finished. Its scores are set to -inf at once (nothing it computes afterwards can
        enter a result) and its rows are dropped at the next read: ``DecoderCache.reorder``
@@ -61,11 +62,12 @@ encoder and of the first decoder call, the length limits, the results); the resu
 depend on ``sync_every`` (tests/unit/decode/test_device_search.py checks both, and that they
 equal the previous search's, kept in tests/unit/decode/reference_beam_search.py).
 
-Compiled step. With ``compile_step`` (``decode.compile``; ``auto`` = on CUDA) step 1 runs over
-a :class:`~transformer_nmt.model.cache.StaticDecoderCache` of bucketed shapes, compiled by
-``torch.compile`` (on CUDA ``reduce-overhead``: a CUDA graph per bucket), the constraints as
-tensor ops (:mod:`transformer_nmt.decode.compiled_step`); the rest of the search is the
-same, and so are the tokens (docs/model.md, "Compiled decoding step").
+Compiled step. With ``compile_step`` (``decode.compile``; ``auto`` = on CUDA) steps 1-5 run as
+one compiled function over a :class:`~transformer_nmt.model.cache.StaticDecoderCache` and the
+search's state in buffers of bucketed shapes (on CUDA ``reduce-overhead``: a CUDA graph per
+bucket), the same update (:func:`~transformer_nmt.decode.search_update.beam_update`) as the
+eager search, so the same tokens (:mod:`transformer_nmt.decode.compiled_step`; docs/model.md,
+"Compiled decoding step"); greedy search compiles step 1 alone.
 
 Scores. A hypothesis Y (|Y| tokens counting its final ``eos``) has log-probability
 log P(Y | X) and score log P(Y | X) / lp(|Y|), with the length penalty of
@@ -88,18 +90,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, LenpenForm, Stopping
-from transformer_nmt.decode.candidates import candidates
+from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, Stopping
 from transformer_nmt.decode.cast import without_autograd
-from transformer_nmt.decode.compiled_step import StaticStep, resolve_compile
-from transformer_nmt.decode.sync import Reads, resolve_sync_every
+from transformer_nmt.decode.compiled_step import StaticStep, resolve_compile, static_beam_search
+from transformer_nmt.decode.search_update import (  # noqa: F401 (length_penalty: public here)
+    LENPEN_FORMS,
+    SearchRule,
+    beam_update,
+    length_penalty,
+    note_non_finite,
+)
+from transformer_nmt.decode.sync import (  # noqa: F401 (NonFiniteScoresError: public here)
+    BeamOutputs,
+    NonFiniteScoresError,
+    Reads,
+    non_finite_error,
+    read_flags,
+    resolve_sync_every,
+)
 
-
-class NonFiniteScoresError(ValueError):
-    """The model gave NaN or infinite logits (NaN weights, or fp16 logits that overflow)."""
-
-
-LENPEN_FORMS = tuple(m.value for m in LenpenForm)  # ("gnmt", "fairseq")
 STOPPING_RULES = tuple(m.value for m in Stopping)  # ("bound", "beam")
 
 
@@ -116,28 +125,6 @@ class Hypothesis:
     tokens: list[int]
     score: float
     log_prob: float
-
-
-def length_penalty(length: float | Tensor, alpha: float, form: str = "gnmt"):
-    """Length penalty lp(|Y|) that divides a hypothesis' log-probability.
-
-    Args:
-        length: |Y|, output tokens counting the final ``eos`` (int, float or tensor).
-        alpha: exponent; 0 disables the penalty (lp = 1).
-        form: ``gnmt``: ((5 + |Y|) / 6)^alpha (Wu et al. 2016, eq. 14; the paper's, section
-            6.1); ``fairseq``: |Y|^alpha.
-
-    Returns:
-        lp(|Y|), same type as ``length`` (float for Python numbers).
-
-    Raises:
-        ValueError: for an unknown ``form``.
-    """
-    if form == "gnmt":
-        return ((5.0 + length) / 6.0) ** alpha
-    if form == "fairseq":
-        return (length * 1.0) ** alpha
-    raise ValueError(f"lenpen_form={form!r} is not one of {list(LENPEN_FORMS)}")
 
 
 def max_output_lengths(
@@ -160,39 +147,6 @@ def max_output_lengths(
     cap = getattr(getattr(model, "cfg", None), "max_positions", None)
     upper = int(cap) - 1 if cap is not None else None
     return max_len.clamp(min=max(min_len, 1), max=upper)
-
-
-def _best_possible_score(
-    log_prob: Tensor, t: int, max_len: Tensor, alpha: float, form: str
-) -> Tensor:
-    """Upper bound on the final score of any descendant of a live hypothesis.
-
-    A live hypothesis with ``t`` tokens and log-probability ``s <= 0`` ends, at the
-    earliest, with |Y| = t + 1 (just ``eos``) and, at the latest, with
-    |Y| = max_len + 1. Its final log-probability is at most ``s`` (log-probabilities only
-    fall), and with ``s <= 0`` the quotient ``s / lp`` is largest for the largest lp. lp is
-    monotone in |Y| (increasing for alpha > 0, decreasing for alpha < 0), so the largest
-    lp is at one end of the range: the bound is ``s / max(lp(t + 1), lp(max_len + 1))``.
-    This is exact (never cuts a hypothesis that could still win); with alpha = 0 it is
-    ``s`` itself.
-
-    Args:
-        log_prob: (A,) best live log-probability per sentence (-inf when none is live).
-        t: tokens of the live hypotheses.
-        max_len: (A,) long, maximum tokens before ``eos`` per sentence.
-
-    Returns:
-        (A,) float bound.
-    """
-    lp_short = length_penalty(float(t + 1), alpha, form)
-    lp_long = length_penalty((max_len + 1).to(log_prob.dtype), alpha, form)  # (A,)
-    return log_prob / lp_long.clamp(min=lp_short)
-
-
-def _non_finite_error(t: int) -> NonFiniteScoresError:
-    return NonFiniteScoresError(
-        f"the model gave NaN or infinite logits at output position {t + 1} (NaN or inf "
-        "parameters, or logits beyond the range of the decoding precision)")
 
 
 def _constrained_log_probs(
@@ -264,26 +218,8 @@ def next_token_log_probs(
     lprobs, bad = _constrained_log_probs(
         model, last, memory, src_mask, cache, t, min_len, max_len, True)
     if bool(bad.any()):
-        raise _non_finite_error(t)
+        raise non_finite_error(t)
     return lprobs
-
-
-def _read_flags(active: Tensor, bad_step: Tensor) -> list[int]:
-    """The one host read between steps: the active flags (A,) and the first step with
-    non-finite scores; raises :class:`NonFiniteScoresError` when there is one. Returns the
-    indices of the active rows."""
-    flags = torch.cat([active.long(), bad_step.view(1)]).tolist()
-    if flags[-1] >= 0:
-        raise _non_finite_error(flags[-1])
-    return [i for i, a in enumerate(flags[:-1]) if a]
-
-
-def _note_non_finite(bad: Tensor, active: Tensor, bad_step: Tensor, t: int) -> Tensor:
-    """``bad_step`` (a 0-d long, -1 while none) set to ``t`` when an active row's scores are
-    not finite for the first time."""
-    width = bad.numel() // active.numel()
-    hit = (bad.view(-1, width).any(1) & active).any()
-    return torch.where(hit & bad_step.lt(0), t, bad_step)
 
 
 def _check_arguments(src_tokens: Tensor, beam_size: int, nbest: int, lenpen_form: str,
@@ -300,42 +236,6 @@ def _check_arguments(src_tokens: Tensor, beam_size: int, nbest: int, lenpen_form
         raise ValueError(f"lenpen_form={lenpen_form!r} is not one of {list(LENPEN_FORMS)}")
     if stopping not in STOPPING_RULES:
         raise ValueError(f"stopping={stopping!r} is not one of {list(STOPPING_RULES)}")
-
-
-def _merge_finished(fin_f: Tensor, fin_i: Tensor, cand_scores: Tensor, cand_beams: Tensor,
-                    is_eos: Tensor, t: int, top_k: int, lp_now: float) -> tuple[Tensor, Tensor]:
-    """Each sentence's finished n-best after step ``t``: the candidates among its best
-    ``top_k`` that end in ``eos`` (score ``log-prob / lp_now``) merged into ``fin_f`` (A, n, 2)
-    (score, log-prob) / ``fin_i`` (A, n, 2) (steps, beam) by a stable sort, so that a newcomer
-    with an equal score goes after the hypotheses already there. ``cand_*``, ``is_eos``:
-    (A, C) sorted best first. Returns the new (A, n, 2) pair."""
-    n_keep = fin_f.size(1)
-    fin_scores = cand_scores[:, :top_k] / lp_now  # (A, K)
-    fin = is_eos[:, :top_k] & torch.isfinite(fin_scores)  # (A, K)
-    new_f = torch.stack([fin_scores.masked_fill(~fin, -math.inf), cand_scores[:, :top_k]], 2)
-    new_i = torch.stack([torch.full_like(cand_beams[:, :top_k], t), cand_beams[:, :top_k]], 2)
-    all_f, all_i = torch.cat([fin_f, new_f], 1), torch.cat([fin_i, new_i], 1)  # (A, n+K, 2)
-    order = all_f[:, :, 0].sort(dim=1, descending=True, stable=True).indices[:, :n_keep]
-    order = order.unsqueeze(2).expand(-1, -1, 2)  # (A, n, 2)
-    return all_f.gather(1, order), all_i.gather(1, order)
-
-
-def _next_beams(cand_scores: Tensor, cand_beams: Tensor, cand_tokens: Tensor, is_eos: Tensor,
-                k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The next beam of each sentence: its best ``k`` candidates that do not end in ``eos``
-    (``cand_*``, ``is_eos``: (A, C) sorted best first; fewer than ``k`` candidates, a tiny
-    vocabulary at the first step, are padded with dead beams). Returns (A, K) scores, beams
-    extended and tokens."""
-    n_act, n_cand = cand_scores.shape
-    live_scores = cand_scores.masked_fill(is_eos, -math.inf)  # (A, C)
-    if n_cand < k:
-        pad = torch.full((n_act, k - n_cand), -math.inf, device=cand_scores.device)
-        live_scores = torch.cat([live_scores, pad], dim=1)  # (A, K')
-        cand_beams = torch.cat([cand_beams, cand_beams.new_zeros(n_act, k - n_cand)], 1)
-        cand_tokens = torch.cat([cand_tokens, cand_tokens.new_full((n_act, k - n_cand), EOS_ID)],
-                                1)
-    new_scores, sel = live_scores.topk(k, dim=1)  # (A, K), (A, K)
-    return new_scores, cand_beams.gather(1, sel), cand_tokens.gather(1, sel)
 
 
 @without_autograd
@@ -377,9 +277,10 @@ def beam_search(
         sync_every: decoding steps between two host reads of the finished flags
             (:func:`resolve_sync_every`; None = auto: 8 on CUDA, 1 elsewhere). The result
             does not depend on it.
-        compile_step: run the decoder step compiled over a static cache
-            (:func:`resolve_compile`: ``auto`` = on CUDA only); False: the eager step over
-            the growing :class:`DecoderCache`. The same tokens either way.
+        compile_step: run each step (the decoder call and the search's update) as one
+            compiled function over a static cache (:func:`resolve_compile`: ``auto`` = on
+            CUDA only); False: the eager step over the growing :class:`DecoderCache`. The
+            same tokens either way.
         compile_backend: the ``torch.compile`` backend of the step (None: ``reduce-overhead``
             on CUDA, inductor elsewhere).
 
@@ -399,111 +300,55 @@ def beam_search(
     bsz = src_tokens.size(0)
     if bsz == 0:
         return []
-    device = src_tokens.device
-    k = beam_size
-    count_finished = stopping == "beam"
+    rule = SearchRule(beam_size, lenpen, lenpen_form, stopping == "beam")
     # "beam" keeps the best K finished hypotheses (it stops at K), "bound" the best nbest.
-    n_keep = k if count_finished else nbest
-
+    n_keep = beam_size if rule.count_finished else nbest
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = Reads(max_len.tolist(), every)
-    steps = max(host.max_len) + 1
-    static = (StaticStep(model, memory, src_mask, k, steps, compile_backend)
-              if compiled else None)
-    # cross-attention K/V: one row per active sentence
-    cache = model.new_cache() if static is None else static.cache
+    out = BeamOutputs(bsz, max(host.max_len) + 1, rule.k, n_keep, src_tokens.device)
+    if compiled:
+        static_beam_search(model, memory, src_mask, max_len, host, rule, min_len, out,
+                           compile_backend)
+    else:
+        _eager_beam_search(model, memory, src_mask, max_len, host, rule, min_len, out)
+    return _hypotheses(out.out_f, out.out_i, out.back_pointers(), nbest)
 
-    # Back-pointers of every step: hist[t, b, j] = (token, beam of step t it extends) of beam
-    # j of sentence b after step t; the tokens of any hypothesis are read back at the end.
-    hist = torch.zeros(steps, bsz, k, 2, dtype=torch.long, device=device)
-    # Finished n-best of every sentence, best first (ties: the earlier first): (score,
-    # log-prob) and (steps taken = tokens before eos, beam it extends); -inf score = empty.
-    out_f = torch.full((bsz, n_keep, 2), -math.inf, device=device)
-    out_i = torch.zeros(bsz, n_keep, 2, dtype=torch.long, device=device)
 
+def _eager_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor,
+                       host: Reads, rule: SearchRule, min_len: int, out: BeamOutputs) -> None:
+    """The loop of :func:`beam_search` over the growing cache, into ``out``."""
+    bsz, device = memory.size(0), memory.device
+    cache = model.new_cache()  # cross-attention K/V: one row per active sentence
     # State of the A active sentences (finished ones stay, masked, until the next read).
-    sent_ids = torch.arange(bsz, device=device)  # (A,) original sentence index
-    fin_f, fin_i = out_f.clone(), out_i.clone()  # (A, n, 2) their finished n-best
+    fin_f, fin_i = out.out_f.clone(), out.out_i.clone()  # (A, n, 2) their finished n-best
     active = torch.ones(bsz, dtype=torch.bool, device=device)  # (A,)
     scores = torch.zeros(bsz, 1, device=device)  # (A, W) cumulative log-prob, fp32
     last = torch.full((bsz, 1), BOS_ID, dtype=torch.long, device=device)  # (A*W, 1)
     bad_step = torch.full((), -1, dtype=torch.long, device=device)  # first non-finite step
-
     t = 0
     while True:
         n_act, width = scores.shape
-        if static is None:
-            lprobs, bad = _constrained_log_probs(
-                model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits,
-                check_rows=device.type != "cpu")  # (A*W, V)
-        else:
-            lprobs, bad = static(last, t, min_len, max_len)
-        cand_scores, cand_beams, cand_tokens = candidates(lprobs, scores, k)  # (A, C) each
-        if bad is None:  # a CPU's log_softmax turns a non-finite row all NaN: one comes first
-            bad = cand_scores[:, 0].isnan()  # (A,)
-        bad_step = _note_non_finite(bad, active, bad_step, t)
-        n_cand = cand_scores.size(1)
-        is_eos = cand_tokens.eq(EOS_ID)  # (A, C)
-
-        # --- finished hypotheses: eos among the top K, merged into the sentence's n-best by a
-        # stable sort (an equal newcomer goes after the hypotheses already there)
-        lp_now = length_penalty(float(t + 1), lenpen, lenpen_form)
-        fin_f, fin_i = _merge_finished(fin_f, fin_i, cand_scores, cand_beams, is_eos, t,
-                                       min(k, n_cand), lp_now)
-        thresholds = fin_f[:, -1, 0]  # (A,) n-th best finished, -inf while fewer
-
-        # --- next beam: the best K candidates that do not end in eos
-        new_scores, new_beams, new_tokens = _next_beams(cand_scores, cand_beams, cand_tokens,
-                                                        is_eos, k)  # (A, K) each
-        step_hist = torch.stack([new_tokens, new_beams], 2)  # (A, K, 2)
-        if n_act == bsz:
-            hist[t].copy_(step_hist)
-        else:
-            hist[t].index_copy_(0, sent_ids, step_hist)
-
-        # --- early termination: finished sentences are masked now, dropped at the next read
-        active = active & ~_sentence_done(new_scores[:, 0], thresholds, t, max_len,
-                                          count_finished, lenpen, lenpen_form)
-        new_scores = new_scores.masked_fill(~active.unsqueeze(1), -math.inf)
-        rows = (torch.arange(n_act, device=device) * width).unsqueeze(1) + new_beams  # (A, K)
-        keep = None
+        lprobs, bad = _constrained_log_probs(
+            model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits,
+            check_rows=device.type != "cpu")  # (A*W, V)
+        u = beam_update(lprobs, bad, scores, fin_f, fin_i, active, bad_step, t, max_len, rule)
+        fin_f, fin_i, active, bad_step = u.fin_f, u.fin_i, u.active, u.bad_step
+        out.record(t, torch.stack([u.tokens, u.beams], 2))
+        rows = (torch.arange(n_act, device=device) * width).unsqueeze(1) + u.beams  # (A, K)
+        new_scores, new_tokens, keep = u.scores, u.tokens, None
         if host.due(t):
-            kept = _read_flags(active, bad_step)
-            if len(kept) < n_act:
-                gone = torch.tensor(sorted(set(range(n_act)) - set(kept)), device=device)
-                out_f.index_copy_(0, sent_ids[gone], fin_f[gone])
-                out_i.index_copy_(0, sent_ids[gone], fin_i[gone])
-                if not kept:
-                    break
-                keep = torch.tensor(kept, device=device)  # (A',)
-                host.keep(kept)
+            keep = out.read(host, active, bad_step, fin_f, fin_i)
+            if keep is not None:
+                if not keep.numel():
+                    return
                 rows, new_scores, new_tokens = rows[keep], new_scores[keep], new_tokens[keep]
-                sent_ids, max_len, active = sent_ids[keep], max_len[keep], active[keep]
+                max_len, active = max_len[keep], active[keep]
                 fin_f, fin_i = fin_f[keep], fin_i[keep]
         cache.reorder(rows.reshape(-1), sources=keep)
         last = new_tokens.reshape(-1, 1)  # (A'*K, 1)
         scores = new_scores  # (A', K)
         t += 1
-
-    return _hypotheses(out_f, out_i, hist[: t + 1], nbest)
-
-
-def _sentence_done(best_live: Tensor, thresholds: Tensor, t: int, max_len: Tensor,
-                   count_finished: bool, lenpen: float, lenpen_form: str) -> Tensor:
-    """(A,) bool: the sentences whose search ends after step ``t``.
-
-    ``count_finished`` (``stopping="beam"``): K hypotheses finished (the K-th best,
-    ``thresholds``, is finite) or no live beam left (``best_live`` -inf); else the exact bound:
-    no live hypothesis can beat the n-th best finished one (all-dead beams give -inf <=
-    anything). A sentence at its maximum length (eos was forced at this step) always ends.
-    """
-    if count_finished:
-        done = thresholds.gt(-math.inf) | best_live.eq(-math.inf)
-    else:
-        bound = _best_possible_score(best_live, t + 1, max_len, lenpen, lenpen_form)
-        done = bound <= thresholds
-    return done | max_len.le(t)
 
 
 def _hypotheses(out_f: Tensor, out_i: Tensor, hist: Tensor, nbest: int) -> list[list[Hypothesis]]:
@@ -602,7 +447,7 @@ def greedy_search(
             )  # (A, V)
         else:
             lprobs, bad = static(last, t, min_len, max_len)
-        bad_step = _note_non_finite(bad, active, bad_step, t)
+        bad_step = note_non_finite(bad, active, bad_step, t)
         best_lp, best = lprobs.max(dim=1)  # (A,), (A,)
         log_probs = log_probs + best_lp
         if sent_ids.numel() == bsz:
@@ -615,7 +460,7 @@ def greedy_search(
         active = active & ~now
         keep = None
         if host.due(t):
-            kept = _read_flags(active, bad_step)
+            kept = read_flags(active, bad_step)
             if len(kept) < sent_ids.numel():
                 gone = torch.tensor(sorted(set(range(sent_ids.numel())) - set(kept)),
                                     device=device)

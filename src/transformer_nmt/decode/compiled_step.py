@@ -1,13 +1,19 @@
-"""The decoder step of beam and greedy search compiled over a static cache (``decode.compile``).
+"""The steps of beam and greedy search compiled over a static cache (``decode.compile``).
 
-One function, :func:`static_log_probs`, computes a step's constrained log-probabilities over a
-:class:`~transformer_nmt.model.cache.StaticDecoderCache` with tensor ops only, so that
-``torch.compile`` traces it with symbolic shapes (rows, capacity, padded source length), so one
-compiled graph serves every bucket of shapes, and on CUDA (mode ``reduce-overhead``) records a
-CUDA graph per bucket and replays it. :class:`StaticStep` is what
-the searches call each step. docs/model.md, "Compiled decoding step", has the design.
+:func:`static_log_probs` computes a decoder step's constrained log-probabilities over a
+:class:`~transformer_nmt.model.cache.StaticDecoderCache` with tensor ops only; :func:`beam_step`
+is a whole step of beam search, that decoder step and the search's update
+(:func:`~transformer_nmt.decode.search_update.beam_update`), writing the search's state
+(:class:`BeamState`) and the next step's inputs in place. ``torch.compile`` traces each with
+symbolic shapes (rows, positions read, capacity, padded source length), so one compiled graph
+serves every bucket, and on CUDA (mode ``reduce-overhead``) records a CUDA graph per bucket and
+replays it: a beam search step is then one replay, and two operations besides (the position,
+the back-pointers copied out). :func:`static_beam_search` is beam search's loop around it;
+greedy search calls :class:`StaticStep` (the decoder step alone). docs/model.md, "Compiled
+decoding step", has the design.
 
-Shape legend as in :mod:`transformer_nmt.decode.beam_search`; R the static cache's rows.
+Shape legend as in :mod:`transformer_nmt.decode.beam_search`; R the static cache's rows, N its
+sentences (R = N x K).
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import torch
 from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
-from transformer_nmt.model.cache import BufferPool
+from transformer_nmt.decode.search_update import SearchRule, beam_update
+from transformer_nmt.decode.sync import BeamOutputs, Reads, read_flags
+from transformer_nmt.model.cache import BufferPool, padded_index, row_bucket
 
 
 def resolve_compile(value: bool | str | None, device: torch.device | str) -> bool:
@@ -63,8 +71,7 @@ def static_log_probs(model: Any, cache: Any, min_len: int) -> tuple[Tensor, Tens
 
 
 RECOMPILE_LIMIT = 256
-"""Graphs the compiled step may hold (two serve every bucket: a step with a pending beam
-reorder and one without)."""
+"""Graphs a compiled step may hold (one serves every bucket)."""
 
 
 def _fx_config() -> Any:
@@ -91,18 +98,43 @@ _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Buff
 _COMPILED: dict[Any, Callable] = {}
 
 
-def _compiled_step(device: torch.device, backend: Any) -> Callable:
-    """:func:`static_log_probs` under ``torch.compile`` with dynamic shapes (the buckets'
-    sizes symbolic: one compilation serves them all): mode ``reduce-overhead`` on CUDA without
-    ``backend`` (a CUDA graph recorded per bucket), else ``backend`` (default inductor)."""
-    key = (device.type, backend)
+def _compiled(step: Callable, device: torch.device, backend: Any) -> Callable:
+    """``step`` (:func:`static_log_probs` or :func:`beam_step`) under ``torch.compile`` with
+    dynamic shapes (the buckets' sizes symbolic: one compilation serves them all): mode
+    ``reduce-overhead`` on CUDA without ``backend`` (a CUDA graph recorded per bucket), else
+    ``backend`` (default inductor)."""
+    key = (step, device.type, backend)
     if key not in _COMPILED:
         if backend is None and device.type == "cuda":
-            fn = torch.compile(static_log_probs, mode="reduce-overhead", dynamic=True)
+            fn = torch.compile(step, mode="reduce-overhead", dynamic=True)
         else:
-            fn = torch.compile(static_log_probs, backend=backend or "inductor", dynamic=True)
+            fn = torch.compile(step, backend=backend or "inductor", dynamic=True)
         _COMPILED[key] = fn
     return _COMPILED[key]
+
+
+def _static_cache(model: Any, memory: Tensor, src_mask: Tensor, width: int,
+                  steps: int) -> tuple[BufferPool, Any]:
+    """The model's buffer pool and a :class:`StaticDecoderCache` set up for ``memory``
+    (N', S, D): ``width`` rows per sentence, ``steps`` positions, K/V in the autocast dtype
+    when autocast is on."""
+    device = memory.device
+    dtype = (torch.get_autocast_dtype(device.type)
+             if torch.is_autocast_enabled(device.type) else memory.dtype)
+    pool = _POOLS.setdefault(model, BufferPool())
+    cache = model.new_static_cache(pool, width, steps, dtype, device)
+    model.start_static(cache, memory, src_mask)
+    return pool, cache
+
+
+def _call(fn: Callable, device: torch.device, *args: Any) -> Any:
+    """One call of a compiled step, with the settings every call needs."""
+    if device.type == "cuda":  # the outputs of the previous replay are done with
+        torch.compiler.cudagraph_mark_step_begin()
+    # the floats a step meets (length penalty, embedding scale, LayerNorm eps) are constants
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, specialize_float=True), \
+            _no_duck_sizing():
+        return fn(*args)
 
 
 class StaticStep:
@@ -111,22 +143,135 @@ class StaticStep:
 
     def __init__(self, model: Any, memory: Tensor, src_mask: Tensor, width: int, steps: int,
                  backend: Any) -> None:
-        device = memory.device
-        dtype = (torch.get_autocast_dtype(device.type)
-                 if torch.is_autocast_enabled(device.type) else memory.dtype)
-        pool = _POOLS.setdefault(model, BufferPool())
-        self.model, self.device = model, device
-        self.cache = model.new_static_cache(pool, width, steps, dtype, device)
-        model.start_static(self.cache, memory, src_mask)
-        self.fn = _compiled_step(device, backend)
+        self.model, self.device = model, memory.device
+        _, self.cache = _static_cache(model, memory, src_mask, width, steps)
+        self.fn = _compiled(static_log_probs, self.device, backend)
 
     def __call__(self, last: Tensor, t: int, min_len: int, max_len: Tensor
                  ) -> tuple[Tensor, Tensor]:
         """(A*W, V) constrained log-probabilities and (A*W,) non-finite flags."""
         cache = self.cache
         cache.set_step(last, t, max_len)
-        if self.device.type == "cuda":  # the outputs of the previous replay are done with
-            torch.compiler.cudagraph_mark_step_begin()
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), _no_duck_sizing():
-            lprobs, bad = self.fn(self.model, cache, min_len)
+        lprobs, bad = _call(self.fn, self.device, self.model, cache, min_len)
         return cache.step_output(lprobs), cache.step_output(bad)
+
+
+class BeamState:
+    """Beam search's per-sentence tensors for the whole compiled step, in pool buffers of the
+    cache's row bucket N (the live sentences first, then dead ones that never finish):
+    ``scores`` (N, K) float32 cumulative log-probabilities (-inf: a dead beam), ``fin_f`` /
+    ``fin_i`` (N, n, 2) the finished n-best, ``active`` (N,) bool, ``bad_step`` 0-d long, and
+    ``step`` (N, K, 2) long, the (token, beam) back-pointers of the last step."""
+
+    def __init__(self, pool: BufferPool, rule: SearchRule, n_keep: int,
+                 device: torch.device) -> None:
+        self.pool, self.rule, self.n_keep, self.device = pool, rule, n_keep, device
+        self.bad_step = pool.get("beam_bad_step", (), torch.long, device)
+
+    def _take(self, n: int) -> None:
+        g, k, m, dev = self.pool.get, self.rule.k, self.n_keep, self.device
+        self.scores = g("beam_scores", (n, k), torch.float32, dev)
+        self.fin_f = g("beam_fin_f", (n, m, 2), torch.float32, dev)
+        self.fin_i = g("beam_fin_i", (n, m, 2), torch.long, dev)
+        self.active = g("beam_active", (n,), torch.bool, dev)
+        self.step = g("beam_step", (n, k, 2), torch.long, dev)
+
+    def start(self, n: int, live: int) -> None:
+        """``live`` sentences in a bucket of ``n``, at the first step: one live beam each (the
+        others -inf: every beam holds ``bos`` then), nothing finished."""
+        self._take(n)
+        self.scores.fill_(-math.inf)
+        self.scores[:live, 0] = 0.0
+        self.fin_f.fill_(-math.inf)
+        self.fin_i.zero_()
+        self.active.copy_(torch.arange(n, device=self.device) < live)
+        self.bad_step.fill_(-1)
+
+    def leave(self, padded: Tensor, live: int) -> None:
+        """Keep the sentences ``padded[:live]`` in that order, in the buffers of the bucket of
+        ``padded`` (N',) long; the rest are dead (no live beam, inactive)."""
+        old = (self.scores, self.fin_f, self.fin_i, self.active)
+        kept = [x.index_select(0, padded) for x in old]  # gathered before the buffers change
+        self._take(padded.numel())
+        for x, new in zip((self.scores, self.fin_f, self.fin_i, self.active), kept):
+            x.copy_(new)
+        self.scores[live:] = -math.inf
+        self.active[live:] = False
+
+
+def beam_step(model: Any, cache: Any, state: BeamState, min_len: int) -> None:
+    """A whole step of beam search in tensor ops only (the function ``decode.compile``
+    compiles for beam search): the decoder call over the static cache
+    (:func:`static_log_probs`) and the search's update
+    (:func:`~transformer_nmt.decode.search_update.beam_update`) at ``cache.position``, written
+    into ``state`` and into the cache's inputs of the next step (``order``: the rows each new
+    beam extends; ``tokens``: the tokens they add)."""
+    lprobs, bad = static_log_probs(model, cache, min_len)  # (R, V), (R,)
+    u = beam_update(lprobs, bad, state.scores, state.fin_f, state.fin_i, state.active,
+                    state.bad_step, cache.position, cache.max_len, state.rule)
+    n, k = u.scores.shape
+    state.scores.copy_(u.scores)
+    state.fin_f.copy_(u.fin_f)
+    state.fin_i.copy_(u.fin_i)
+    state.active.copy_(u.active)
+    state.bad_step.copy_(u.bad_step)
+    state.step.copy_(torch.stack([u.tokens, u.beams], 2))
+    cache.order.copy_((torch.arange(n, device=u.beams.device) * k).unsqueeze(1)
+                      .add(u.beams).view(-1))
+    cache.tokens.copy_(u.tokens.view(-1))
+
+
+def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor,
+                       host: Reads, rule: SearchRule, min_len: int, out: BeamOutputs,
+                       backend: Any) -> None:
+    """The loop of :func:`~transformer_nmt.decode.beam_search.beam_search` with its whole
+    step compiled (:func:`beam_step`), into ``out``: per step, the position set (and the K/V
+    moved to the next span when it is reached), one call of the compiled step, the step's
+    back-pointers copied into ``out.hist``. Every ``host.sync_every`` steps the host reads
+    the flags and keeps the n-best of the sentences that finished; their rows stay in the
+    state, inactive, until the live sentences fit a smaller row bucket, and are then dropped
+    from the cache and the state (a gather outside the graph, at most log2(B) times a batch).
+
+    Args:
+        memory: (B, S, D), src_mask: (B, S) from the encoder; max_len: (B,) long.
+    """
+    device, bsz = memory.device, memory.size(0)
+    pool, cache = _static_cache(model, memory, src_mask, rule.k, max(host.max_len) + 1)
+    n = cache.rows // rule.k
+    cache.max_len.copy_(max_len.index_select(0, padded_index(bsz, n, device)))
+    cache.tokens.fill_(BOS_ID)
+    state = BeamState(pool, rule, out.out_f.size(1), device)
+    state.start(n, bsz)
+    # the sentence each state row holds: None for the rows past the batch and for those whose
+    # results are kept; on the device, ``where``, B for the rows past the batch
+    slots: list[int | None] = list(range(bsz)) + [None] * (n - bsz)
+    where = torch.tensor([bsz if s is None else s for s in slots], device=device)
+    fn = _compiled(beam_step, device, backend)
+    t = 0
+    while True:
+        cache.begin_step(t)
+        cache.step_width = rule.k if t else 1  # the search's rows per sentence (one live first)
+        _call(fn, device, model, cache, state, min_len)
+        out.record(t, state.step, where)
+        if host.due(t):
+            active = read_flags(state.active, state.bad_step)  # state rows
+            live = set(active)
+            done = [r for r, s in enumerate(slots) if s is not None and r not in live]
+            if done:
+                rows = torch.tensor([done, [slots[r] for r in done]], device=device)
+                out.store(rows[0], rows[1], state.fin_f, state.fin_i)
+                for r in done:
+                    slots[r] = None
+            if not active:
+                return
+            host.retain([slots[r] for r in active])
+            cache.sentences = len(active)
+            if row_bucket(len(active)) < n:
+                n = row_bucket(len(active))
+                kept = active + [active[0]] * (n - len(active))
+                padded = torch.tensor(kept, device=device)
+                cache.leave(padded, len(active))
+                state.leave(padded, len(active))
+                slots = [slots[r] for r in active] + [None] * (n - len(active))
+                where = torch.tensor([bsz if s is None else s for s in slots], device=device)
+        t += 1

@@ -306,7 +306,7 @@ class StaticDecoderCache:
         self._bucket_tensors(n, sb, min(LENGTH_BUCKET, self.capacity))
         for x in self.self_k + self.self_v:
             x.zero_()
-        pick = _padded_index(live, n, memory.device)  # dead sentences copy sentence 0
+        pick = padded_index(live, n, memory.device)  # dead sentences copy sentence 0
         padded = memory.new_zeros(n, sb, memory.size(2))
         padded[:, :s] = memory.index_select(0, pick)
         mask = src_mask.new_zeros(n, sb)
@@ -331,10 +331,7 @@ class StaticDecoderCache:
             self.tokens[:rows].copy_(last.view(-1))
         else:
             self.tokens.index_copy_(0, self._cache_rows(rows), last.view(-1))
-        self.position.fill_(t)
-        span = min(length_bucket(t + 1), self.capacity)
-        if span != self.span:
-            self._grow(span)
+        self.begin_step(t)
         if not self._order_fresh and not self._order_identity:  # no reorder: keep the rows
             self.order.copy_(torch.arange(self.rows, device=self.device))
             self._order_identity = True
@@ -342,6 +339,14 @@ class StaticDecoderCache:
         if max_len is not self._max_len_from:  # changes only at a read
             self.max_len[: max_len.numel()].copy_(max_len)
             self._max_len_from = max_len
+
+    def begin_step(self, t: int) -> None:
+        """Set :attr:`position` to ``t`` and move the K/V into the buffers of the next span
+        when the step reaches the end of the current one."""
+        self.position.fill_(t)
+        span = min(length_bucket(t + 1), self.capacity)
+        if span != self.span:
+            self._grow(span)
 
     def _grow(self, span: int) -> None:
         """Move the self-attention K/V into the buffers of ``span`` positions (zeros past the
@@ -395,12 +400,29 @@ class StaticDecoderCache:
             self._order_fresh, self._order_identity = True, False
             return
         live = sources.numel()
-        pick = _padded_index(live, row_bucket(live), self.device)
-        src = sources.index_select(0, pick)  # (N,) dead sentences copy the first kept one
+        pick = padded_index(live, row_bucket(live), self.device)
         rows = torch.cat([rows, rows[: self.width].repeat(pick.numel() - live)])
+        self._gather_sentences(rows, sources.index_select(0, pick), live)
+
+    @torch.no_grad()
+    def leave(self, padded: Tensor, live: int) -> None:
+        """Keep the ``live`` sentences ``padded[:live]`` (of :attr:`rows` / K), in that order,
+        after the pending beam reorder in :attr:`order` (which the whole compiled beam step
+        writes): their K/V rows and :attr:`tokens` gathered into the buffers of the row bucket
+        of ``padded`` (N,) long (past ``live``, dead sentences copying a kept one)."""
+        rows = self.order.view(-1, self.width).index_select(0, padded).view(-1)
+        tokens = self.tokens.view(-1, self.width).index_select(0, padded).view(-1)
+        self._gather_sentences(rows, padded, live)
+        self.tokens.copy_(tokens)
+
+    def _gather_sentences(self, rows: Tensor, src: Tensor, live: int) -> None:
+        """Move to the buffers of the row bucket of ``src`` (N,) long, the sentences kept
+        (padded: dead ones copy a kept one), holding the self-attention K/V ``rows`` (N*K,)
+        long and the cross-attention K/V, mask and length limits of ``src``; ``live`` of
+        them are the search's."""
         old_self = (self.self_k, self.self_v)
         old_cross = (self.cross_k, self.cross_v, self.cross_attn_mask)
-        n, sb = pick.numel(), self.cross_attn_mask.size(-1)
+        n, sb = src.numel(), self.cross_attn_mask.size(-1)
         old_max = self.max_len
         self._bucket_tensors(n, sb, self.span)
         for olds, news in zip(old_self, (self.self_k, self.self_v)):
@@ -418,7 +440,7 @@ class StaticDecoderCache:
         self._max_len_from = None
 
 
-def _padded_index(live: int, total: int, device: torch.device) -> Tensor:
+def padded_index(live: int, total: int, device: torch.device) -> Tensor:
     """(total,) long: 0 .. live - 1, then zeros (dead rows copy the first)."""
     idx = torch.zeros(total, dtype=torch.long, device=device)
     idx[:live] = torch.arange(live, device=device)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.unit.decode import reference_beam_search as reference
 from tests.unit.decode.test_beam_search import random_sources, tiny_model
@@ -16,6 +17,7 @@ from tests.unit.decode.test_device_search import (  # noqa: F401 (fixture)
     trained_model,
 )
 from transformer_nmt.config import BOS_ID
+from transformer_nmt.decode import compiled_step
 from transformer_nmt.decode.beam_search import beam_search, greedy_search
 from transformer_nmt.decode.compiled_step import resolve_compile
 from transformer_nmt.model.cache import BufferPool, StaticDecoderCache
@@ -76,13 +78,19 @@ def same_tokens(got, want, where):
 
 @pytest.mark.parametrize("beam", [4, 5])
 def test_compiled_search_equals_reference_on_a_random_model(beam):
+    """Both stopping rules, n-best 1 and 2, both length-penalty forms, the flags read every
+    step, every 3 and every 8 (sentences leave the compiled step's state at different
+    steps, into smaller row buckets): the reference's hypotheses."""
     model = tiny_model(seed=21, vocab=30)
-    src = random_sources([7, 2, 12, 5], seed=6)
+    src = random_sources([7, 2, 12, 5, 9], seed=6)
     backend = AOT_EAGER
-    for nbest, stopping in ((1, "bound"), (2, "beam")):
-        kwargs = {"beam_size": beam, "nbest": nbest, "stopping": stopping, "max_len_b": 6}
-        got = beam_search(model, src, compile_step=True, compile_backend=backend, **kwargs)
-        same_tokens(got, reference.beam_search(model, src, **kwargs), kwargs)
+    for nbest, stopping, form, every in ((1, "bound", "gnmt", 1), (2, "beam", "fairseq", 3),
+                                         (2, "bound", "fairseq", 8)):
+        kwargs = {"beam_size": beam, "nbest": nbest, "stopping": stopping, "max_len_b": 6,
+                  "lenpen_form": form}
+        got = beam_search(model, src, compile_step=True, compile_backend=backend,
+                          sync_every=every, **kwargs)
+        same_tokens(got, reference.beam_search(model, src, **kwargs), (kwargs, every))
     got = greedy_search(model, src, 1.0, 6, compile_step=True, compile_backend=backend)
     same_tokens(got, reference.greedy_search(model, src, 1.0, 6), "greedy")
 
@@ -98,35 +106,101 @@ def test_compiled_search_equals_reference_on_a_trained_model(trained_model):  # 
 
 
 def test_compiled_graphs_serve_every_bucket(monkeypatch):
-    """Batches of varying sentence and source lengths: the step is traced with symbolic
-    shapes, so at most two graphs (with and without a pending beam reorder) serve every
-    (rows, capacity, positions read, source length) bucket, the positions read the whole
-    capacity or less, however many steps and batches; a second pass compiles nothing."""
+    """Batches of varying sentence and source lengths: the whole beam step is traced with
+    symbolic shapes, so one graph serves every (rows, capacity, positions read, source length)
+    bucket, the positions read the whole capacity or less, however many steps and batches;
+    a second pass compiles nothing; the hypotheses are the eager search's."""
     model = tiny_model(seed=22, vocab=30)
     backend = counting_backend()
     buckets: set[tuple[int, int, int, int]] = set()
     steps = []
-    set_step = StaticDecoderCache.set_step
+    begin_step = StaticDecoderCache.begin_step
 
-    def noting(cache, last, t, max_len):
-        set_step(cache, last, t, max_len)
+    def noting(cache, t):
+        begin_step(cache, t)
         buckets.add((cache.rows, cache.capacity, cache.cross_attn_mask.size(-1), cache.span))
         steps.append(t)
 
-    monkeypatch.setattr(StaticDecoderCache, "set_step", noting)
+    monkeypatch.setattr(StaticDecoderCache, "begin_step", noting)
     batches = [random_sources([3, 5, 9, 4, 6], seed=1), random_sources([18, 17], seed=2)]
     for src in batches:
-        beam_search(model, src, beam_size=2, max_len_b=6, compile_step=True,
-                    compile_backend=backend)
+        got = beam_search(model, src, beam_size=2, max_len_b=6, compile_step=True,
+                          compile_backend=backend)
+        same_tokens(got, beam_search(model, src, beam_size=2, max_len_b=6), src.shape)
     assert {c for _, c, _, _ in buckets} == {16, 32}  # two capacities, two source lengths
     assert {s for _, _, s, _ in buckets} == {16, 32} and len({r for r, _, _, _ in buckets}) >= 2
     assert {(c, p) for _, c, _, p in buckets} == {(16, 16), (32, 16), (32, 32)}
-    assert 1 <= backend.frame_count <= 2 < len(buckets) < len(steps)
+    assert backend.frame_count == 1 < len(buckets) < len(steps)
     graphs = backend.frame_count
     for src in batches:
         beam_search(model, src, beam_size=2, max_len_b=6, compile_step=True,
                     compile_backend=backend)
     assert backend.frame_count == graphs
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the operations dispatched (views and allocations left out) outside the compiled
+    step, and the calls of the compiled step, whose own operations it does not see."""
+
+    FREE = ("view", "_unsafe_view", "slice", "select", "expand", "alias", "empty", "detach",
+            "lift_fresh", "unsqueeze", "reshape", "as_strided")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ not in self.FREE:
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_whole_beam_step_is_one_call_with_few_operations_around_it(monkeypatch):
+    """Beam search with ``decode.compile``: per step, one call of the compiled step (decoder
+    and search update, one graph, no break) and 2 operations outside it (the position set,
+    the step's back-pointers copied out), besides the reads of the finished flags every 8
+    steps and the K/V's moves to a longer span (at step 16 here, a read's step too); the
+    finished sentences leave the cache and the state only when the live ones fit a smaller
+    row bucket."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    model = tiny_model(seed=24, vocab=30)
+    src = random_sources([9, 2, 6, 13, 4, 7, 3, 11], seed=2)
+    kwargs = {"beam_size": 4, "max_len_b": 20, "sync_every": 8, "compile_backend": AOT_EAGER}
+    beam_search(model, src, compile_step=True, **kwargs)  # compiled here, not counted
+    counter, call, first = CountOps(), compiled_step._call, []
+    at_call: list[int] = []
+
+    def counted_call(fn, device, *args):
+        counter.calls += 1
+        at_call.append(len(counter.ops))
+        if not first:
+            first.append(args)
+        with _disable_current_modes():
+            return call(fn, device, *args)
+
+    monkeypatch.setattr(compiled_step, "_call", counted_call)
+    reads, read = [], compiled_step.read_flags  # the calls made before each read of the flags
+    monkeypatch.setattr(compiled_step, "read_flags",
+                        lambda *a: reads.append(counter.calls) or read(*a))
+    shrinks, leave = [], StaticDecoderCache.leave  # (sentences before, after) per move
+    monkeypatch.setattr(StaticDecoderCache, "leave", lambda cache, padded, live: shrinks.append(
+        (cache.rows // cache.width, padded.numel())) or leave(cache, padded, live))
+    with counter:
+        got = beam_search(model, src, compile_step=True, **kwargs)
+    same_tokens(got, beam_search(model, src, **{k: v for k, v in kwargs.items()
+                                                if k != "compile_backend"}), "counted")
+    assert counter.calls > 16 and len(reads) >= 3
+    # the operations between two calls of the step, those of a read of the flags left out
+    gaps = [b - a for a, b in zip(at_call, at_call[1:])]
+    quiet = [g for i, g in enumerate(gaps) if i + 1 not in reads]  # no read in between
+    assert set(quiet) == {2}, (quiet, counter.ops)
+    # finished sentences leave the cache only for a smaller row bucket (8 -> 4 -> 2 at most)
+    assert 1 <= len(shrinks) <= 2 and all(new < old for old, new in shrinks), shrinks
+    with torch.inference_mode():  # as the search runs it
+        explained = torch._dynamo.explain(compiled_step.beam_step)(*first[0])
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
 
 
 def test_compile_values():

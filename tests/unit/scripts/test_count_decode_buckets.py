@@ -36,10 +36,10 @@ def test_buckets_cover_the_eager_searchs_steps(workspace, tokenizer, tmp_path, c
     from transformer_nmt.decode.translate import translate_lines
     from transformer_nmt.model.cache import LENGTH_BUCKET
 
-    before = compiled_step._compiled_step
+    before = compiled_step._compiled
     result, path, source = _run(workspace, tokenizer, tmp_path)
     buckets = result["buckets"]
-    assert compiled_step._compiled_step is before  # the eager stand-in is taken out again
+    assert compiled_step._compiled is before  # the eager stand-in is taken out again
     assert result["graphs"] is None and result["same_as_eager"] is None
     # rows: beam x a power of two of sentences; lengths: multiples of the length bucket
     assert buckets and all(rows % 3 == 0 and (rows // 3) & (rows // 3 - 1) == 0

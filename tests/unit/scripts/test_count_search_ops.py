@@ -94,3 +94,18 @@ def test_gpu_paths_with_cuda_is_refused(workspace, tokenizer, tmp_path, capsys):
         _run(workspace, tokenizer, tmp_path, "--gpu-paths", "--device", "cuda")
     assert e.value.code == 2
     assert "--gpu-paths emulates" in capsys.readouterr().err
+
+
+@pytest.mark.heavy
+def test_the_compiled_step_counts_as_one_graph_per_step(workspace, tokenizer, tmp_path):
+    """--compile: one 'graph' per decoding step stands for the decoder call and the search's
+    update; outside it, the position and the back-pointers (2 per step) and the reads of the
+    flags every 8 steps, where sentences leave; the compiling functions are put back."""
+    from transformer_nmt.decode import compiled_step
+
+    call, compiled = compiled_step._call, compiled_step._compiled
+    r = _run(workspace, tokenizer, tmp_path, "--gpu-paths", "--compile")["ours"]
+    assert compiled_step._call is call and compiled_step._compiled is compiled
+    assert r["steps"] > 1 and r["decoder_ops"] == {"graph": 1.0}
+    assert "topk" not in r["search_ops"] and "embedding" not in r["search_ops"]
+    assert 2 <= r["search"] < 12, r["search_ops"]
