@@ -9,6 +9,7 @@ warm-up batch).
     python scripts/micro/check_search_identity.py                          # runs/multi30k_en_de
     python scripts/micro/check_search_identity.py --device cuda --precision bf16
     python scripts/micro/check_search_identity.py --checkpoint M.pt --spm S.model --input test.en
+    python scripts/micro/check_search_identity.py --compile        # decode.compile's search
 
 The model is ``--checkpoint``, else the run's ``checkpoints/averaged.pt``, else its latest
 ``checkpoint_<step>.pt``; the SentencePiece model and the source text default to those of the
@@ -94,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
     p.add_argument("--max-tokens", type=int, default=8000, help="source tokens per batch")
     p.add_argument("--sync-every", default="auto", help="decode.sync_every of the search")
+    p.add_argument("--compile", action="store_true",
+                   help="the search with decode.compile=true (its whole step compiled; the "
+                        "warm-up batch compiles it, and its time counts the first batches' "
+                        "CUDA graph recordings on a GPU)")
+    p.add_argument("--compile-backend", default=None,
+                   help="torch.compile backend of --compile (default: reduce-overhead on CUDA, "
+                        "inductor elsewhere)")
     args = p.parse_args(argv)
 
     from transformer_nmt.checkpoint import load_model
@@ -116,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         lines = lines[: args.sentences]
     srcs = [s.to(device) for s in batches(SentencePieceTokenizer(spm), lines, args.max_tokens)]
     d = cfg.decode
-    print(f"model {path}, {len(lines)} sentences of {source}, {args.device} {args.precision}; "
+    print(f"model {path}, {len(lines)} sentences of {source}, {args.device} {args.precision}"
+          f"{', decode.compile' if args.compile else ''}; "
           f"lenpen {d.lenpen} ({d.lenpen_form}), stopping {d.stopping}, "
           f"max length {d.max_len_a} x source + {d.max_len_b}")
     differ_total = 0
@@ -125,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                   "max_len_a": d.max_len_a, "max_len_b": d.max_len_b,
                   "stopping": str(d.stopping)}
         t_new, new = timed(beam_search, model, srcs, device, args.precision,
-                           sync_every=args.sync_every, **kwargs)
+                           sync_every=args.sync_every, compile_step=args.compile,
+                           compile_backend=args.compile_backend, **kwargs)
         t_ref, ref = timed(reference.beam_search, model, srcs, device, args.precision, **kwargs)
         differ, worst, tokens = 0, 0.0, 0
         for got, want in zip(new, ref):
