@@ -158,7 +158,8 @@ class StaticStep:
 
 class BeamState:
     """Beam search's per-sentence tensors for the whole compiled step, in pool buffers of the
-    cache's row bucket N (the live sentences first, then dead ones that never finish):
+    cache's row bucket N (a row per sentence searched or finished since the last move to a
+    smaller bucket, then dead rows with no live beam, which never finish):
     ``scores`` (N, K) float32 cumulative log-probabilities (-inf: a dead beam), ``fin_f`` /
     ``fin_i`` (N, n, 2) the finished n-best, ``active`` (N,) bool, ``bad_step`` 0-d long, and
     ``step`` (N, K, 2) long, the (token, beam) back-pointers of the last step."""
