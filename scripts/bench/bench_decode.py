@@ -361,11 +361,30 @@ def worker(args) -> None:
     bc.write_json(Path(args.worker_out), {
         "sentences": len(lines), "seconds": seconds, "all_seconds": all_seconds,
         "target_tokens": target_tokens, **per_pass, "profile": profiled,
+        "compiler": compiler_counts() if ours and resolve_compile_arg(args) else None,
         "page_faults_per_pass": faults,
         "sentences_per_s": len(lines) / seconds, "target_tokens_per_s": target_tokens / seconds,
         "peak_rss_mib": bc.peak_rss_mib(), "peak_gpu_mib": bc.peak_gpu_mib(),
         "port_max_logit_diff": port_diff, "outputs": outputs,
     })
+
+
+def resolve_compile_arg(args) -> bool:
+    """Whether our search runs with ``decode.compile`` (``--compile`` as it resolves on
+    ``--device``)."""
+    from transformer_nmt.decode.compiled_step import resolve_compile
+
+    return resolve_compile(args.compile, args.device)
+
+
+def compiler_counts() -> dict:
+    """What ``torch.compile`` did in this process: the graphs it compiled and the compiled
+    graphs that CUDA graphs skipped (``reduce-overhead`` falls back to the compiled code for
+    them, launching every kernel: a step not replayed as one graph)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": counters["stats"]["unique_graphs"],
+            "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
 
 
 def profile_pass(run, lines: list[str], counts: dict, args) -> dict:

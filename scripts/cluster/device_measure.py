@@ -218,7 +218,7 @@ def run_decode(tmp: Path, data_root: Path, out: Path, env: dict[str, str], smoke
         return {"status": status, **({"stderr_tail": tail} if tail else {})}
     done = json.loads(results.read_text())["toolkits"]
     keys = ("sentences_per_s", "target_tokens_per_s", "bleu", "same_as_ours", "peak_gpu_mib",
-            "all_seconds", "decoder_calls", "profile")
+            "all_seconds", "decoder_calls", "profile", "compiler")
     entry = {"status": status, "seconds": round(time.monotonic() - t0, 1),
              "checkpoint_steps": int(checkpoint.stem.rsplit("_", 1)[-1]) if checkpoint else None,
              "toolkits": {name: {k: r.get(k) for k in keys} for name, r in done.items()}}
@@ -370,6 +370,9 @@ def write_report(out: Path, report: dict) -> None:
                      "kernel ms / step | kernels / step | host ms / step | GPU busy |",
                      "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
             rows += [decode_row(name, r) for name, r in decode["toolkits"].items()]
+            rows += [f"\n{name}: {c['graphs']} graphs compiled, {c['cudagraph_skips']} "
+                     "skipped by CUDA graphs" for name, r in decode["toolkits"].items()
+                     if (c := r.get("compiler"))]
     if report.get("checks"):
         rows += ["", "gpu_check.py, run during the prewarm phase:", "",
                  "| check | status | note |", "|---|---|---|"]

@@ -143,6 +143,10 @@ def test_the_decoding_part_trains_a_model_and_times_ours_against_marian(tmp_path
     ours, marian = toolkits["ours"], toolkits["marian"]
     assert ours["same_as_ours"] == 1.0 and 0.0 <= marian["same_as_ours"] <= 1.0
     assert toolkits["ours_compiled"]["same_as_ours"] == 1.0  # the compiled step: same search
+    # one graph for every bucket (compiled by the timed process's warm-up); on a CPU no CUDA
+    # graph, so none skipped
+    assert toolkits["ours_compiled"]["compiler"] == {"graphs": 1, "cudagraph_skips": 0}
+    assert toolkits["ours"]["compiler"] is None
     assert ours["target_tokens_per_s"] > 0 and marian["target_tokens_per_s"] > 0
     # one profiled pass over 4 sentences per toolkit, per decoding step (one decoder call);
     # the tiny model's 4 sentences need at least max_len_b + 1 = 7 steps at most, 1 at least
@@ -155,6 +159,7 @@ def test_the_decoding_part_trains_a_model_and_times_ours_against_marian(tmp_path
         assert toolkits[name]["decoder_calls"] >= profile["steps"]  # 8 sentences timed
     markdown = (out / "device_measure.md").read_text()
     assert "| marian |" in markdown and "| ours_compiled |" in markdown
+    assert "ours_compiled: 1 graphs compiled, 0 skipped by CUDA graphs" in markdown
     assert f"| {toolkits['marian']['decoder_calls']} | {marian['profile']['wall_ms_per_step']} |" \
         in markdown
 
