@@ -215,7 +215,12 @@ def test_compile_values():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_compiled_search_with_cuda_graphs_equals_eager():
-    """reduce-overhead (a CUDA graph per bucket) on the GPU: the eager search's tokens."""
+    """reduce-overhead (a CUDA graph per bucket) on the GPU: the eager search's tokens, and
+    no compiled graph skipped by CUDA graphs (a skipped one would launch its kernels one by
+    one)."""
+    from torch._dynamo.utils import counters
+
+    skips = counters["inductor"]["cudagraph_skips"]
     model = tiny_model(seed=23, vocab=30).cuda()
     src = random_sources([7, 2, 12, 5, 9, 4, 3], seed=8).cuda()
     for beam in (1, 4):
@@ -227,3 +232,4 @@ def test_compiled_search_with_cuda_graphs_equals_eager():
             want = beam_search(model, src, beam_size=beam, **kwargs)
             got = beam_search(model, src, beam_size=beam, compile_step=True, **kwargs)
         same_tokens(got, want, f"beam {beam}")
+    assert counters["inductor"]["cudagraph_skips"] == skips
