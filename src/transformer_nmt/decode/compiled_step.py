@@ -235,6 +235,9 @@ def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Te
 
     Args:
         memory: (B, S, D), src_mask: (B, S) from the encoder; max_len: (B,) long.
+
+    Raises:
+        NonFiniteScoresError: NaN or infinite logits (at a read of the flags).
     """
     device, bsz = memory.device, memory.size(0)
     pool, cache = _static_cache(model, memory, src_mask, rule.k, max(host.max_len) + 1)
