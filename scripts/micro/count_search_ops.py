@@ -161,11 +161,12 @@ def summary(counter: OpCounter, steps: int) -> dict:
 
 
 def search_config(args):
-    """The DecodeConfig of our search as bench_decode.py runs it (``stopping=beam``,
-    ``lenpen_form=fairseq``), at ``args.precision``, without the CPU's packed weights."""
+    """The DecodeConfig of our search as bench_decode.py runs it (``lenpen_form=fairseq``;
+    ``--stopping``, beam by default), at ``args.precision``, without the CPU's packed weights."""
     from transformer_nmt.config import DecodeConfig
 
-    return DecodeConfig(beam_size=args.beam, lenpen=0.6, lenpen_form="fairseq", stopping="beam",
+    return DecodeConfig(beam_size=args.beam, lenpen=0.6, lenpen_form="fairseq",
+                        stopping=args.stopping,
                         max_len_a=1.0, max_len_b=50, max_tokens=args.max_tokens,
                         device=args.device, compile="true" if args.compile else "false",
                         precision=args.precision,
@@ -173,7 +174,7 @@ def search_config(args):
 
 
 def count_ours(model, tokenizer, lines, args) -> dict:
-    """Our beam search as nmt-translate runs it (``stopping=beam``, ``lenpen_form=fairseq``)."""
+    """Our beam search as nmt-translate runs it (``lenpen_form=fairseq``, ``--stopping``)."""
     from transformer_nmt.decode.quantize import decoding_model
     from transformer_nmt.decode.translate import translate_lines
 
@@ -291,6 +292,9 @@ def main(argv: list[str] | None = None) -> dict:
                         "same layers and vocabulary with this d_model (random weights, tiny "
                         "kernels: the host's time per step)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes of --host-time")
+    p.add_argument("--stopping", default="beam", choices=["beam", "bound"],
+                   help="our search's stopping rule: beam (the peers', bench_decode.py's) or "
+                        "bound (decode.stopping's default, exact)")
     p.add_argument("--compile", action="store_true",
                    help="our search with decode.compile=true: its compiled step counts as one "
                         "operation, 'graph', per call (aot_eager; what it runs is not counted)")

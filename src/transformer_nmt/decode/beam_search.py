@@ -98,6 +98,7 @@ from transformer_nmt.decode.search_update import (  # noqa: F401 (length_penalty
     LENPEN_FORMS,
     SearchRule,
     beam_update,
+    final_penalties,
     length_penalty,
     note_non_finite,
 )
@@ -327,16 +328,25 @@ def _eager_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Te
     scores = torch.zeros(bsz, 1, device=device)  # (A, W) cumulative log-prob, fp32
     last = torch.full((bsz, 1), BOS_ID, dtype=torch.long, device=device)  # (A*W, 1)
     bad_step = torch.full((), -1, dtype=torch.long, device=device)  # first non-finite step
+    # (A,) lp of each sentence's longest hypothesis, for the stopping bound: kept, not
+    # recomputed at every step
+    lp_long = (None if rule.count_finished else
+               final_penalties(max_len, rule.lenpen, rule.lenpen_form, scores.dtype))
+    first_row: tuple[int, int, Tensor] | None = None  # (A, W, each sentence's first row)
     t = 0
     while True:
         n_act, width = scores.shape
         lprobs, bad = _constrained_log_probs(
             model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits,
             check_rows=device.type != "cpu")  # (A*W, V)
-        u = beam_update(lprobs, bad, scores, fin_f, fin_i, active, bad_step, t, max_len, rule)
+        u = beam_update(lprobs, bad, scores, fin_f, fin_i, active, bad_step, t, max_len, rule,
+                        lp_long)
         fin_f, fin_i, active, bad_step = u.fin_f, u.fin_i, u.active, u.bad_step
         out.record(t, torch.stack([u.tokens, u.beams], 2))
-        rows = (torch.arange(n_act, device=device) * width).unsqueeze(1) + u.beams  # (A, K)
+        if first_row is None or first_row[:2] != (n_act, width):  # changes only at a read
+            first_row = (n_act, width,
+                         (torch.arange(n_act, device=device) * width).unsqueeze(1))  # (A, 1)
+        rows = first_row[2] + u.beams  # (A, K) the rows each new beam extends
         new_scores, new_tokens, keep = u.scores, u.tokens, None
         if host.due(t):
             keep = out.read(host, active, bad_step, fin_f, fin_i)
@@ -346,6 +356,7 @@ def _eager_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Te
                 rows, new_scores, new_tokens = rows[keep], new_scores[keep], new_tokens[keep]
                 max_len, active = max_len[keep], active[keep]
                 fin_f, fin_i = fin_f[keep], fin_i[keep]
+                lp_long = lp_long[keep] if lp_long is not None else None
         cache.reorder(rows.reshape(-1), sources=keep)
         last = new_tokens.reshape(-1, 1)  # (A'*K, 1)
         scores = new_scores  # (A', K)

@@ -54,8 +54,15 @@ def _lp_at(length: int | Tensor, alpha: float, form: str) -> float | Tensor:
     return length_penalty(length.double(), alpha, form).float()
 
 
+def final_penalties(max_len: Tensor, alpha: float, form: str,
+                    dtype: torch.dtype = torch.float32) -> Tensor:
+    """(A,) lp(max_len + 1) in ``dtype``: the length penalty of each sentence's longest
+    hypothesis, which :func:`best_possible_score` divides by (a constant of the sentence)."""
+    return length_penalty((max_len + 1).to(dtype), alpha, form)
+
+
 def best_possible_score(log_prob: Tensor, t: int | Tensor, max_len: Tensor, alpha: float,
-                        form: str) -> Tensor:
+                        form: str, lp_long: Tensor | None = None) -> Tensor:
     """Upper bound on the final score of any descendant of a live hypothesis.
 
     A live hypothesis with ``t`` tokens and log-probability ``s <= 0`` ends, at the
@@ -71,12 +78,15 @@ def best_possible_score(log_prob: Tensor, t: int | Tensor, max_len: Tensor, alph
         log_prob: (A,) best live log-probability per sentence (-inf when none is live).
         t: tokens of the live hypotheses (int or 0-d long tensor).
         max_len: (A,) long, maximum tokens before ``eos`` per sentence.
+        lp_long: (A,) :func:`final_penalties` of ``max_len``, when the caller keeps them
+            (None: computed here).
 
     Returns:
         (A,) float bound.
     """
     lp_short = _lp_at(t + 1, alpha, form)
-    lp_long = length_penalty((max_len + 1).to(log_prob.dtype), alpha, form)  # (A,)
+    if lp_long is None:
+        lp_long = final_penalties(max_len, alpha, form, log_prob.dtype)  # (A,)
     return log_prob / lp_long.clamp(min=lp_short)
 
 
@@ -139,18 +149,20 @@ class SearchRule:
 
 
 def sentence_done(best_live: Tensor, thresholds: Tensor, t: int | Tensor, max_len: Tensor,
-                  rule: SearchRule) -> Tensor:
+                  rule: SearchRule, lp_long: Tensor | None = None) -> Tensor:
     """(A,) bool: the sentences whose search ends after step ``t``.
 
     ``rule.count_finished`` (``stopping="beam"``): K hypotheses finished (the K-th best,
     ``thresholds``, is finite) or no live beam left (``best_live`` -inf); else the exact bound:
     no live hypothesis can beat the n-th best finished one (all-dead beams give -inf <=
     anything). A sentence at its maximum length (eos was forced at this step) always ends.
+    ``lp_long``: as in :func:`best_possible_score`.
     """
     if rule.count_finished:
         done = thresholds.gt(-math.inf) | best_live.eq(-math.inf)
     else:
-        bound = best_possible_score(best_live, t + 1, max_len, rule.lenpen, rule.lenpen_form)
+        bound = best_possible_score(best_live, t + 1, max_len, rule.lenpen, rule.lenpen_form,
+                                    lp_long)
         done = bound <= thresholds
     return done | max_len.le(t)
 
@@ -171,7 +183,8 @@ class BeamUpdate(NamedTuple):
 
 def beam_update(lprobs: Tensor, bad: Tensor | None, scores: Tensor, fin_f: Tensor,
                 fin_i: Tensor, active: Tensor, bad_step: Tensor, t: int | Tensor,
-                max_len: Tensor, rule: SearchRule) -> BeamUpdate:
+                max_len: Tensor, rule: SearchRule, lp_long: Tensor | None = None
+                ) -> BeamUpdate:
     """One step of beam search after the decoder call (steps 2-5 of
     :mod:`transformer_nmt.decode.beam_search`'s docstring), with no host read.
 
@@ -185,6 +198,8 @@ def beam_update(lprobs: Tensor, bad: Tensor | None, scores: Tensor, fin_f: Tenso
         t: tokens generated before this step (int, or 0-d long tensor).
         max_len: (A,) long, maximum tokens before ``eos`` per sentence.
         rule: the search's constants.
+        lp_long: (A,) :func:`final_penalties` of ``max_len`` for the exact stopping bound, when
+            the caller keeps them (None: computed at each step).
     """
     k = rule.k
     cand_scores, cand_beams, cand_tokens = candidates(lprobs, scores, k)  # (A, C) each
@@ -201,6 +216,7 @@ def beam_update(lprobs: Tensor, bad: Tensor | None, scores: Tensor, fin_f: Tenso
     new_scores, new_beams, new_tokens = next_beams(cand_scores, cand_beams, cand_tokens,
                                                    is_eos, k)  # (A, K) each
     # early termination: finished sentences are masked now (dropped at the next read)
-    active = active & ~sentence_done(new_scores[:, 0], fin_f[:, -1, 0], t, max_len, rule)
+    active = active & ~sentence_done(new_scores[:, 0], fin_f[:, -1, 0], t, max_len, rule,
+                                     lp_long)
     new_scores = new_scores.masked_fill(~active.unsqueeze(1), -math.inf)
     return BeamUpdate(new_scores, new_beams, new_tokens, fin_f, fin_i, active, bad_step)
