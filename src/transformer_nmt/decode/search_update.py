@@ -110,7 +110,7 @@ def merge_finished(fin_f: Tensor, fin_i: Tensor, cand_scores: Tensor, cand_beams
     beams = cand_beams[:, :top_k]  # (A, K)
     fin_scores = cand_scores[:, :top_k] / lp_now  # (A, K)
     fin = is_eos[:, :top_k] & torch.isfinite(fin_scores)  # (A, K)
-    new_f = torch.stack([fin_scores.masked_fill(~fin, -math.inf), cand_scores[:, :top_k]], 2)
+    new_f = torch.stack([torch.where(fin, fin_scores, -math.inf), cand_scores[:, :top_k]], 2)
     steps = torch.full_like(beams, t) if isinstance(t, int) else t.expand_as(beams)
     new_i = torch.stack([steps, beams], 2)
     all_f, all_i = torch.cat([fin_f, new_f], 1), torch.cat([fin_i, new_i], 1)  # (A, n+K, 2)
@@ -218,5 +218,5 @@ def beam_update(lprobs: Tensor, bad: Tensor | None, scores: Tensor, fin_f: Tenso
     # early termination: finished sentences are masked now (dropped at the next read)
     active = active & ~sentence_done(new_scores[:, 0], fin_f[:, -1, 0], t, max_len, rule,
                                      lp_long)
-    new_scores = new_scores.masked_fill(~active.unsqueeze(1), -math.inf)
+    new_scores = torch.where(active.unsqueeze(1), new_scores, -math.inf)
     return BeamUpdate(new_scores, new_beams, new_tokens, fin_f, fin_i, active, bad_step)
