@@ -174,7 +174,9 @@ def test_device_search_equals_reference_on_a_trained_model(trained_model):
     assert sum(len(h[0].tokens) < int(n) for h, n in zip(hyps, limits)) > len(hyps) // 2
 
 
-def test_device_search_non_finite_error_with_deferred_reads():
+def stops_at_non_finite(**kwargs):
+    """NaN weights: beam search (with ``kwargs``) raises NonFiniteScoresError naming output
+    position 1, the flags read every step or every 8. Returns the model and the sources."""
     model = tiny_model(3)
     with torch.no_grad():
         for p in model.parameters():
@@ -182,7 +184,13 @@ def test_device_search_non_finite_error_with_deferred_reads():
     src = random_sources([5, 3, 7])
     for every in (1, 8):
         with pytest.raises(NonFiniteScoresError, match="at output position 1 "):
-            beam_search(model, src, beam_size=3, max_len_b=4, sync_every=every)
+            beam_search(model, src, beam_size=3, max_len_b=4, sync_every=every, **kwargs)
+    return model, src
+
+
+def test_device_search_non_finite_error_with_deferred_reads():
+    model, src = stops_at_non_finite()
+    for every in (1, 8):
         with pytest.raises(NonFiniteScoresError, match="at output position 1 "):
             greedy_search(model, src, 1.0, 4, sync_every=every)
 
