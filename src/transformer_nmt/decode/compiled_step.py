@@ -169,6 +169,10 @@ class BeamState:
         self.pool, self.rule, self.n_keep, self.device = pool, rule, n_keep, device
         self.bad_step = pool.get("beam_bad_step", (), torch.long, device)
 
+    def _per_sentence(self) -> tuple[Tensor, ...]:
+        """The buffers with a row per sentence that a move to another bucket gathers."""
+        return self.scores, self.fin_f, self.fin_i, self.active
+
     def _take(self, n: int) -> None:
         g, k, m, dev = self.pool.get, self.rule.k, self.n_keep, self.device
         self.scores = g("beam_scores", (n, k), torch.float32, dev)
@@ -191,10 +195,10 @@ class BeamState:
     def leave(self, padded: Tensor, live: int) -> None:
         """Keep the sentences ``padded[:live]`` in that order, in the buffers of the bucket of
         ``padded`` (N',) long; the rest are dead (no live beam, inactive)."""
-        old = (self.scores, self.fin_f, self.fin_i, self.active)
-        kept = [x.index_select(0, padded) for x in old]  # gathered before the buffers change
+        # gathered before the buffers change (the same ones when the bucket does not)
+        kept = [x.index_select(0, padded) for x in self._per_sentence()]
         self._take(padded.numel())
-        for x, new in zip((self.scores, self.fin_f, self.fin_i, self.active), kept):
+        for x, new in zip(self._per_sentence(), kept):
             x.copy_(new)
         self.scores[live:] = -math.inf
         self.active[live:] = False
@@ -220,6 +224,12 @@ def beam_step(model: Any, cache: Any, state: BeamState, min_len: int) -> None:
     cache.order.copy_((torch.arange(n, device=u.beams.device) * k).unsqueeze(1)
                       .add(u.beams).view(-1))
     cache.tokens.copy_(u.tokens.view(-1))
+
+
+def _sentence_rows(slots: list[int | None], spare: int, device: torch.device) -> Tensor:
+    """(N,) long: the row of ``out.hist`` each state row writes, its sentence, or ``spare``
+    (row B, never read) for the rows that hold none."""
+    return torch.tensor([spare if s is None else s for s in slots], device=device)
 
 
 def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor,
@@ -249,7 +259,7 @@ def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Te
     # the sentence each state row holds: None for the rows past the batch and for those whose
     # results are kept; on the device, ``where``, B for the rows past the batch
     slots: list[int | None] = list(range(bsz)) + [None] * (n - bsz)
-    where = torch.tensor([bsz if s is None else s for s in slots], device=device)
+    where = _sentence_rows(slots, bsz, device)
     fn = _compiled(beam_step, device, backend)
     t = 0
     while True:
@@ -277,5 +287,5 @@ def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Te
                 cache.leave(padded, len(active))
                 state.leave(padded, len(active))
                 slots = [slots[r] for r in active] + [None] * (n - len(active))
-                where = torch.tensor([bsz if s is None else s for s in slots], device=device)
+                where = _sentence_rows(slots, bsz, device)
         t += 1
