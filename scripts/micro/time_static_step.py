@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from transformer_nmt.config import EOS_ID, ModelConfig
-from transformer_nmt.decode.compiled_step import StaticStep, static_log_probs
+from transformer_nmt.decode import compiled_step
+from transformer_nmt.decode.compiled_step import static_log_probs
 from transformer_nmt.model.cache import LENGTH_BUCKET, BufferPool
 from transformer_nmt.model.transformer import Transformer
 
@@ -63,13 +64,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with torch.inference_mode():
         memory, src_mask = model.encode(src)
         if args.compile:
-            step = StaticStep(model, memory, src_mask, k, args.capacity - 1, None)
-            cache = step.cache
+            _, cache = compiled_step._static_cache(model, memory, src_mask, k, args.capacity - 1)
+            fn = compiled_step._compiled(static_log_probs, device, None)
 
             def run():
-                if device.type == "cuda":
-                    torch.compiler.cudagraph_mark_step_begin()
-                step.fn(model, cache, 1)
+                compiled_step._call(fn, device, model, cache, 1)
         else:
             cache = model.new_static_cache(BufferPool(), k, args.capacity - 1, memory.dtype,
                                            device)

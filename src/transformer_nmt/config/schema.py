@@ -364,8 +364,8 @@ class DecodeConfig:
     sentences masked), 1 elsewhere (a finished sentence leaves the batch at once). The
     translations do not depend on it (docs/model.md, "Beam search on the device")."""
     compile: str = "false"
-    """Run each search step compiled over a static cache of bucketed shapes (beam search: the
-    decoder call and the search's update as one function; greedy: the decoder call): ``true``,
+    """Run each search step compiled over a static cache of bucketed shapes (the decoder
+    call and the search's update as one function, beam or greedy search): ``true``,
     ``false`` (the default until a GPU has measured it), or ``auto``: on CUDA only
     (``torch.compile`` mode ``reduce-overhead``, a CUDA graph per bucket); on a CPU compiling
     costs more than it saves. The same translations either way (docs/model.md, "Compiled

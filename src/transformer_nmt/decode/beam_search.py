@@ -67,7 +67,8 @@ one compiled function over a :class:`~transformer_nmt.model.cache.StaticDecoderC
 search's state in buffers of bucketed shapes (on CUDA ``reduce-overhead``: a CUDA graph per
 bucket), the same update (:func:`~transformer_nmt.decode.search_update.beam_update`) as the
 eager search, so the same tokens (:mod:`transformer_nmt.decode.compiled_step`; docs/model.md,
-"Compiled decoding step"); greedy search compiles step 1 alone.
+"Compiled decoding step"); greedy search compiles its whole step likewise
+(:func:`~transformer_nmt.decode.search_update.greedy_update`).
 
 Scores. A hypothesis Y (|Y| tokens counting its final ``eos``) has log-probability
 log P(Y | X) and score log P(Y | X) / lp(|Y|), with the length penalty of
@@ -93,14 +94,18 @@ from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID, Stopping
 from transformer_nmt.decode.cast import without_autograd
-from transformer_nmt.decode.compiled_step import StaticStep, resolve_compile, static_beam_search
+from transformer_nmt.decode.compiled_step import (
+    resolve_compile,
+    static_beam_search,
+    static_greedy_search,
+)
 from transformer_nmt.decode.search_update import (  # noqa: F401 (length_penalty: public here)
     LENPEN_FORMS,
     SearchRule,
     beam_update,
     final_penalties,
+    greedy_update,
     length_penalty,
-    note_non_finite,
 )
 from transformer_nmt.decode.sync import (  # noqa: F401 (NonFiniteScoresError: public here)
     BeamOutputs,
@@ -418,7 +423,8 @@ def greedy_search(
 
     Each sentence stops at its first ``eos`` (forced after ``max_len`` tokens, see
     :func:`max_output_lengths`); its row leaves the batch (cache included) at the next read
-    of the finished flags, every ``sync_every`` steps, and is masked until then.
+    of the finished flags, every ``sync_every`` steps, and is masked until then (with
+    ``compile_step``: masked until the live sentences fit a smaller row bucket).
 
     Args:
         model, src_tokens, max_len_a, max_len_b, min_len, sync_every, compile_step,
@@ -442,38 +448,44 @@ def greedy_search(
     memory, src_mask = model.encode(src_tokens)  # (B, S, D), (B, S)
     max_len = max_output_lengths(model, src_tokens, max_len_a, max_len_b, min_len)  # (B,)
     host = Reads(max_len.tolist(), every)
-    steps = max(host.max_len) + 1
-    static = (StaticStep(model, memory, src_mask, 1, steps, compile_backend)
-              if compiled else None)
-    cache = model.new_cache() if static is None else static.cache
-    history = torch.zeros(bsz, steps, dtype=torch.long, device=device)  # (B, T) per sentence
+    # per sentence, and a spare row B the compiled search's dead rows write into
+    history = torch.zeros(bsz + 1, max(host.max_len) + 1, dtype=torch.long, device=device)
+    out = torch.zeros(bsz + 1, 2, device=device)  # (tokens before eos, log-prob) at eos
+    if compiled:
+        static_greedy_search(model, memory, src_mask, max_len, host, min_len, history, out,
+                             compile_backend)
+    else:
+        _eager_greedy(model, memory, src_mask, max_len, host, min_len, history, out)
+    rows = torch.cat([out[:bsz, :1].long(), history[:bsz]], 1).tolist()
+    lps = out[:bsz, 1].tolist()
+    return [[Hypothesis(tokens=row[1 : 1 + row[0]], score=lp_, log_prob=lp_)]
+            for row, lp_ in zip(rows, lps)]
+
+
+def _eager_greedy(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor, host: Reads,
+                  min_len: int, history: Tensor, out: Tensor) -> None:
+    """The loop of :func:`greedy_search` without ``decode.compile``, into ``history`` and
+    ``out`` (as :func:`~transformer_nmt.decode.compiled_step.static_greedy_search`); the
+    finished sentences leave the batch at each read of the flags."""
+    bsz, device = memory.size(0), memory.device
+    cache = model.new_cache()  # cross-attention K/V: one row per active sentence
     sent_ids = torch.arange(bsz, device=device)  # (A,)
     log_probs = torch.zeros(bsz, device=device)  # (A,) running sum
     ended = torch.zeros(bsz, 2, device=device)  # (A, 2) (tokens before eos, log-prob) at eos
-    out = torch.zeros(bsz, 2, device=device)  # (B, 2) the same per original sentence
     active = torch.ones(bsz, dtype=torch.bool, device=device)  # (A,)
     last = torch.full((bsz, 1), BOS_ID, dtype=torch.long, device=device)  # (A, 1)
     bad_step = torch.full((), -1, dtype=torch.long, device=device)
     t = 0
     while True:
-        if static is None:
-            lprobs, bad = _constrained_log_probs(
-                model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
-            )  # (A, V)
-        else:
-            lprobs, bad = static(last, t, min_len, max_len)
-        bad_step = note_non_finite(bad, active, bad_step, t)
-        best_lp, best = lprobs.max(dim=1)  # (A,), (A,)
-        log_probs = log_probs + best_lp
+        lprobs, bad = _constrained_log_probs(
+            model, last, memory, src_mask, cache, t, min_len, max_len, t in host.limits
+        )  # (A, V)
+        best, log_probs, ended, active, bad_step = greedy_update(
+            lprobs, bad, log_probs, ended, active, bad_step, t, max_len)
         if sent_ids.numel() == bsz:
-            history[:, t] = best
+            history[:bsz, t] = best
         else:
             history[:, t].index_copy_(0, sent_ids, best)
-        now = (best.eq(EOS_ID) | max_len.le(t)) & active  # (A,) eos, or the maximum length
-        ended = torch.where(now.unsqueeze(1), torch.stack([log_probs.new_full(
-            log_probs.shape, float(t)), log_probs], 1), ended)
-        active = active & ~now
-        keep = None
         if host.due(t):
             kept = read_flags(active, bad_step)
             if len(kept) < sent_ids.numel():
@@ -481,7 +493,7 @@ def greedy_search(
                                     device=device)
                 out.index_copy_(0, sent_ids[gone], ended[gone])
                 if not kept:
-                    break
+                    return
                 keep = torch.tensor(kept, device=device)  # (A',)
                 host.keep(kept)
                 sent_ids, max_len, active = sent_ids[keep], max_len[keep], active[keep]
@@ -489,7 +501,3 @@ def greedy_search(
                 cache.reorder(keep, sources=keep)
         last = best.unsqueeze(1)  # (A, 1)
         t += 1
-    rows = torch.cat([out[:, :1].long(), history], 1).tolist()
-    lps = out[:, 1].tolist()
-    return [[Hypothesis(tokens=row[1 : 1 + row[0]], score=lp_, log_prob=lp_)]
-            for row, lp_ in zip(rows, lps)]

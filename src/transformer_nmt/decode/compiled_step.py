@@ -9,8 +9,8 @@ symbolic shapes (rows, positions read, capacity, padded source length), so one c
 serves every bucket, and on CUDA (mode ``reduce-overhead``) records a CUDA graph per bucket and
 replays it: a beam search step is then one replay, and two operations besides (the position,
 the back-pointers copied out). :func:`static_beam_search` is beam search's loop around it;
-greedy search calls :class:`StaticStep` (the decoder step alone). docs/model.md, "Compiled
-decoding step", has the design.
+:func:`greedy_step` and :func:`static_greedy_search` are greedy search's. docs/model.md,
+"Compiled decoding step", has the design.
 
 Shape legend as in :mod:`transformer_nmt.decode.beam_search`; R the static cache's rows, N its
 sentences (R = N x K).
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from transformer_nmt.config import BOS_ID, EOS_ID, PAD_ID
-from transformer_nmt.decode.search_update import SearchRule, beam_update
+from transformer_nmt.decode.search_update import SearchRule, beam_update, greedy_update
 from transformer_nmt.decode.sync import BeamOutputs, Reads, read_flags
 from transformer_nmt.model.cache import BufferPool, padded_index, row_bucket
 
@@ -99,10 +99,10 @@ _COMPILED: dict[Any, Callable] = {}
 
 
 def _compiled(step: Callable, device: torch.device, backend: Any) -> Callable:
-    """``step`` (:func:`static_log_probs` or :func:`beam_step`) under ``torch.compile`` with
-    dynamic shapes (the buckets' sizes symbolic: one compilation serves them all): mode
-    ``reduce-overhead`` on CUDA without ``backend`` (a CUDA graph recorded per bucket), else
-    ``backend`` (default inductor)."""
+    """``step`` (:func:`beam_step`, :func:`greedy_step` or :func:`static_log_probs`) under
+    ``torch.compile`` with dynamic shapes (the buckets' sizes symbolic: one compilation serves
+    them all): mode ``reduce-overhead`` on CUDA without ``backend`` (a CUDA graph recorded per
+    bucket), else ``backend`` (default inductor)."""
     key = (step, device.type, backend)
     if key not in _COMPILED:
         if backend is None and device.type == "cuda":
@@ -137,40 +137,65 @@ def _call(fn: Callable, device: torch.device, *args: Any) -> Any:
         return fn(*args)
 
 
-class StaticStep:
-    """The search's decoder step over a static cache: inputs written into the cache's static
-    tensors, one call of the (compiled) step, the search's rows of its outputs."""
+class _SearchState:
+    """A compiled search's per-sentence tensors, in pool buffers of the cache's row bucket N (a
+    row per sentence searched or finished since the last move to a smaller bucket, then dead
+    rows, which never finish): ``active`` (N,) bool and ``bad_step`` 0-d long here, the rest
+    named by the search (``_take``), with what it records per step and keeps per sentence."""
 
-    def __init__(self, model: Any, memory: Tensor, src_mask: Tensor, width: int, steps: int,
-                 backend: Any) -> None:
-        self.model, self.device = model, memory.device
-        _, self.cache = _static_cache(model, memory, src_mask, width, steps)
-        self.fn = _compiled(static_log_probs, self.device, backend)
-
-    def __call__(self, last: Tensor, t: int, min_len: int, max_len: Tensor
-                 ) -> tuple[Tensor, Tensor]:
-        """(A*W, V) constrained log-probabilities and (A*W,) non-finite flags."""
-        cache = self.cache
-        cache.set_step(last, t, max_len)
-        lprobs, bad = _call(self.fn, self.device, self.model, cache, min_len)
-        return cache.step_output(lprobs), cache.step_output(bad)
-
-
-class BeamState:
-    """Beam search's per-sentence tensors for the whole compiled step, in pool buffers of the
-    cache's row bucket N (a row per sentence searched or finished since the last move to a
-    smaller bucket, then dead rows with no live beam, which never finish):
-    ``scores`` (N, K) float32 cumulative log-probabilities (-inf: a dead beam), ``fin_f`` /
-    ``fin_i`` (N, n, 2) the finished n-best, ``active`` (N,) bool, ``bad_step`` 0-d long, and
-    ``step`` (N, K, 2) long, the (token, beam) back-pointers of the last step."""
-
-    def __init__(self, pool: BufferPool, rule: SearchRule, n_keep: int,
-                 device: torch.device) -> None:
-        self.pool, self.rule, self.n_keep, self.device = pool, rule, n_keep, device
-        self.bad_step = pool.get("beam_bad_step", (), torch.long, device)
+    def __init__(self, pool: BufferPool, device: torch.device) -> None:
+        self.pool, self.device = pool, device
+        self.bad_step = pool.get("search_bad_step", (), torch.long, device)
 
     def _per_sentence(self) -> tuple[Tensor, ...]:
         """The buffers with a row per sentence that a move to another bucket gathers."""
+        raise NotImplementedError
+
+    def _take(self, n: int) -> None:
+        """Point the buffers at the pool's tensors of the bucket of ``n`` sentences."""
+        raise NotImplementedError
+
+    def _dead(self, live: int) -> None:
+        """Mark the rows past ``live`` dead."""
+        self.active[live:] = False
+
+    def start(self, n: int, live: int) -> None:
+        """``live`` sentences in a bucket of ``n``, at the first step."""
+        self._take(n)
+        self.active.copy_(torch.arange(n, device=self.device) < live)
+        self.bad_step.fill_(-1)
+
+    def leave(self, padded: Tensor, live: int) -> None:
+        """Keep the sentences ``padded[:live]`` in that order, in the buffers of the bucket of
+        ``padded`` (N',) long; the rest are dead."""
+        # gathered before the buffers change (the same ones when the bucket does not)
+        kept = [x.index_select(0, padded) for x in self._per_sentence()]
+        self._take(padded.numel())
+        for x, new in zip(self._per_sentence(), kept):
+            x.copy_(new)
+        self._dead(live)
+
+    def record(self, t: int, where: Tensor) -> None:
+        """Copy out step ``t``'s outputs of the state rows, into the rows ``where`` (N,)."""
+        raise NotImplementedError
+
+    def store(self, rows: Tensor, sentences: Tensor) -> None:
+        """Keep the results of the finished state ``rows`` as those of ``sentences``."""
+        raise NotImplementedError
+
+
+class BeamState(_SearchState):
+    """Beam search's state (:class:`_SearchState`): ``scores`` (N, K) float32 cumulative
+    log-probabilities (-inf: a dead beam), ``fin_f`` / ``fin_i`` (N, n, 2) the finished
+    n-best, and ``step`` (N, K, 2) long, the (token, beam) back-pointers of the last step,
+    recorded into ``out``."""
+
+    def __init__(self, pool: BufferPool, rule: SearchRule, out: BeamOutputs,
+                 device: torch.device) -> None:
+        super().__init__(pool, device)
+        self.rule, self.out, self.n_keep = rule, out, out.out_f.size(1)
+
+    def _per_sentence(self) -> tuple[Tensor, ...]:
         return self.scores, self.fin_f, self.fin_i, self.active
 
     def _take(self, n: int) -> None:
@@ -182,26 +207,55 @@ class BeamState:
         self.step = g("beam_step", (n, k, 2), torch.long, dev)
 
     def start(self, n: int, live: int) -> None:
-        """``live`` sentences in a bucket of ``n``, at the first step: one live beam each (the
-        others -inf: every beam holds ``bos`` then), nothing finished."""
-        self._take(n)
+        """As :meth:`_SearchState.start`: one live beam each (the others -inf: every beam
+        holds ``bos`` then), nothing finished."""
+        super().start(n, live)
         self.scores.fill_(-math.inf)
         self.scores[:live, 0] = 0.0
         self.fin_f.fill_(-math.inf)
         self.fin_i.zero_()
-        self.active.copy_(torch.arange(n, device=self.device) < live)
-        self.bad_step.fill_(-1)
 
-    def leave(self, padded: Tensor, live: int) -> None:
-        """Keep the sentences ``padded[:live]`` in that order, in the buffers of the bucket of
-        ``padded`` (N',) long; the rest are dead (no live beam, inactive)."""
-        # gathered before the buffers change (the same ones when the bucket does not)
-        kept = [x.index_select(0, padded) for x in self._per_sentence()]
-        self._take(padded.numel())
-        for x, new in zip(self._per_sentence(), kept):
-            x.copy_(new)
+    def _dead(self, live: int) -> None:
+        super()._dead(live)
         self.scores[live:] = -math.inf
-        self.active[live:] = False
+
+    def record(self, t: int, where: Tensor) -> None:
+        self.out.record(t, self.step, where)
+
+    def store(self, rows: Tensor, sentences: Tensor) -> None:
+        self.out.store(rows, sentences, self.fin_f, self.fin_i)
+
+
+class GreedyState(_SearchState):
+    """Greedy search's state (:class:`_SearchState`): ``log_probs`` (N,) running sums and
+    ``ended`` (N, 2) (tokens before ``eos``, log-probability) at each sentence's ``eos``; the
+    step's tokens (the cache's ``tokens``) recorded into ``history`` (B + 1, T) long, ``ended``
+    kept in ``out`` (B + 1, 2) (row B: the spare row of the dead ones)."""
+
+    def __init__(self, pool: BufferPool, cache: Any, history: Tensor, out: Tensor) -> None:
+        super().__init__(pool, history.device)
+        self.cache, self.history, self.out = cache, history, out
+
+    def _per_sentence(self) -> tuple[Tensor, ...]:
+        return self.log_probs, self.ended, self.active
+
+    def _take(self, n: int) -> None:
+        g, dev = self.pool.get, self.device
+        self.log_probs = g("greedy_log_probs", (n,), torch.float32, dev)
+        self.ended = g("greedy_ended", (n, 2), torch.float32, dev)
+        self.active = g("greedy_active", (n,), torch.bool, dev)
+
+    def start(self, n: int, live: int) -> None:
+        """As :meth:`_SearchState.start`: nothing generated, nothing ended."""
+        super().start(n, live)
+        self.log_probs.zero_()
+        self.ended.zero_()
+
+    def record(self, t: int, where: Tensor) -> None:
+        self.history[:, t].index_copy_(0, where, self.cache.tokens)
+
+    def store(self, rows: Tensor, sentences: Tensor) -> None:
+        self.out.index_copy_(0, sentences, self.ended.index_select(0, rows))
 
 
 def beam_step(model: Any, cache: Any, state: BeamState, min_len: int) -> None:
@@ -226,54 +280,66 @@ def beam_step(model: Any, cache: Any, state: BeamState, min_len: int) -> None:
     cache.tokens.copy_(u.tokens.view(-1))
 
 
+def greedy_step(model: Any, cache: Any, state: GreedyState, min_len: int) -> None:
+    """A whole step of greedy search in tensor ops only (the function ``decode.compile``
+    compiles for greedy search): the decoder call over the static cache
+    (:func:`static_log_probs`) and :func:`~transformer_nmt.decode.search_update.greedy_update`
+    at ``cache.position``, written into ``state`` and into the cache's ``tokens`` (the next
+    step's inputs; the cache's ``order`` stays the identity)."""
+    lprobs, bad = static_log_probs(model, cache, min_len)  # (N, V), (N,)
+    u = greedy_update(lprobs, bad, state.log_probs, state.ended, state.active, state.bad_step,
+                      cache.position, cache.max_len)
+    state.log_probs.copy_(u.log_probs)
+    state.ended.copy_(u.ended)
+    state.active.copy_(u.active)
+    state.bad_step.copy_(u.bad_step)
+    cache.tokens.copy_(u.tokens)
+
+
 def _sentence_rows(slots: list[int | None], spare: int, device: torch.device) -> Tensor:
     """(N,) long: the row of ``out.hist`` each state row writes, its sentence, or ``spare``
     (row B, never read) for the rows that hold none."""
     return torch.tensor([spare if s is None else s for s in slots], device=device)
 
 
-def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor,
-                       host: Reads, rule: SearchRule, min_len: int, out: BeamOutputs,
-                       backend: Any) -> None:
-    """The loop of :func:`~transformer_nmt.decode.beam_search.beam_search` with its whole
-    step compiled (:func:`beam_step`), into ``out``: per step, the position set (and the K/V
-    moved to the next span when it is reached), one call of the compiled step, the step's
-    back-pointers copied into ``out.hist``. Every ``host.sync_every`` steps the host reads
-    the flags and keeps the n-best of the sentences that finished; their rows stay in the
-    state, inactive, until the live sentences fit a smaller row bucket, and are then dropped
-    from the cache and the state (a gather outside the graph, at most log2(B) times a batch).
-
-    Args:
-        memory: (B, S, D), src_mask: (B, S) from the encoder; max_len: (B,) long.
-
-    Raises:
-        NonFiniteScoresError: NaN or infinite logits (at a read of the flags).
-    """
-    device, bsz = memory.device, memory.size(0)
-    pool, cache = _static_cache(model, memory, src_mask, rule.k, max(host.max_len) + 1)
-    n = cache.rows // rule.k
-    cache.max_len.copy_(max_len.index_select(0, padded_index(bsz, n, device)))
+def _start(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor, width: int,
+           host: Reads) -> tuple[BufferPool, Any]:
+    """The pool and the static cache of a compiled search, its length limits and first tokens
+    (``bos``) set."""
+    pool, cache = _static_cache(model, memory, src_mask, width, max(host.max_len) + 1)
+    n = cache.rows // width
+    cache.max_len.copy_(max_len.index_select(0, padded_index(memory.size(0), n, memory.device)))
     cache.tokens.fill_(BOS_ID)
-    state = BeamState(pool, rule, out.out_f.size(1), device)
+    return pool, cache
+
+
+def _run(fn: Callable, model: Any, cache: Any, state: _SearchState, min_len: int, host: Reads,
+         bsz: int) -> None:
+    """The loop of a compiled search of ``bsz`` sentences: per step, the position set (and the
+    K/V moved to the next span when it is reached), one call of ``fn`` (the whole step), the
+    step's outputs recorded. Every ``host.sync_every`` steps the host reads the flags and the
+    state keeps the results of the sentences that finished; their rows stay, inactive, until
+    the live sentences fit a smaller row bucket, and are then dropped from the cache and the
+    state (a gather outside the graph, at most log2(B) times a batch)."""
+    device, n = cache.device, cache.rows // cache.width
     state.start(n, bsz)
     # the sentence each state row holds: None for the rows past the batch and for those whose
     # results are kept; on the device, ``where``, B for the rows past the batch
     slots: list[int | None] = list(range(bsz)) + [None] * (n - bsz)
     where = _sentence_rows(slots, bsz, device)
-    fn = _compiled(beam_step, device, backend)
     t = 0
     while True:
         cache.begin_step(t)
-        cache.step_width = rule.k if t else 1  # the search's rows per sentence (one live first)
+        cache.step_width = cache.width if t else 1  # the search's rows per sentence
         _call(fn, device, model, cache, state, min_len)
-        out.record(t, state.step, where)
+        state.record(t, where)
         if host.due(t):
             active = read_flags(state.active, state.bad_step)  # state rows
             live = set(active)
             done = [r for r, s in enumerate(slots) if s is not None and r not in live]
             if done:
                 rows = torch.tensor([done, [slots[r] for r in done]], device=device)
-                out.store(rows[0], rows[1], state.fin_f, state.fin_i)
+                state.store(rows[0], rows[1])
                 for r in done:
                     slots[r] = None
             if not active:
@@ -289,3 +355,43 @@ def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Te
                 slots = [slots[r] for r in active] + [None] * (n - len(active))
                 where = _sentence_rows(slots, bsz, device)
         t += 1
+
+
+def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor,
+                       host: Reads, rule: SearchRule, min_len: int, out: BeamOutputs,
+                       backend: Any) -> None:
+    """The loop of :func:`~transformer_nmt.decode.beam_search.beam_search` with its whole
+    step compiled (:func:`beam_step`), into ``out``: the step's back-pointers copied into
+    ``out.hist`` after each call, the n-best of the sentences that finished kept at each read
+    of the flags (:func:`_run`).
+
+    Args:
+        memory: (B, S, D), src_mask: (B, S) from the encoder; max_len: (B,) long.
+
+    Raises:
+        NonFiniteScoresError: NaN or infinite logits (at a read of the flags).
+    """
+    pool, cache = _start(model, memory, src_mask, max_len, rule.k, host)
+    state = BeamState(pool, rule, out, memory.device)
+    _run(_compiled(beam_step, memory.device, backend), model, cache, state, min_len, host,
+         memory.size(0))
+
+
+def static_greedy_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor,
+                         host: Reads, min_len: int, history: Tensor, out: Tensor,
+                         backend: Any) -> None:
+    """The loop of :func:`~transformer_nmt.decode.beam_search.greedy_search` with its whole
+    step compiled (:func:`greedy_step`): each step's tokens copied into ``history``
+    (B + 1, T) long, each sentence's (tokens before ``eos``, log-probability) into ``out``
+    (B + 1, 2) float32 at the read of the flags after it ended (:func:`_run`).
+
+    Args:
+        memory: (B, S, D), src_mask: (B, S) from the encoder; max_len: (B,) long.
+
+    Raises:
+        NonFiniteScoresError: NaN or infinite logits (at a read of the flags).
+    """
+    pool, cache = _start(model, memory, src_mask, max_len, 1, host)
+    state = GreedyState(pool, cache, history, out)
+    _run(_compiled(greedy_step, memory.device, backend), model, cache, state, min_len, host,
+         memory.size(0))

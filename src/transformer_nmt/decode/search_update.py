@@ -1,6 +1,8 @@
-"""Beam search's update after each decoder call, in tensor ops only: :func:`beam_update`, shared
-by the eager search (:func:`~transformer_nmt.decode.beam_search.beam_search`) and the whole step
-compiled with the decoder (:mod:`transformer_nmt.decode.static_search`).
+"""The searches' updates after each decoder call, in tensor ops only: :func:`beam_update` and
+:func:`greedy_update`, each shared by the eager search
+(:func:`~transformer_nmt.decode.beam_search.beam_search`,
+:func:`~transformer_nmt.decode.beam_search.greedy_search`) and the whole step compiled with the
+decoder (:mod:`transformer_nmt.decode.compiled_step`).
 
 Paper section 6.1 (beam size 4, length penalty alpha = 0.6 after Wu et al. 2016). The step
 number ``t`` is a Python int in the eager search and a 0-d long tensor in the compiled one (a
@@ -220,3 +222,38 @@ def beam_update(lprobs: Tensor, bad: Tensor | None, scores: Tensor, fin_f: Tenso
                                      lp_long)
     new_scores = torch.where(active.unsqueeze(1), new_scores, -math.inf)
     return BeamUpdate(new_scores, new_beams, new_tokens, fin_f, fin_i, active, bad_step)
+
+
+class GreedyUpdate(NamedTuple):
+    """What :func:`greedy_update` returns: the step's tokens (A,) long, the running
+    log-probabilities (A,), ``ended`` (A, 2) (tokens before ``eos``, log-probability) of each
+    sentence at its ``eos``, the active flags (A,) bool and ``bad_step`` (0-d long)."""
+
+    tokens: Tensor
+    log_probs: Tensor
+    ended: Tensor
+    active: Tensor
+    bad_step: Tensor
+
+
+def greedy_update(lprobs: Tensor, bad: Tensor, log_probs: Tensor, ended: Tensor,
+                  active: Tensor, bad_step: Tensor, t: int | Tensor, max_len: Tensor
+                  ) -> GreedyUpdate:
+    """One step of greedy search after the decoder call, with no host read: each row's most
+    probable token; a sentence ends at its ``eos`` or at ``max_len`` (eos forced there), its
+    length and log-probability kept in ``ended`` (rows that ended before keep theirs).
+
+    Args:
+        lprobs: (A, V) float32 constrained log-probabilities; bad: (A,) bool non-finite rows.
+        log_probs: (A,) running sums; ended: (A, 2); active: (A,) bool; bad_step: 0-d long.
+        t: tokens generated before this step (int, or 0-d long tensor).
+        max_len: (A,) long, maximum tokens before ``eos`` per sentence.
+    """
+    bad_step = note_non_finite(bad, active, bad_step, t)
+    best_lp, best = lprobs.max(dim=1)  # (A,), (A,)
+    log_probs = log_probs + best_lp
+    now = (best.eq(EOS_ID) | max_len.le(t)) & active  # (A,)
+    length = (log_probs.new_full(log_probs.shape, float(t)) if isinstance(t, int)
+              else t.to(log_probs.dtype).expand_as(log_probs))  # (A,)
+    ended = torch.where(now.unsqueeze(1), torch.stack([length, log_probs], 1), ended)
+    return GreedyUpdate(best, log_probs, ended, active & ~now, bad_step)

@@ -92,8 +92,10 @@ def test_compiled_search_equals_reference_on_a_random_model(beam):
         got = beam_search(model, src, compile_step=True, compile_backend=backend,
                           sync_every=every, **kwargs)
         same_tokens(got, reference.beam_search(model, src, **kwargs), (kwargs, every))
-    got = greedy_search(model, src, 1.0, 6, compile_step=True, compile_backend=backend)
-    same_tokens(got, reference.greedy_search(model, src, 1.0, 6), "greedy")
+    for every in (1, 3, 8):
+        got = greedy_search(model, src, 1.0, 6, compile_step=True, compile_backend=backend,
+                            sync_every=every)
+        same_tokens(got, reference.greedy_search(model, src, 1.0, 6), ("greedy", every))
 
 
 def test_compiled_search_equals_reference_on_a_trained_model(trained_model):  # noqa: F811
@@ -106,13 +108,20 @@ def test_compiled_search_equals_reference_on_a_trained_model(trained_model):  # 
         same_tokens(got, reference.beam_search(trained_model, src, **kwargs), kwargs)
 
 
-def test_compiled_graphs_serve_every_bucket(monkeypatch):
-    """Batches of varying sentence and source lengths: the whole beam step is traced with
-    symbolic shapes, so one graph serves every (rows, capacity, positions read, source length)
-    bucket, the positions read the whole capacity or less, however many steps and batches;
-    a second pass compiles nothing; the hypotheses are the eager search's."""
+@pytest.mark.parametrize("beam", [1, 2])
+def test_compiled_graphs_serve_every_bucket(monkeypatch, beam):
+    """Batches of varying sentence and source lengths: the whole beam (greedy) step is traced
+    with symbolic shapes, so one graph serves every (rows, capacity, positions read, source
+    length) bucket, the positions read the whole capacity or less, however many steps and
+    batches; a second pass compiles nothing; the hypotheses are the eager search's."""
     model = tiny_model(seed=22, vocab=30)
     backend = counting_backend()
+
+    def search(src, **kwargs):
+        if beam == 1:
+            return greedy_search(model, src, 1.0, 6, **kwargs)
+        return beam_search(model, src, beam_size=beam, max_len_b=6, **kwargs)
+
     buckets: set[tuple[int, int, int, int]] = set()
     steps = []
     begin_step = StaticDecoderCache.begin_step
@@ -125,17 +134,15 @@ def test_compiled_graphs_serve_every_bucket(monkeypatch):
     monkeypatch.setattr(StaticDecoderCache, "begin_step", noting)
     batches = [random_sources([3, 5, 9, 4, 6], seed=1), random_sources([18, 17], seed=2)]
     for src in batches:
-        got = beam_search(model, src, beam_size=2, max_len_b=6, compile_step=True,
-                          compile_backend=backend)
-        same_tokens(got, beam_search(model, src, beam_size=2, max_len_b=6), src.shape)
+        got = search(src, compile_step=True, compile_backend=backend)
+        same_tokens(got, search(src), src.shape)
     assert {c for _, c, _, _ in buckets} == {16, 32}  # two capacities, two source lengths
     assert {s for _, _, s, _ in buckets} == {16, 32} and len({r for r, _, _, _ in buckets}) >= 2
     assert {(c, p) for _, c, _, p in buckets} == {(16, 16), (32, 16), (32, 32)}
     assert backend.frame_count == 1 < len(buckets) < len(steps)
     graphs = backend.frame_count
     for src in batches:
-        beam_search(model, src, beam_size=2, max_len_b=6, compile_step=True,
-                    compile_backend=backend)
+        search(src, compile_step=True, compile_backend=backend)
     assert backend.frame_count == graphs
 
 
@@ -157,19 +164,26 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_whole_beam_step_is_one_call_with_few_operations_around_it(monkeypatch):
-    """Beam search with ``decode.compile``: per step, one call of the compiled step (decoder
-    and search update, one graph, no break) and 2 operations outside it (the position set,
-    the step's back-pointers copied out), besides the reads of the finished flags every 8
-    steps and the K/V's moves to a longer span (at step 16 here, a read's step too); the
-    finished sentences leave the cache and the state only when the live ones fit a smaller
-    row bucket."""
+@pytest.mark.parametrize("beam", [1, 4])
+def test_whole_step_is_one_call_with_few_operations_around_it(monkeypatch, beam):
+    """Beam (greedy) search with ``decode.compile``: per step, one call of the compiled step
+    (decoder and search update, one graph, no break) and 2 operations outside it (the
+    position set, the step's back-pointers or tokens copied out), besides the reads of the
+    finished flags every 8 steps and the K/V's moves to a longer span (at step 16 here, a
+    read's step too); the finished sentences leave the cache and the state only when the
+    live ones fit a smaller row bucket."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     model = tiny_model(seed=24, vocab=30)
     src = random_sources([9, 2, 6, 13, 4, 7, 3, 11], seed=2)
-    kwargs = {"beam_size": 4, "max_len_b": 20, "sync_every": 8, "compile_backend": AOT_EAGER}
-    beam_search(model, src, compile_step=True, **kwargs)  # compiled here, not counted
+    kwargs = {"max_len_b": 20, "sync_every": 8, "compile_backend": AOT_EAGER}
+
+    def search(**more):
+        if beam == 1:
+            return greedy_search(model, src, **kwargs, **more)
+        return beam_search(model, src, beam_size=beam, **kwargs, **more)
+
+    search(compile_step=True)  # compiled here, not counted
     counter, call, first = CountOps(), compiled_step._call, []
     at_call: list[int] = []
 
@@ -189,9 +203,8 @@ def test_whole_beam_step_is_one_call_with_few_operations_around_it(monkeypatch):
     monkeypatch.setattr(StaticDecoderCache, "leave", lambda cache, padded, live: shrinks.append(
         (cache.rows // cache.width, padded.numel())) or leave(cache, padded, live))
     with counter:
-        got = beam_search(model, src, compile_step=True, **kwargs)
-    same_tokens(got, beam_search(model, src, **{k: v for k, v in kwargs.items()
-                                                if k != "compile_backend"}), "counted")
+        got = search(compile_step=True)
+    same_tokens(got, search(compile_step=False), "counted")
     assert counter.calls > 16 and len(reads) >= 3
     # the operations between two calls of the step, those of a read of the flags left out
     gaps = [b - a for a, b in zip(at_call, at_call[1:])]
@@ -200,7 +213,8 @@ def test_whole_beam_step_is_one_call_with_few_operations_around_it(monkeypatch):
     # finished sentences leave the cache only for a smaller row bucket (8 -> 4 -> 2 at most)
     assert 1 <= len(shrinks) <= 2 and all(new < old for old, new in shrinks), shrinks
     with torch.inference_mode():  # as the search runs it
-        explained = torch._dynamo.explain(compiled_step.beam_step)(*first[0])
+        step = compiled_step.greedy_step if beam == 1 else compiled_step.beam_step
+        explained = torch._dynamo.explain(step)(*first[0])
     assert explained.graph_count == 1 and explained.graph_break_count == 0
 
 

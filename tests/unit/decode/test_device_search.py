@@ -175,8 +175,8 @@ def test_device_search_equals_reference_on_a_trained_model(trained_model):
 
 
 def stops_at_non_finite(**kwargs):
-    """NaN weights: beam search (with ``kwargs``) raises NonFiniteScoresError naming output
-    position 1, the flags read every step or every 8. Returns the model and the sources."""
+    """NaN weights: beam and greedy search (with ``kwargs``) raise NonFiniteScoresError naming
+    output position 1, the flags read every step or every 8."""
     model = tiny_model(3)
     with torch.no_grad():
         for p in model.parameters():
@@ -185,14 +185,12 @@ def stops_at_non_finite(**kwargs):
     for every in (1, 8):
         with pytest.raises(NonFiniteScoresError, match="at output position 1 "):
             beam_search(model, src, beam_size=3, max_len_b=4, sync_every=every, **kwargs)
-    return model, src
+        with pytest.raises(NonFiniteScoresError, match="at output position 1 "):
+            greedy_search(model, src, 1.0, 4, sync_every=every, **kwargs)
 
 
 def test_device_search_non_finite_error_with_deferred_reads():
-    model, src = stops_at_non_finite()
-    for every in (1, 8):
-        with pytest.raises(NonFiniteScoresError, match="at output position 1 "):
-            greedy_search(model, src, 1.0, 4, sync_every=every)
+    stops_at_non_finite()
 
 
 def test_sync_every_values():
