@@ -28,8 +28,9 @@ kernels are short (fastest of ``--repeats`` passes, the engines alternating).
         --checkpoint runs/multi30k_en_de/checkpoints/averaged.pt --gpu-paths --marian
 
 Prints one line per engine and returns ``{engine: {"steps", "encoder", "decoder", "search",
-"search_ops", "decoder_ops"}}`` (and ``host_ms_per_step`` with ``--host-time``): operations
-per step (the encoder's per batch), and the search's and the decoder's by name.
+"search_ops", "decoder_ops"}}`` (and ``host_ms_per_step``, ``host_steps`` with
+``--host-time``): operations per step (the encoder's per batch), and the search's and the
+decoder's by name.
 """
 
 from __future__ import annotations
@@ -227,7 +228,8 @@ def shrunk(model, d_model: int):
 
 def host_time(model, tokenizer, lines, args) -> dict:
     """Wall ms per decoding step of each engine on :func:`shrunk` (``args.host_time``), the
-    fastest of ``args.repeats`` passes, the engines alternating; ``{engine: ms}``."""
+    fastest of ``args.repeats`` passes, the engines alternating; ``{engine: (ms, steps of a
+    pass)}``. A step is a call of the decoder, or of the compiled step with ``--compile``."""
     import bench_decode as bd
 
     from transformer_nmt.decode.quantize import decoding_model
@@ -244,7 +246,7 @@ def host_time(model, tokenizer, lines, args) -> dict:
 
     cfg = search_config(args)
     ours = decoding_model(copy.deepcopy(small), cfg, args.device)
-    ours.decode = counting("ours", ours.decode)
+    ours.decode = counting("ours", ours.decode)  # the eager step's decoder call
     engines = {"ours": lambda x: translate_lines(ours, tokenizer, x, cfg, args.device)}
     if args.marian:
         marian = bc.port_to_marian(small).to(args.device).eval()
@@ -253,10 +255,15 @@ def host_time(model, tokenizer, lines, args) -> dict:
                                         max_tokens=args.max_tokens, device=args.device,
                                         precision=args.precision)
         engines["marian"] = lambda x: bd.decode_marian(marian, tokenizer, x, bench_args)
-    best: dict[str, float] = {}
+    best: dict[str, tuple[float, int]] = {}
     with ExitStack() as stack:
         if args.gpu_paths:
             stack.enter_context(gpu_paths(ours))
+        if args.compile:  # a step is a call of the compiled step (the model's decode unused)
+            from transformer_nmt.decode import compiled_step
+
+            stack.callback(setattr, compiled_step, "_call", compiled_step._call)
+            compiled_step._call = counting("ours", compiled_step._call)
         for run in engines.values():
             run(lines[:2])  # warm-up
         for _ in range(args.repeats):
@@ -266,8 +273,10 @@ def host_time(model, tokenizer, lines, args) -> dict:
                 start = time.perf_counter()
                 run(lines)
                 bd.sync(args)
-                ms = (time.perf_counter() - start) * 1e3 / max(calls[name], 1)
-                best[name] = min(best.get(name, math.inf), ms)
+                if not calls[name]:
+                    raise RuntimeError(f"{name}: no decoding step was counted")
+                ms = (time.perf_counter() - start) * 1e3 / calls[name]
+                best[name] = min(best.get(name, (math.inf, 0)), (ms, calls[name]))
     return best
 
 
@@ -310,8 +319,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.marian:
         results["marian"] = count_marian(model, tokenizer, lines, args)
     if args.host_time:
-        for name, ms in host_time(model, tokenizer, lines, args).items():
-            results[name]["host_ms_per_step"] = ms
+        for name, (ms, steps) in host_time(model, tokenizer, lines, args).items():
+            results[name]["host_ms_per_step"], results[name]["host_steps"] = ms, steps
     where = "GPU paths on a CPU" if args.gpu_paths else args.device
     for name, r in results.items():
         top = ", ".join(f"{k} {v:.1f}" for k, v in list(r["search_ops"].items())[:8])

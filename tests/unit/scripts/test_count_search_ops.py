@@ -69,7 +69,7 @@ def test_host_time_is_timed_per_step_on_a_model_of_the_same_layers_and_vocabular
                   "--repeats", "1")
     out = capsys.readouterr().out
     for name in ("ours", "marian"):
-        assert 0 < result[name]["host_ms_per_step"] < 1e4
+        assert 0 < result[name]["host_ms_per_step"] < 1e4 and result[name]["host_steps"] > 1
         assert f"{name} (GPU paths on a CPU): {result[name]['host_ms_per_step']:.3f} ms per " \
             "decoding step with d_model 8 (fastest of 1 passes)" in out
     model, _ = load_model(tmp_path / "model.pt", "cpu")
@@ -109,3 +109,20 @@ def test_the_compiled_step_counts_as_one_graph_per_step(workspace, tokenizer, tm
     assert r["steps"] > 1 and r["decoder_ops"] == {"graph": 1.0}
     assert "topk" not in r["search_ops"] and "embedding" not in r["search_ops"]
     assert 2 <= r["search"] < 12, r["search_ops"]
+
+
+@pytest.mark.heavy
+def test_host_time_of_the_compiled_step_is_per_call_of_it(workspace, tokenizer, tmp_path,
+                                                          monkeypatch):
+    """--compile --host-time: a step is a call of the compiled step (the model's eager decode
+    is not called), so the pass's time is divided by its steps, not by none."""
+    from transformer_nmt.decode import compiled_step
+
+    compiled = compiled_step._compiled
+    monkeypatch.setattr(compiled_step, "_compiled",  # aot_eager: no code generated in a test
+                        lambda step, device, backend: compiled(step, device, "aot_eager"))
+    call = compiled_step._call
+    r = _run(workspace, tokenizer, tmp_path, "--compile", "--host-time", "8", "--repeats",
+             "1")["ours"]
+    assert compiled_step._call is call
+    assert r["host_steps"] > 1 and 0 < r["host_ms_per_step"] < 1e4
