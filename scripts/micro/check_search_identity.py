@@ -1,7 +1,8 @@
 """Decode a test set with the beam search and with the previous search it replaced (the test
 oracle, tests/unit/decode/reference_beam_search.py), and count the sentences whose outputs differ.
 
-The two must agree token for token: the script prints, per beam size, the number of sentences
+The two must agree token for token (beam size 1: greedy search, as nmt-translate runs it,
+against the oracle's greedy search): the script prints, per beam size, the number of sentences
 whose best hypothesis differs (0 expected; exit status 1 otherwise), the largest score
 difference, and each search's decoding time (the same batches, one after the other, after a
 warm-up batch).
@@ -10,6 +11,7 @@ warm-up batch).
     python scripts/micro/check_search_identity.py --device cuda --precision bf16
     python scripts/micro/check_search_identity.py --checkpoint M.pt --spm S.model --input test.en
     python scripts/micro/check_search_identity.py --compile        # decode.compile's search
+    python scripts/micro/check_search_identity.py --compile --beams 1    # greedy search
 
 The model is ``--checkpoint``, else the run's ``checkpoints/averaged.pt``, else its latest
 ``checkpoint_<step>.pt``; the SentencePiece model and the source text default to those of the
@@ -33,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "unit" / "decode"))
 import reference_beam_search as reference  # noqa: E402
 
-from transformer_nmt.decode.beam_search import beam_search  # noqa: E402
+from transformer_nmt.decode.beam_search import beam_search, greedy_search  # noqa: E402
 
 
 def model_file(args) -> Path:
@@ -130,13 +132,16 @@ def main(argv: list[str] | None = None) -> int:
           f"max length {d.max_len_a} x source + {d.max_len_b}")
     differ_total = 0
     for beam in (int(b) for b in args.beams.split(",")):
-        kwargs = {"beam_size": beam, "lenpen": d.lenpen, "lenpen_form": str(d.lenpen_form),
-                  "max_len_a": d.max_len_a, "max_len_b": d.max_len_b,
-                  "stopping": str(d.stopping)}
-        t_new, new = timed(beam_search, model, srcs, device, args.precision,
+        kwargs = {"max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
+        search, previous = greedy_search, reference.greedy_search
+        if beam != 1:
+            kwargs.update(beam_size=beam, lenpen=d.lenpen, lenpen_form=str(d.lenpen_form),
+                          stopping=str(d.stopping))
+            search, previous = beam_search, reference.beam_search
+        t_new, new = timed(search, model, srcs, device, args.precision,
                            sync_every=args.sync_every, compile_step=args.compile,
                            compile_backend=args.compile_backend, **kwargs)
-        t_ref, ref = timed(reference.beam_search, model, srcs, device, args.precision, **kwargs)
+        t_ref, ref = timed(previous, model, srcs, device, args.precision, **kwargs)
         differ, worst, tokens = 0, 0.0, 0
         for got, want in zip(new, ref):
             for g, w in zip(got, want):
