@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     src = torch.randint(4, args.vocab, (n, args.src_len), device=device)
     src[:, -1] = EOS_ID
     results = []
-    with torch.inference_mode():
+    with torch.inference_mode(), compiled_step.compile_settings():
         memory, src_mask = model.encode(src)
         if args.compile:
             _, cache = compiled_step._static_cache(model, memory, src_mask, k, args.capacity - 1)

@@ -22,7 +22,7 @@ import contextlib
 import importlib
 import math
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -127,14 +127,23 @@ def _static_cache(model: Any, memory: Tensor, src_mask: Tensor, width: int,
     return pool, cache
 
 
-def _call(fn: Callable, device: torch.device, *args: Any) -> Any:
-    """One call of a compiled step, with the settings every call needs."""
-    if device.type == "cuda":  # the outputs of the previous replay are done with
-        torch.compiler.cudagraph_mark_step_begin()
-    # the floats a step meets (length penalty, embedding scale, LayerNorm eps) are constants
+@contextlib.contextmanager
+def compile_settings() -> Iterator[None]:
+    """The settings a compiled step is traced under, entered once around a search's calls
+    (:func:`_call`), not at every step (entering them is host time per step:
+    scripts/micro/time_compiled_call.py): the floats a step meets (length penalty, embedding
+    scale, LayerNorm eps) are constants, sizes are not duck-sized (:func:`_no_duck_sizing`),
+    :data:`RECOMPILE_LIMIT` graphs."""
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, specialize_float=True), \
             _no_duck_sizing():
-        return fn(*args)
+        yield
+
+
+def _call(fn: Callable, device: torch.device, *args: Any) -> Any:
+    """One call of a compiled step, inside :func:`compile_settings`."""
+    if device.type == "cuda":  # the outputs of the previous replay are done with
+        torch.compiler.cudagraph_mark_step_begin()
+    return fn(*args)
 
 
 class _SearchState:
@@ -373,8 +382,9 @@ def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Te
     """
     pool, cache = _start(model, memory, src_mask, max_len, rule.k, host)
     state = BeamState(pool, rule, out, memory.device)
-    _run(_compiled(beam_step, memory.device, backend), model, cache, state, min_len, host,
-         memory.size(0))
+    with compile_settings():
+        _run(_compiled(beam_step, memory.device, backend), model, cache, state, min_len, host,
+             memory.size(0))
 
 
 def static_greedy_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor,
@@ -393,5 +403,6 @@ def static_greedy_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: 
     """
     pool, cache = _start(model, memory, src_mask, max_len, 1, host)
     state = GreedyState(pool, cache, history, out)
-    _run(_compiled(greedy_step, memory.device, backend), model, cache, state, min_len, host,
-         memory.size(0))
+    with compile_settings():
+        _run(_compiled(greedy_step, memory.device, backend), model, cache, state, min_len,
+             host, memory.size(0))
