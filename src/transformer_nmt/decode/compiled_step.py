@@ -322,20 +322,23 @@ def _start(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor, width:
     return pool, cache
 
 
-def _run(fn: Callable, model: Any, cache: Any, state: _SearchState, min_len: int, host: Reads,
-         bsz: int) -> None:
-    """The loop of a compiled search of ``bsz`` sentences: per step, the position set (and the
-    K/V moved to the next span when it is reached), one call of ``fn`` (the whole step), the
-    step's outputs recorded. Every ``host.sync_every`` steps the host reads the flags and the
-    state keeps the results of the sentences that finished; their rows stay, inactive, until
-    the live sentences fit a smaller row bucket, and are then dropped from the cache and the
-    state (a gather outside the graph, at most log2(B) times a batch)."""
+@compile_settings()
+def _run(step: Callable, backend: Any, model: Any, cache: Any, state: _SearchState,
+         min_len: int, host: Reads, bsz: int) -> None:
+    """The loop of a compiled search of ``bsz`` sentences, inside :func:`compile_settings`:
+    per step, the position set (and the K/V moved to the next span when it is reached), one
+    call of ``step`` compiled (:func:`_compiled`; the whole step), the step's outputs
+    recorded. Every ``host.sync_every`` steps the host reads the flags and the state keeps the
+    results of the sentences that finished; their rows stay, inactive, until the live
+    sentences fit a smaller row bucket, and are then dropped from the cache and the state (a
+    gather outside the graph, at most log2(B) times a batch)."""
     device, n = cache.device, cache.rows // cache.width
     state.start(n, bsz)
     # the sentence each state row holds: None for the rows past the batch and for those whose
     # results are kept; on the device, ``where``, B for the rows past the batch
     slots: list[int | None] = list(range(bsz)) + [None] * (n - bsz)
     where = _sentence_rows(slots, bsz, device)
+    fn = _compiled(step, device, backend)
     t = 0
     while True:
         cache.begin_step(t)
@@ -382,9 +385,7 @@ def static_beam_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Te
     """
     pool, cache = _start(model, memory, src_mask, max_len, rule.k, host)
     state = BeamState(pool, rule, out, memory.device)
-    with compile_settings():
-        _run(_compiled(beam_step, memory.device, backend), model, cache, state, min_len, host,
-             memory.size(0))
+    _run(beam_step, backend, model, cache, state, min_len, host, memory.size(0))
 
 
 def static_greedy_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: Tensor,
@@ -403,6 +404,4 @@ def static_greedy_search(model: Any, memory: Tensor, src_mask: Tensor, max_len: 
     """
     pool, cache = _start(model, memory, src_mask, max_len, 1, host)
     state = GreedyState(pool, cache, history, out)
-    with compile_settings():
-        _run(_compiled(greedy_step, memory.device, backend), model, cache, state, min_len,
-             host, memory.size(0))
+    _run(greedy_step, backend, model, cache, state, min_len, host, memory.size(0))
