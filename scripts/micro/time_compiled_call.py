@@ -57,10 +57,12 @@ class GuardsOnly:
         return run
 
 
-def beam_step_call(layers: int, backend: GuardsOnly, device: torch.device) -> Callable[[], None]:
-    """One call of :func:`compiled_step.beam_step` compiled by ``backend`` (dynamic shapes, as
-    ``decode.compile``), at the first step of one sentence and beam 4, for a random model of
-    d_model 16 with ``layers`` decoder layers; call it inside ``compile_settings()``."""
+def beam_step_calls(layers: int, backend: GuardsOnly,
+                    device: torch.device) -> Callable[[int], None]:
+    """``n`` calls of :func:`compiled_step.beam_step` compiled by ``backend`` (dynamic shapes,
+    as ``decode.compile``), at the first step of one sentence and beam 4, for a random model
+    of d_model 16 with ``layers`` decoder layers, inside inference mode and
+    ``compile_settings()`` entered once (as the search calls its step)."""
     cfg = ModelConfig(d_model=16, d_ff=32, heads=2, encoder_layers=1, decoder_layers=layers,
                       dropout=0.0)
     model = Transformer(cfg, 64).to(device).eval()
@@ -78,11 +80,12 @@ def beam_step_call(layers: int, backend: GuardsOnly, device: torch.device) -> Ca
         cache.begin_step(0)
     fn = torch.compile(lambda *a: compiled_step.beam_step(*a), backend=backend, dynamic=True)
 
-    def call() -> None:
-        with torch.inference_mode():
-            fn(model, cache, state, 1)
+    def calls(n: int) -> None:
+        with torch.inference_mode(), compiled_step.compile_settings():
+            for _ in range(n):
+                fn(model, cache, state, 1)
 
-    return call
+    return calls
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -98,9 +101,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                    help="decoder layer counts, e.g. 1,6: also time the beam step's guards alone")
     args = p.parse_args(argv)
     try:
-        guard_layers = [int(x) for x in args.guards.split(",") if x.strip()]
+        guard_layers = sorted({int(x) for x in args.guards.split(",") if x.strip()})
     except ValueError:
-        p.error(f"--guards {args.guards!r}: decoder layer counts separated by commas")
+        guard_layers = [0]
+    if guard_layers and guard_layers[0] < 1:
+        p.error(f"--guards {args.guards!r}: decoder layer counts (at least 1) separated by "
+                "commas")
     device = torch.device(args.device)
     state = torch.zeros(8, device=device)
     torch._dynamo.mark_static_address(state)
@@ -133,14 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                                               "eager": eager}
     backend = GuardsOnly()
     for layers in guard_layers:
-        call = beam_step_call(layers, backend, device)
-
-        def guards(n: int, call: Callable[[], None] = call) -> None:
-            with compiled_step.compile_settings():
-                for _ in range(n):
-                    call()
-
-        ways[f"beam step's guards, {layers} decoder layer(s)"] = guards
+        ways[f"beam step's guards, {layers} decoder layer(s)"] = beam_step_calls(layers, backend,
+                                                                                 device)
     for run in ways.values():  # compiles (and records the CUDA graph), not timed
         run(3)
     sync()
@@ -166,13 +166,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print("| way | us per call |\n|---|---:|")
     for name, us in result.items():
         print(f"| {name} | {us:.1f} |")
-    if len(guard_layers) >= 2:
-        lo, hi = min(guard_layers), max(guard_layers)
-        if lo < hi:
-            slope = (result[f"beam step's guards, {hi} decoder layer(s)"]
-                     - result[f"beam step's guards, {lo} decoder layer(s)"]) / (hi - lo)
-            result["guards per decoder layer"] = slope
-            print(f"guards per decoder layer: {slope:.1f} us")
+    if len(guard_layers) >= 2:  # sorted, distinct
+        lo, hi = guard_layers[0], guard_layers[-1]
+        slope = (result[f"beam step's guards, {hi} decoder layer(s)"]
+                 - result[f"beam step's guards, {lo} decoder layer(s)"]) / (hi - lo)
+        result["guards per decoder layer"] = slope
+        print(f"guards per decoder layer: {slope:.1f} us")
     return result
 
 
